@@ -1,0 +1,49 @@
+# dispatch: every entry point a developer or CI needs. `make test` on a fresh clone installs
+# everything (venv, Go-built control plane binaries, Debian's Slurm) and runs all three tiers.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/pytest
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: all help venv demo test unit integration e2e lint typecheck imports verify generate bench clean
+
+all: test
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP) ## create .venv and install dispatch with its dev tools
+
+demo: $(STAMP) ## the seed's tutorial, in-process on the memory backend
+	@$(PY) examples/supervise_a_job.py
+
+lint: $(STAMP) ## ruff over package, tests, examples
+	$(BIN)/ruff check operator tests e2e examples bench hack
+	$(BIN)/ruff format --check operator tests e2e examples bench hack
+
+typecheck: $(STAMP) ## mypy --strict over package, tests, examples
+	$(BIN)/mypy operator/dispatch tests e2e examples bench
+
+imports: $(STAMP) ## the layers contract (import-linter)
+	$(BIN)/lint-imports
+
+unit: $(STAMP) ## the fast tier: core, hypothesis, recorded responses
+	$(PYTEST) tests/unit
+
+include mk/*.mk
+
+test: lint typecheck imports verify unit integration e2e ## everything CI runs
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,26 @@
+# Slurm lab dependencies (Debian 12 packages) for the Slurm bridge tests.
+# Included by the main Makefile. Needs root. Idempotent: installs nothing when the
+# packages are present and creates the lab's system users only when missing.
+
+SLURM_PACKAGES := slurmctld slurmd slurmrestd slurm-client munge slurm-wlm-jwt-plugin
+# slurmrest runs slurmrestd (it refuses root and SlurmUser); dispatch owns the jobs (JWT user).
+SLURM_USERS := slurmrest dispatch
+
+.PHONY: slurm-deps
+slurm-deps:
+	@missing=""; \
+	for p in $(SLURM_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "slurm-deps: installing$$missing"; \
+	  if ! apt-get install -y --no-install-recommends --dry-run $$missing >/dev/null 2>&1; then \
+	    apt-get update; \
+	  fi; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	else \
+	  echo "slurm-deps: packages already installed"; \
+	fi
+	@for u in $(SLURM_USERS); do \
+	  id -u $$u >/dev/null 2>&1 || useradd -r -M -s /usr/sbin/nologin $$u; \
+	done

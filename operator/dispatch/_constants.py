@@ -1,0 +1,68 @@
+"""Every name dispatch writes into Kubernetes, in one place, under the project's own API group.
+
+Condition types and reasons follow kstatus: ``Ready`` summarises, ``Reconciling`` and ``Stalled`` are
+present only while true; ``Succeeded``/``Failed`` carry the outcome for ``kubectl wait``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "dispatch.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "DispatchJob"
+PLURAL: Final = "dispatchjobs"
+SINGULAR: Final = "dispatchjob"
+SHORT_NAME: Final = "dj"
+CATEGORY: Final = "dispatch"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# Labels and annotations (on DispatchJobs and on the objects dispatch creates).
+LABEL_JOB: Final = f"{GROUP}/job"
+LABEL_SUBMISSION: Final = f"{GROUP}/submission"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "dispatch"
+ANNOTATION_SUBMITTED_BY: Final = f"{GROUP}/submitted-by"
+ANNOTATION_CANCELLED_BY: Final = f"{GROUP}/cancelled-by"
+FINALIZER: Final = f"{GROUP}/finalizer"
+PROGRESS_PREFIX: Final = GROUP  # kopf's progress annotations, renamed into our group
+REPORTING_COMPONENT: Final = "dispatch-operator"
+LEASE_NAME: Final = "dispatch-operator"
+
+# Condition types.
+COND_READY: Final = "Ready"
+COND_RECONCILING: Final = "Reconciling"
+COND_STALLED: Final = "Stalled"
+COND_SUCCEEDED: Final = "Succeeded"
+COND_FAILED: Final = "Failed"
+
+# Condition and event reasons (CamelCase, always set).
+REASON_PLANNED: Final = "Planned"
+REASON_UNENFORCEABLE: Final = "UnenforceableRule"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_SUBMITTED: Final = "Submitted"
+REASON_AUTHORIZED: Final = "SubmissionAuthorized"
+REASON_CREATED: Final = "ObjectCreated"
+REASON_RELEASED: Final = "ObjectReleased"
+REASON_RUNNING: Final = "Running"
+REASON_PENDING: Final = "Pending"
+REASON_RECOVERING: Final = "Recovering"
+REASON_SUCCEEDED: Final = "Succeeded"
+REASON_FAILED: Final = "Failed"
+REASON_CANCELLED: Final = "Cancelled"
+REASON_ORPHAN_ENDED: Final = "OrphanEnded"
+REASON_OBJECT_ENDED: Final = "ObjectEnded"
+REASON_SETTLED: Final = "Settled"
+REASON_BACKEND_ERROR: Final = "BackendError"
+REASON_WRITE_CONFLICT: Final = "RecordWriteConflict"
+
+EVENT_NORMAL: Final = "Normal"
+EVENT_WARNING: Final = "Warning"
+
+# Kubeflow.
+KUBEFLOW_GROUP: Final = "kubeflow.org"
+KUBEFLOW_VERSION: Final = "v1"
+PYTORCHJOB_PLURAL: Final = "pytorchjobs"
+PYTORCHJOB_KIND: Final = "PyTorchJob"
+PYTORCH_CONTAINER: Final = "pytorch"

@@ -1,0 +1,306 @@
+"""One pure decision function: (record, the job's tagged objects) -> the next step.
+
+The supervisor acts on the step; the observer shows the state the same decision implies. Because
+both call :func:`decide`, they never disagree: between the end of submission 1 and the authorization
+of submission 2, status is ``recovering`` with the cause, never ``failed``.
+
+Nothing here does I/O or reads a clock. :func:`apply` turns a write step into the next record,
+with the time passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from ._model import (
+    NO_CAUSE,
+    SCHEDULER,
+    Action,
+    Actor,
+    Cause,
+    CauseKind,
+    Enforcer,
+    ObjectView,
+    Phase,
+    Record,
+    State,
+    Status,
+    Submission,
+    SubmissionStatus,
+    Transition,
+)
+
+# Steps. Writes change the record (one compare-and-swap each); actions call the backend.
+
+
+@dataclass(frozen=True, slots=True)
+class Authorize:
+    """Write: authorize ``submission``; for n > 1 count the firing of ``rule`` in the same write."""
+
+    submission: int
+    rule: int | None = None
+    cause: Cause | None = None
+    """How the previous canonical ended, recorded with the authorization."""
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Action: create the object of ``submission`` held back and tagged."""
+
+    submission: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCanonical:
+    """Write: ``object_id`` is the one real object of ``submission``; any other is an orphan."""
+
+    submission: int
+    object_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Action: let the canonical object start."""
+
+    object_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Action: end an object (an orphan, or a live object of a job that has an outcome)."""
+
+    object_id: str
+    orphan: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRestarts:
+    """Write: the scheduler restarted the canonical in place under a scheduler-enforced rule."""
+
+    submission: int
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOutcome:
+    """Write: the job ends ``state`` with ``cause``; ``actor`` None means the supervisor writing it."""
+
+    state: State
+    cause: Cause
+    actor: Actor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSettled:
+    """Write: the outcome is recorded and every object the job created has ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do until the scheduler or the record changes."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Settled: nothing will ever be done again."""
+
+
+Write = Authorize | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
+BackendAction = Create | Release | End
+Step = Write | BackendAction | Wait | Done
+WRITES = (Authorize, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    step: Step
+    state: State
+    """What status shows now."""
+    cause: Cause
+
+
+_VANISHED = "the scheduler no longer shows the canonical object"
+CANCELLED_OUTSIDE = "cancelled on the scheduler, outside dispatch"
+
+
+def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
+    """The next step for ``record`` given every object tagged with its job.
+
+    ``objects`` must have been listed *after* ``record`` was read: then an object recorded canonical
+    and missing from the list has really gone, and an object of a submission the record does not know
+    yet belongs to a newer record and is left alone.
+    """
+    if record.settled:
+        return Decision(Done(), record.state, record.cause)
+    state, cause = record.state, record.cause
+    outcome = state.is_outcome
+    cur = record.current
+    canonicals = {s.canonical for s in record.submissions if s.canonical is not None}
+    latest = cur.n if cur is not None else 0
+    # The current submission has no canonical yet: its objects are candidates, not orphans, until
+    # one is recorded (ending one now could end what a concurrent supervisor is recording).
+    choosing = not outcome and record.cancel is None and cur is not None and cur.canonical is None
+
+    live: list[ObjectView] = []
+    for o in objects:
+        if o.phase is Phase.ENDED or o.submission > latest:
+            continue
+        if o.id in canonicals or (choosing and cur is not None and o.submission == cur.n):
+            live.append(o)
+            continue
+        return Decision(End(o.id, orphan=True), *_shown(record))
+
+    if not outcome and record.cancel is not None:
+        done = Cause(kind=CauseKind.NONE, detail=f"cancelled by {record.cancel.actor}")
+        return Decision(RecordOutcome(State.CANCELLED, done, record.cancel.actor), State.CANCELLED, done)
+    if outcome:
+        if live:
+            return Decision(End(live[0].id, orphan=False), state, cause)
+        return Decision(RecordSettled(), state, cause)
+    if cur is None:
+        return Decision(Authorize(1), State.PENDING, NO_CAUSE)
+
+    waiting = _shown(record)
+    if cur.canonical is None:
+        candidates = sorted(
+            (o for o in objects if o.submission == cur.n), key=lambda o: (o.phase is Phase.ENDED, o.id)
+        )
+        if candidates:
+            return Decision(RecordCanonical(cur.n, candidates[0].id), *waiting)
+        return Decision(Create(cur.n), *waiting)
+
+    view = next((o for o in objects if o.id == cur.canonical), None)
+    if view is None:
+        view = ObjectView(
+            id=cur.canonical,
+            job=record.job,
+            submission=cur.n,
+            phase=Phase.ENDED,
+            cause=Cause(kind=CauseKind.UNKNOWN, detail=_VANISHED),
+        )
+    if view.restarts > cur.restarts:
+        return Decision(RecordRestarts(cur.n, view.restarts), *_phase_shown(view.phase, waiting))
+    if view.phase is Phase.HELD:
+        return Decision(Release(view.id), *waiting)
+    if view.phase is Phase.QUEUED:
+        return Decision(Wait("queued on the scheduler"), *waiting)
+    if view.phase is Phase.RUNNING:
+        return Decision(Wait("running"), State.RUNNING, NO_CAUSE)
+
+    ended = view.cause or Cause(kind=CauseKind.UNKNOWN, detail="the scheduler gave no reason")
+    if view.cancelled:
+        how = Cause(kind=CauseKind.NONE, detail=CANCELLED_OUTSIDE)
+        return Decision(RecordOutcome(State.CANCELLED, how, SCHEDULER), State.CANCELLED, how)
+    if ended.kind is CauseKind.NONE:
+        return Decision(RecordOutcome(State.SUCCEEDED, ended), State.SUCCEEDED, ended)
+    index = record.spec.recovery.rule_for(ended.kind)
+    if index is not None:
+        rule = record.plan.rules[index]
+        if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
+            return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
+    return Decision(RecordOutcome(State.FAILED, ended), State.FAILED, ended)
+
+
+def _shown(record: Record) -> tuple[State, Cause]:
+    """Before the current submission runs: pending for the first, recovering (with why) after."""
+    if record.state.is_outcome or record.state is State.RECOVERING:
+        return record.state, record.cause
+    return State.PENDING, NO_CAUSE
+
+
+def _phase_shown(phase: Phase, waiting: tuple[State, Cause]) -> tuple[State, Cause]:
+    return (State.RUNNING, NO_CAUSE) if phase is Phase.RUNNING else waiting
+
+
+def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record:
+    """The record after ``step``, written by ``actor`` at ``now`` (passed in, never read from a clock)."""
+    subs = list(record.submissions)
+    if isinstance(step, Authorize):
+        if step.submission != len(subs) + 1:
+            raise ValueError(f"submission {step.submission} does not follow {len(subs)}")
+        update: dict[str, object] = {}
+        new = Submission.model_construct(n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule)
+        if subs and step.cause is not None:
+            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
+        subs.append(new)
+        update["submissions"] = tuple(subs)
+        if step.rule is not None:
+            cause = step.cause or NO_CAUSE
+            rules = list(record.plan.rules)
+            fired = rules[step.rule]
+            rules[step.rule] = fired.model_copy(update={"firings": fired.firings + 1})
+            update["plan"] = record.plan.model_copy(update={"rules": tuple(rules)})
+            update["state"] = State.RECOVERING
+            update["cause"] = cause
+            update["history"] = (*record.history, _transition(record.state, State.RECOVERING, step.submission, cause, actor, now))
+        return record.model_copy(update=update)
+    if isinstance(step, RecordCanonical):
+        i = step.submission - 1
+        if subs[i].canonical is not None:
+            raise ValueError(f"submission {step.submission} already has canonical {subs[i].canonical}")
+        subs[i] = subs[i].model_copy(update={"canonical": step.object_id})
+        return record.model_copy(update={"submissions": tuple(subs)})
+    if isinstance(step, RecordRestarts):
+        i = step.submission - 1
+        more = step.restarts - subs[i].restarts
+        subs[i] = subs[i].model_copy(update={"restarts": step.restarts})
+        rules = [
+            r.model_copy(update={"firings": r.firings + more})
+            if r.enforcer is Enforcer.SCHEDULER and r.action is Action.RESTART
+            else r
+            for r in record.plan.rules
+        ]
+        plan = record.plan.model_copy(update={"rules": tuple(rules)})
+        return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
+    if isinstance(step, RecordOutcome):
+        n = subs[-1].n if subs else 0
+        if subs and step.state is not State.CANCELLED:
+            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
+        who = step.actor or actor
+        return record.model_copy(
+            update={
+                "state": step.state,
+                "cause": step.cause,
+                "submissions": tuple(subs),
+                "history": (*record.history, _transition(record.state, step.state, n, step.cause, who, now)),
+            }
+        )
+    return record.model_copy(update={"settled": True})
+
+
+def _transition(frm: State, to: State, n: int, cause: Cause, actor: Actor, now: datetime) -> Transition:
+    return Transition.model_construct(from_=frm, to=to, submission=n, cause=cause, actor=actor, time=now)
+
+
+def status(record: Record, objects: Sequence[ObjectView], decision: Decision | None = None) -> Status:
+    """What an observer sees: the record joined with the live objects, through :func:`decide`."""
+    decision = decision or decide(record, objects)
+    by_sub: dict[int, list[ObjectView]] = {}
+    for o in objects:
+        by_sub.setdefault(o.submission, []).append(o)
+    return Status(
+        job=record.job,
+        state=decision.state,
+        cause=decision.cause,
+        plan=record.plan,
+        submissions=tuple(
+            SubmissionStatus(n=s.n, canonical=s.canonical, cause=s.cause, objects=tuple(by_sub.get(s.n, ())))
+            for s in record.submissions
+        ),
+        history=record.history,
+        settled=record.settled,
+        message=_message(decision),
+    )
+
+
+def _message(decision: Decision) -> str:
+    step = decision.step
+    if isinstance(step, Wait):
+        return step.why
+    if isinstance(step, Done):
+        return "settled"
+    return type(step).__name__

@@ -1,0 +1,85 @@
+"""The error hierarchy: every error dispatch raises on purpose is a :class:`DispatchError`.
+
+Invalid input to the models (a :class:`~dispatch.JobSpec` with zero nodes, say) raises pydantic's
+``ValidationError``, which is a ``ValueError`` whose message names the field; dispatch does not
+wrap it, so the field path pydantic reports is the one users see.
+
+::
+
+    DispatchError
+    ├── PlanError            a rule nobody can enforce; names the rule and why
+    ├── RecordError
+    │   ├── JobNotFound
+    │   ├── JobExists
+    │   └── VersionConflict  a compare-and-swap lost: re-read and decide again
+    ├── BackendError
+    │   ├── TransientBackendError   worth retrying with backoff
+    │   └── ObjectExists     a deterministic object name is taken (a second creator)
+    └── AdapterNotFound
+"""
+
+from __future__ import annotations
+
+
+class DispatchError(Exception):
+    """Base of every error dispatch raises deliberately."""
+
+
+class PlanError(DispatchError):
+    """A rule that neither the scheduler nor a supervisor can enforce: submission is refused."""
+
+    def __init__(self, rule: int, reason: str) -> None:
+        self.rule = rule
+        self.reason = reason
+        super().__init__(f"rule {rule} cannot be enforced: {reason}")
+
+
+class RecordError(DispatchError):
+    """Something about a record in a record store."""
+
+
+class JobNotFound(RecordError, KeyError):
+    def __init__(self, job: str) -> None:
+        self.job = job
+        super().__init__(f"no record for job {job!r}")
+
+    def __str__(self) -> str:  # KeyError would quote the message again
+        return str(self.args[0])
+
+
+class JobExists(RecordError):
+    def __init__(self, job: str) -> None:
+        self.job = job
+        super().__init__(f"a record for job {job!r} already exists")
+
+
+class VersionConflict(RecordError):
+    """The record changed since it was read. The writer must re-read and decide again."""
+
+    def __init__(self, job: str, expected: str, actual: str | None = None) -> None:
+        self.job = job
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"record of job {job!r} is no longer at version {expected}")
+
+
+class BackendError(DispatchError):
+    """A scheduler refused or failed a request."""
+
+
+class TransientBackendError(BackendError):
+    """A failure that may pass (timeout, 5xx, connection refused): retry with backoff."""
+
+
+class ObjectExists(BackendError):
+    """The object for (job, submission) already exists under its deterministic name."""
+
+    def __init__(self, object_id: str) -> None:
+        self.object_id = object_id
+        super().__init__(f"object {object_id!r} already exists")
+
+
+class AdapterNotFound(DispatchError, LookupError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(f"no adapter named {name!r} in entry points dispatch.adapters (known: {known})")

@@ -1,0 +1,270 @@
+"""The in-memory adapter: a scheduler in a dict, shaped like Slurm or like Kubeflow.
+
+It is the embedded default (no cluster needed) and the scheduler of the core's tests. Its
+:class:`Env` plays the scheduler's part: run, complete, preempt, lose the node and so on. The two
+shapes differ where the real schedulers differ: object names (Slurm numbers its jobs; a
+PyTorchJob's name is chosen by its creator, so a second creator hits AlreadyExists) and what the
+scheduler enforces natively (Slurm requeues on preemption and node failure up to a cluster-wide
+limit; Kubeflow restarts failed pods in place up to ``backoffLimit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from ._errors import ObjectExists
+from ._memstore import _remover
+from ._model import (
+    Action,
+    Capabilities,
+    Cause,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    NativeRule,
+    ObjectView,
+    Phase,
+    Plan,
+)
+from ._protocols import Unsubscribe, Wake
+
+
+class Shape(StrEnum):
+    SLURM = "slurm"
+    KUBEFLOW = "kubeflow"
+
+
+SLURM_MAX_REQUEUE: Final = 5
+"""Slurm's MaxBatchRequeue default: the one budget Slurm's own requeue can enforce exactly."""
+
+CAPABILITIES: Final = {
+    Shape.SLURM: Capabilities(
+        native=(
+            NativeRule(
+                causes=frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST}),
+                action=Action.RESTART,
+                min_budget=SLURM_MAX_REQUEUE,
+                max_budget=SLURM_MAX_REQUEUE,
+                note="requeue in place on preemption and node failure, up to MaxBatchRequeue cluster-wide",
+            ),
+        )
+    ),
+    Shape.KUBEFLOW: Capabilities(
+        native=(
+            NativeRule(
+                causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
+                action=Action.RESTART,
+                note="restartPolicy OnFailure restarts failed pods in place, up to backoffLimit",
+            ),
+        )
+    ),
+}
+
+
+class InvalidTransition(ValueError):
+    """The memory scheduler cannot do that to this object now (unknown id, or wrong phase)."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    id: str
+    job: str
+    submission: int
+    phase: Phase = Phase.HELD
+    cause: Cause | None = None
+    cancelled: bool = False
+    restarts: int = 0
+    ever_released: bool = False
+    native: tuple[tuple[frozenset[CauseKind], int], ...] = ()
+    view: ObjectView | None = field(default=None, repr=False)
+
+    def snapshot(self) -> ObjectView:
+        if self.view is None:
+            self.view = ObjectView.model_construct(
+                id=self.id,
+                job=self.job,
+                submission=self.submission,
+                phase=self.phase,
+                cause=self.cause,
+                cancelled=self.cancelled,
+                restarts=self.restarts,
+            )
+        return self.view
+
+
+class MemoryBackend:
+    """A :class:`~dispatch.Backend` whose scheduler is :attr:`env`."""
+
+    def __init__(self, shape: Shape | str = Shape.SLURM, *, auto_run: bool = False) -> None:
+        self.shape = Shape(shape)
+        self.auto_run = auto_run
+        self._entries: dict[str, _Entry] = {}
+        self._by_job: dict[str, list[_Entry]] = {}
+        self._subscribers: dict[str, list[Wake]] = {}
+        self._counter = 0
+        self.peak_released: dict[str, int] = {}
+        """The most objects of one job ever released and not ended at the same moment."""
+        self.env = Env(self)
+
+    @property
+    def name(self) -> str:
+        return f"memory-{self.shape}"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES[self.shape]
+
+    async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
+        if self.shape is Shape.KUBEFLOW:
+            object_id = f"{job}-{submission}"
+            if object_id in self._entries:
+                raise ObjectExists(object_id)
+        else:
+            self._counter += 1
+            object_id = str(self._counter)
+        native = tuple(
+            (frozenset(rule.on), rule.budget)
+            for rule in plan.rules
+            if rule.enforcer is Enforcer.SCHEDULER and rule.action is Action.RESTART
+        )
+        entry = _Entry(id=object_id, job=job, submission=submission, native=native)
+        self._entries[object_id] = entry
+        self._by_job.setdefault(job, []).append(entry)
+        self._changed(entry)
+        return object_id
+
+    async def release(self, object_id: str) -> None:
+        entry = self._entry(object_id)
+        if entry.phase is not Phase.HELD:
+            return
+        entry.phase = Phase.RUNNING if self.auto_run else Phase.QUEUED
+        entry.ever_released = True
+        released = sum(
+            1 for e in self._by_job[entry.job] if e.phase in (Phase.QUEUED, Phase.RUNNING)
+        )
+        if released > self.peak_released.get(entry.job, 0):
+            self.peak_released[entry.job] = released
+        self._changed(entry)
+
+    async def end(self, object_id: str) -> None:
+        entry = self._entries.get(object_id)
+        if entry is None or entry.phase is Phase.ENDED:
+            return
+        entry.phase = Phase.ENDED
+        entry.cancelled = True
+        entry.cause = Cause(kind=CauseKind.NONE, detail="cancelled")
+        self._changed(entry)
+
+    async def list(self, job: str) -> Sequence[ObjectView]:
+        return [e.snapshot() for e in self._by_job.get(job, ())]
+
+    def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
+        self._subscribers.setdefault(job, []).append(wake)
+        return _remover(self._subscribers, job, wake)
+
+    async def aclose(self) -> None:
+        self._subscribers.clear()
+
+    def objects(self) -> list[ObjectView]:
+        """Every object of every job (for tests and benchmarks)."""
+        return [e.snapshot() for e in self._entries.values()]
+
+    def ever_released(self, object_id: str) -> bool:
+        return self._entry(object_id).ever_released
+
+    def _entry(self, object_id: str) -> _Entry:
+        try:
+            return self._entries[object_id]
+        except KeyError:
+            raise InvalidTransition(f"no object {object_id!r}") from None
+
+    def _changed(self, entry: _Entry) -> None:
+        entry.view = None
+        for wake in self._subscribers.get(entry.job, ()):
+            wake()
+
+
+class Env:
+    """The scheduler's side of the memory backend: what happens to objects on their own."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self._backend = backend
+
+    def run(self, object_id: str) -> None:
+        """Start a released object (what a scheduler with free nodes does; ``auto_run`` does it at once)."""
+        entry = self._in(object_id, Phase.QUEUED)
+        entry.phase = Phase.RUNNING
+        self._backend._changed(entry)
+
+    def complete(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.NONE), Phase.RUNNING)
+
+    def preempt(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.PREEMPTED, detail="preempted by a higher-priority job"))
+
+    def lose_node(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.NODE_LOST, detail="node stopped responding"))
+
+    def out_of_memory(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.OUT_OF_MEMORY, detail="OOMKilled", exit_code=137))
+
+    def time_limit(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.TIME_LIMIT, detail="time limit reached"))
+
+    def exit(self, object_id: str, code: int) -> None:
+        """The program ended by itself with ``code``; 0 is success."""
+        if code == 0:
+            self.complete(object_id)
+            return
+        cause = Cause(kind=CauseKind.NON_ZERO_EXIT, detail=f"exited with code {code}", exit_code=code)
+        self._end(object_id, cause)
+
+    def fail_launch(self, object_id: str) -> None:
+        cause = Cause(kind=CauseKind.LAUNCH_FAILED, detail="could not start the program")
+        self._end(object_id, cause, Phase.QUEUED, Phase.RUNNING)
+
+    def no_capacity(self, object_id: str) -> None:
+        cause = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can ever fit it")
+        self._end(object_id, cause, Phase.QUEUED)
+
+    def requeue(self, object_id: str) -> None:
+        self._end(object_id, Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler"))
+
+    def _in(self, object_id: str, *phases: Phase) -> _Entry:
+        entry = self._backend._entry(object_id)
+        if entry.phase not in phases:
+            wanted = " or ".join(phases)
+            raise InvalidTransition(f"object {object_id} is {entry.phase}, not {wanted}")
+        return entry
+
+    def _end(self, object_id: str, cause: Cause, *phases: Phase) -> None:
+        entry = self._in(object_id, *(phases or (Phase.RUNNING,)))
+        for causes, budget in entry.native:
+            if cause.kind in causes and entry.restarts < budget:
+                entry.restarts += 1
+                entry.phase = Phase.RUNNING if self._backend.auto_run else Phase.QUEUED
+                self._backend._changed(entry)
+                return
+        entry.phase = Phase.ENDED
+        entry.cause = cause
+        self._backend._changed(entry)
+
+
+def open_adapter(config: Mapping[str, object] | None = None) -> MemoryBackend:
+    """Entry point ``dispatch.adapters: memory``. Config: ``shape`` (slurm|kubeflow), ``auto_run``."""
+    config = dict(config or {})
+    unknown = set(config) - {"shape", "auto_run"}
+    if unknown:
+        raise ValueError(f"memory adapter: unknown config keys {sorted(unknown)}")
+    shape = config.get("shape", Shape.SLURM)
+    try:
+        shape = Shape(str(shape))
+    except ValueError:
+        raise ValueError(f"memory adapter: shape must be one of {[s.value for s in Shape]}, not {shape!r}") from None
+    return MemoryBackend(shape, auto_run=bool(config.get("auto_run", False)))
+
+
+Factory = Callable[[Mapping[str, object] | None], MemoryBackend]

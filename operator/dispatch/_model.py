@@ -1,0 +1,355 @@
+"""The model: pydantic v2 types that are the single source for the API, the CRD schema and the docs.
+
+Everything here is immutable (frozen models, tuples) so a record can be shared between versions,
+between the store and its readers, without anyone changing it behind the store's back.
+Field names are snake_case in Python and camelCase on the wire (the CRD, the CR's status).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+MAX_BUDGET: Final = 100
+"""Budgets above this are refused as absurd: a job preempted a hundred times needs a person."""
+MAX_NODES: Final = 1024
+MAX_RULES: Final = 16
+NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH: Final = 48
+"""Leaves room for the suffixes of the objects dispatch creates within Kubernetes' 63 characters."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        use_enum_values=False,
+    )
+
+
+class CauseKind(StrEnum):
+    """Why an execution ended. The order of the members is the canonical order of ``uncovered``."""
+
+    PREEMPTED = "preempted"
+    NODE_LOST = "node-lost"
+    OUT_OF_MEMORY = "out-of-memory"
+    TIME_LIMIT = "time-limit"
+    NON_ZERO_EXIT = "non-zero-exit"
+    LAUNCH_FAILED = "launch-failed"
+    NO_CAPACITY = "no-capacity"
+    REQUEUED = "requeued"
+    UNKNOWN = "unknown"
+    NONE = "none"
+    """Success: not a cause a rule can cover."""
+
+
+FAILURE_CAUSES: Final = tuple(c for c in CauseKind if c is not CauseKind.NONE)
+
+
+class Action(StrEnum):
+    """What a rule does when it fires.
+
+    ``resubmit`` starts the job again as a new submission with a new object; the supervisor can
+    always enforce it. ``restart`` restarts the same object in place (Slurm's requeue, Kubeflow's
+    restartPolicy); only a scheduler that does it natively can enforce it.
+    """
+
+    RESUBMIT = "resubmit"
+    RESTART = "restart"
+
+
+class ActorKind(StrEnum):
+    HUMAN = "human"
+    SUPERVISOR = "supervisor"
+    SCHEDULER = "scheduler"
+
+
+class Enforcer(StrEnum):
+    SCHEDULER = "scheduler"
+    SUPERVISOR = "supervisor"
+
+
+class State(StrEnum):
+    """A job's state. ``running`` exists only in status, never in a record or its history."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_outcome(self) -> bool:
+        return self in _OUTCOMES
+
+
+_OUTCOMES: Final = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+
+
+class Phase(StrEnum):
+    """Where one scheduler object is, as the scheduler shows it."""
+
+    HELD = "held"
+    """Created, not yet released: it cannot start."""
+    QUEUED = "queued"
+    """Released, waiting for resources."""
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+class Actor(_Model):
+    """Who did a thing: a human by name, the supervisor, the scheduler."""
+
+    kind: ActorKind
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+
+SUPERVISOR: Final = Actor(kind=ActorKind.SUPERVISOR, id="supervisor")
+SCHEDULER: Final = Actor(kind=ActorKind.SCHEDULER, id="scheduler")
+
+
+class Cause(_Model):
+    kind: CauseKind
+    detail: Annotated[str, Field(max_length=1024)] = ""
+    exit_code: int | None = None
+
+
+NO_CAUSE: Final = Cause(kind=CauseKind.NONE)
+
+
+class Rule(_Model):
+    """``on`` these causes, take ``action``, at most ``budget`` times."""
+
+    on: Annotated[tuple[CauseKind, ...], Field(min_length=1, max_length=len(FAILURE_CAUSES))]
+    action: Action = Action.RESUBMIT
+    budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)]
+
+    @field_validator("on")
+    @classmethod
+    def _causes(cls, on: tuple[CauseKind, ...]) -> tuple[CauseKind, ...]:
+        if CauseKind.NONE in on:
+            raise ValueError("'none' means success; a rule covers only causes of failure")
+        if len(set(on)) != len(on):
+            raise ValueError("a cause is listed twice")
+        return on
+
+
+class RecoveryPolicy(_Model):
+    """The rules. A cause may be covered by at most one rule, so which rule fires is never a question."""
+
+    rules: Annotated[tuple[Rule, ...], Field(max_length=MAX_RULES)] = ()
+
+    @model_validator(mode="after")
+    def _one_rule_per_cause(self) -> RecoveryPolicy:
+        owner: dict[CauseKind, int] = {}
+        for i, rule in enumerate(self.rules):
+            for j, cause in enumerate(rule.on):
+                if cause in owner:
+                    raise ValueError(
+                        f"rules[{i}].on[{j}]: cause '{cause}' is already covered by rules[{owner[cause]}]"
+                    )
+                owner[cause] = i
+        return self
+
+    def rule_for(self, cause: CauseKind) -> int | None:
+        for i, rule in enumerate(self.rules):
+            if cause in rule.on:
+                return i
+        return None
+
+
+class Resources(_Model):
+    """Per node. Strings are Kubernetes quantities."""
+
+    cpu: Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?m?$")] | None = None
+    memory: Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$")] | None = (
+        None
+    )
+    gpu: Annotated[int, Field(ge=0, le=64)] = 0
+
+
+EnvMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=32768)]], Field(max_length=128)]
+
+
+class KubeflowOptions(_Model):
+    """How to run on Kubeflow as a PyTorchJob (Master plus Workers for ``nodes``)."""
+
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    resources: Resources = Resources()
+    env: EnvMap = Field(default_factory=dict)
+    no_capacity_after_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
+    """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
+
+
+class SlurmOptions(_Model):
+    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
+    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
+    memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    environment: EnvMap = Field(default_factory=dict)
+    working_directory: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class JobSpec(_Model):
+    """What to run and how to recover it. Fixed once submitted."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+    command: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...], Field(min_length=1, max_length=256)]
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
+    recovery: RecoveryPolicy = RecoveryPolicy()
+    kubeflow: KubeflowOptions | None = None
+    slurm: SlurmOptions | None = None
+
+
+class NativeRule(_Model):
+    """A kind of rule a scheduler enforces natively and exactly: these causes, no more, no fewer."""
+
+    causes: frozenset[CauseKind]
+    action: Action
+    min_budget: int = 0
+    max_budget: int = MAX_BUDGET
+    note: str = ""
+
+    def enforces(self, rule: Rule) -> bool:
+        return (
+            rule.action is self.action
+            and frozenset(rule.on) == self.causes
+            and self.min_budget <= rule.budget <= self.max_budget
+        )
+
+    def describe(self) -> str:
+        causes = " ".join(c.value for c in FAILURE_CAUSES if c in self.causes)
+        budget = (
+            f"budget {self.min_budget}"
+            if self.min_budget == self.max_budget
+            else f"budget {self.min_budget}..{self.max_budget}"
+        )
+        return f"{self.action} on exactly [{causes}] with {budget}"
+
+
+class Capabilities(_Model):
+    """What a backend's scheduler enforces by itself."""
+
+    native: tuple[NativeRule, ...] = ()
+
+
+class PlannedRule(_Model):
+    index: int
+    on: tuple[CauseKind, ...]
+    action: Action
+    budget: int
+    enforcer: Enforcer
+    firings: int = 0
+
+    @property
+    def left(self) -> int:
+        return max(self.budget - self.firings, 0)
+
+
+class Plan(_Model):
+    """dispatch's answer before anything is created."""
+
+    job: str
+    rules: tuple[PlannedRule, ...] = ()
+    uncovered: tuple[CauseKind, ...] = ()
+
+
+class ObjectView(_Model):
+    """One scheduler object tagged (job, submission), as the scheduler shows it now."""
+
+    id: str
+    job: str
+    submission: int
+    phase: Phase
+    cause: Cause | None = None
+    """Why it ended; set when ``phase`` is ``ended``."""
+    cancelled: bool = False
+    """Ended because someone cancelled it: dispatch (ending an orphan or a cancelled job) or a person."""
+    restarts: int = 0
+    """In-place restarts the scheduler did under a scheduler-enforced rule."""
+
+
+class Submission(_Model):
+    n: Annotated[int, Field(ge=1)]
+    authorized_at: datetime
+    authorized_by: Actor
+    rule: int | None = None
+    """The rule whose firing authorized it; None for the first."""
+    canonical: str | None = None
+    cause: Cause | None = None
+    """How its canonical object ended, once recorded."""
+    restarts: int = 0
+
+
+class Transition(_Model):
+    from_: State = Field(alias="from")
+    to: State
+    submission: int
+    cause: Cause
+    actor: Actor
+    time: datetime
+
+
+class CancelRequest(_Model):
+    actor: Actor
+    time: datetime
+
+
+class Record(_Model):
+    """The durable truth about one job. Every write of it is a compare-and-swap on its version."""
+
+    job: str
+    spec: JobSpec
+    plan: Plan
+    submitted_by: Actor
+    submitted_at: datetime
+    supervised: bool
+    state: State = State.PENDING
+    cause: Cause = NO_CAUSE
+    submissions: tuple[Submission, ...] = ()
+    history: tuple[Transition, ...] = ()
+    cancel: CancelRequest | None = None
+    settled: bool = False
+
+    @field_validator("state")
+    @classmethod
+    def _recorded(cls, state: State) -> State:
+        if state is State.RUNNING:
+            raise ValueError("'running' is never recorded; it exists only in status")
+        return state
+
+    @property
+    def current(self) -> Submission | None:
+        return self.submissions[-1] if self.submissions else None
+
+
+class SubmissionStatus(_Model):
+    n: int
+    canonical: str | None
+    cause: Cause | None
+    objects: tuple[ObjectView, ...] = ()
+
+
+class Status(_Model):
+    """What an observer sees: the record joined with the scheduler's live view."""
+
+    job: str
+    state: State
+    cause: Cause
+    plan: Plan
+    submissions: tuple[SubmissionStatus, ...] = ()
+    history: tuple[Transition, ...] = ()
+    settled: bool = False
+    message: str = ""

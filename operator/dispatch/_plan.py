@@ -1,0 +1,55 @@
+"""The plan: who enforces each rule, and which causes no rule covers, computed before anything runs."""
+
+from __future__ import annotations
+
+from ._errors import PlanError
+from ._model import (
+    FAILURE_CAUSES,
+    Action,
+    Capabilities,
+    Enforcer,
+    JobSpec,
+    Plan,
+    PlannedRule,
+    Rule,
+)
+
+
+def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised: bool) -> Plan:
+    """Give each rule an enforcer or refuse the job.
+
+    A rule goes to the scheduler only where the backend enforces it natively and exactly (its causes,
+    its action and its budget), because a scheduler that does *roughly* what the rule says would fire
+    it on causes the user did not list or more often than the budget allows. Otherwise it goes to the
+    supervisor, which can only resubmit, and only if one will run.
+    """
+    planned = tuple(
+        PlannedRule(
+            index=i,
+            on=rule.on,
+            action=rule.action,
+            budget=rule.budget,
+            enforcer=_enforcer(i, rule, capabilities, supervised=supervised),
+        )
+        for i, rule in enumerate(spec.recovery.rules)
+    )
+    covered = {cause for rule in spec.recovery.rules for cause in rule.on}
+    return Plan(job=job, rules=planned, uncovered=tuple(c for c in FAILURE_CAUSES if c not in covered))
+
+
+def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> Enforcer:
+    if any(native.enforces(rule) for native in capabilities.native):
+        return Enforcer.SCHEDULER
+    if rule.action is Action.RESUBMIT and supervised:
+        return Enforcer.SUPERVISOR
+    causes = " ".join(c.value for c in rule.on)
+    what = f"{rule.action} on [{causes}] with budget {rule.budget}"
+    native = "; ".join(n.describe() for n in capabilities.native) or "nothing"
+    if rule.action is Action.RESUBMIT:
+        why = f"the scheduler does not enforce {what} natively (it enforces {native}) and no supervisor will run"
+    else:
+        why = (
+            f"only a scheduler can {rule.action} in place, and this one does not enforce {what} "
+            f"(it enforces {native})"
+        )
+    raise PlanError(index, why)

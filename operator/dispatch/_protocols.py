@@ -1,0 +1,79 @@
+"""The two ports the core is written against: a scheduler backend and a record store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from ._model import Capabilities, JobSpec, ObjectView, Plan, Record
+
+Unsubscribe = Callable[[], None]
+Wake = Callable[[], None]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A scheduler, seen through what dispatch needs of it.
+
+    Every object is created held back (it cannot start) and tagged with its (job, submission) so it
+    can be found again after a crash; only :meth:`release` lets it start. All methods are safe to
+    repeat.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
+        """Create the object held back and tagged; return its id.
+
+        May raise :class:`~dispatch.ObjectExists` where object names are deterministic.
+        """
+        ...
+
+    async def release(self, object_id: str) -> None: ...
+
+    async def end(self, object_id: str) -> None:
+        """End the object whatever its phase. Ending an ended or vanished object is not an error."""
+        ...
+
+    async def list(self, job: str) -> Sequence[ObjectView]:
+        """Every object tagged with ``job``, as the scheduler shows it now."""
+        ...
+
+    def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
+        """Call ``wake`` (from the event loop's thread) whenever ``job``'s objects may have changed."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Versioned(NamedTuple):
+    record: Record
+    version: str
+
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """Durable records with compare-and-swap. Versions are opaque strings."""
+
+    async def create(self, record: Record) -> str:
+        """Store a new record; raise :class:`~dispatch.JobExists` if the job has one."""
+        ...
+
+    async def get(self, job: str) -> Versioned:
+        """The record and its version; raise :class:`~dispatch.JobNotFound`."""
+        ...
+
+    async def put(self, record: Record, expected: str) -> str:
+        """Replace the record only if it is still at ``expected``; return the new version.
+
+        Raise :class:`~dispatch.VersionConflict` when it is not.
+        """
+        ...
+
+    def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
+        """Call ``wake`` whenever ``job``'s record may have changed."""
+        ...

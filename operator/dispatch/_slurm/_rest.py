@@ -1,0 +1,227 @@
+"""A small slurmrestd client: one httpx.AsyncClient, auth headers, timeouts, error mapping.
+
+Every failure that may pass (timeouts, refused connections, HTTP 5xx without a definite Slurm
+answer, malformed JSON, a rejected or expired token) becomes a
+:class:`~dispatch._errors.TransientBackendError`; a definite refusal by Slurm (an ``ESLURM_*``
+error number) becomes a :class:`~dispatch._errors.BackendError`. No message ever contains the token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from .._errors import BackendError, TransientBackendError
+
+# Slurm error numbers (slurm_errno.h) the adapter reads.
+ESLURM_INVALID_JOB_ID = 2017
+ESLURM_ALREADY_DONE = 2021
+ESLURM_JOB_HELD = 2042
+ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE = 2015
+ESLURM_JOB_FINISHED = 2044
+
+
+class SlurmApiError(BackendError):
+    """Slurm answered, and the answer is no (a definite ``ESLURM_*`` error)."""
+
+    def __init__(self, message: str, numbers: frozenset[int]) -> None:
+        self.numbers = numbers
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class RestResponse:
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        errs = self.body.get("errors") or []
+        return [e for e in errs if isinstance(e, dict)] if isinstance(errs, list) else []
+
+    @property
+    def error_numbers(self) -> frozenset[int]:
+        """Slurm calls the key ``error_number`` in some answers and ``error_code`` in others."""
+        out: set[int] = set()
+        for e in self.errors:
+            for key in ("error_number", "error_code"):
+                v = e.get(key)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    out.add(v)
+        return frozenset(out)
+
+    def error_text(self) -> str:
+        parts = []
+        for e in self.errors:
+            num = e.get("error_number", e.get("error_code"))
+            text = "; ".join(str(e[k]) for k in ("error", "description") if e.get(k))
+            parts.append(f"[{num}] {text}" if num is not None else text)
+        return " / ".join(parts) or "no error detail"
+
+
+class TokenSource:
+    """A JWT from configuration, or from a file (a mounted Secret) re-read when its mtime changes."""
+
+    def __init__(self, token: SecretStr | str | None = None, token_file: str | None = None) -> None:
+        self._static = token.get_secret_value() if isinstance(token, SecretStr) else token
+        self._file = token_file
+        self._mtime: float | None = None
+        self._cached: str | None = None
+
+    @property
+    def configured(self) -> bool:
+        return self._static is not None or self._file is not None
+
+    def get(self) -> str | None:
+        if self._file is None:
+            return self._static
+        try:
+            st = os.stat(self._file)
+        except OSError as e:
+            raise TransientBackendError(f"slurm token file {self._file} unreadable: {e.strerror}") from None
+        if self._cached is None or st.st_mtime != self._mtime:
+            try:
+                with open(self._file, encoding="utf-8") as f:
+                    raw = f.read().strip()
+            except OSError as e:
+                raise TransientBackendError(f"slurm token file {self._file} unreadable: {e.strerror}") from None
+            if raw.startswith("SLURM_JWT="):
+                raw = raw.split("=", 1)[1].strip()
+            self._cached, self._mtime = raw, st.st_mtime
+        return self._cached
+
+
+class RestClient:
+    """slurmrestd over TCP (``url``) or a unix socket (``socket``)."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        socket: str | None = None,
+        user_name: str | None = None,
+        token: TokenSource | None = None,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if transport is None and socket is not None:
+            transport = httpx.AsyncHTTPTransport(uds=socket)
+        base = url if url is not None else "http://slurmrestd"
+        self._client = httpx.AsyncClient(
+            base_url=base, transport=transport, timeout=httpx.Timeout(timeout), follow_redirects=False
+        )
+        self.user_name = user_name
+        self.token = token or TokenSource()
+        self.bearer = False
+        """Also send ``Authorization: Bearer`` (slurmrestd 23.02+, API v0.0.40+)."""
+        self.timeout = timeout
+        self.requests = 0
+        """How many HTTP requests this client has sent (for the polling-cost figures)."""
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        tok = self.token.get()
+        if self.user_name:
+            headers["X-SLURM-USER-NAME"] = self.user_name
+        if tok:
+            headers["X-SLURM-USER-TOKEN"] = tok
+            if self.bearer:
+                headers["Authorization"] = f"Bearer {tok}"
+        return headers
+
+    def scrub(self, text: str) -> str:
+        """Remove the token from any text that may reach a log, a status or an event."""
+        try:
+            tok = self.token.get()
+        except TransientBackendError:
+            tok = None
+        if tok and tok in text:
+            text = text.replace(tok, "***")
+        return text
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: Mapping[str, str | int] | None = None,
+        body: Mapping[str, Any] | None = None,
+        accept: Iterable[int] = (),
+    ) -> RestResponse:
+        """Send one request; return the answer if it is a success or carries an ``accept``ed error.
+
+        ``what`` names the operation in error messages (e.g. ``"cancel job 12"``).
+        """
+        accepted = frozenset(accept)
+        try:
+            headers = self._headers()
+            self.requests += 1
+            resp = await self._client.request(
+                method, path, params=dict(params) if params else None, json=body, headers=headers
+            )
+        except httpx.TimeoutException:
+            raise TransientBackendError(
+                f"slurmrestd: {what}: no answer within {self.timeout:g} s ({method} {path})"
+            ) from None
+        except httpx.TransportError as e:
+            raise TransientBackendError(
+                self.scrub(f"slurmrestd: {what}: cannot connect ({type(e).__name__}: {e})")
+            ) from None
+        if resp.status_code == 304:
+            return RestResponse(304)
+        parsed = self._parse(resp, what, method, path)
+        out = RestResponse(resp.status_code, parsed)
+        if 200 <= resp.status_code < 300 and not (out.error_numbers - accepted - {0}):
+            return out
+        if out.error_numbers & accepted:
+            return out
+        raise self._error(out, what, method, path)
+
+    def _parse(self, resp: httpx.Response, what: str, method: str, path: str) -> dict[str, Any]:
+        text = resp.text
+        if not text.strip():
+            if 200 <= resp.status_code < 300:
+                return {}
+            raise TransientBackendError(f"slurmrestd: {what}: HTTP {resp.status_code} with an empty body")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            snippet = self.scrub(text[:120]).replace("\n", " ")
+            raise TransientBackendError(
+                f"slurmrestd: {what}: HTTP {resp.status_code}, body is not JSON ({method} {path}): {snippet!r}"
+            ) from None
+        if not isinstance(data, dict):
+            raise TransientBackendError(
+                f"slurmrestd: {what}: HTTP {resp.status_code}, expected a JSON object, got {type(data).__name__}"
+            )
+        return data
+
+    def _error(self, out: RestResponse, what: str, method: str, path: str) -> BackendError:
+        detail = self.scrub(out.error_text())
+        nums = out.error_numbers
+        if out.status in (401, 403):
+            return TransientBackendError(
+                f"slurmrestd: {what}: HTTP {out.status} authentication failed (check user name and token): {detail}"
+            )
+        # slurmrestd 22.05 answers a bad/expired token with 500 and error -1 ("unable to load").
+        definite = {n for n in nums if 2000 <= n < 3000 or 9000 <= n < 10000}
+        if definite:
+            return SlurmApiError(f"slurmrestd: {what}: Slurm refused (HTTP {out.status}): {detail}", frozenset(nums))
+        if out.status >= 500 and (-1 in nums or not nums):
+            hint = " (a rejected or expired token also looks like this)" if -1 in nums else ""
+            return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}{hint}: {detail}")
+        if out.status >= 500:
+            return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}: {detail}")
+        if 400 <= out.status < 500:
+            return SlurmApiError(f"slurmrestd: {what}: HTTP {out.status}: {detail}", frozenset(nums))
+        return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}: {detail}")
