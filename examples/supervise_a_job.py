@@ -13,7 +13,9 @@ from collections.abc import Callable
 import dispatch
 
 
-async def wait_for(observer: dispatch.Observer, job: str, ok: Callable[[dispatch.Status], bool]) -> dispatch.Status:
+async def wait_for(
+    observer: dispatch.Observer, job: str, ok: Callable[[dispatch.Status], bool]
+) -> dispatch.Status:
     """Poll until the job's status satisfies ``ok``; a host would follow ``observer.watch`` instead."""
     async with asyncio.timeout(10):
         while True:
@@ -33,7 +35,9 @@ async def main(supervised: bool = True) -> None:
         command=("torchrun", "train.py"),
         nodes=2,
         recovery=dispatch.RecoveryPolicy(
-            rules=(dispatch.Rule(on=(dispatch.CauseKind.PREEMPTED,), action=dispatch.Action.RESUBMIT, budget=2),)
+            rules=(
+                dispatch.Rule(on=(dispatch.CauseKind.PREEMPTED,), action=dispatch.Action.RESUBMIT, budget=2),
+            )
         ),
     )
     me = dispatch.Actor(kind=dispatch.ActorKind.HUMAN, id="ada")

@@ -126,7 +126,9 @@ def compose(backend: Backend, *, store: RecordStore | None = None) -> Cluster:
     return Cluster(backend, store if store is not None else MemoryStore())
 
 
-async def open(name: str, config: Mapping[str, object] | None = None, *, store: RecordStore | None = None) -> Cluster:  # noqa: A001
+async def open(
+    name: str, config: Mapping[str, object] | None = None, *, store: RecordStore | None = None
+) -> Cluster:
     """Find the adapter registered as ``name`` in the ``dispatch.adapters`` entry points and compose it."""
     found = {ep.name: ep for ep in entry_points(group=ADAPTER_GROUP)}
     if name not in found:
@@ -136,4 +138,3 @@ async def open(name: str, config: Mapping[str, object] | None = None, *, store: 
     if inspect.isawaitable(backend):
         backend = await backend
     return compose(backend, store=store)
-

@@ -223,7 +223,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         if step.submission != len(subs) + 1:
             raise ValueError(f"submission {step.submission} does not follow {len(subs)}")
         update: dict[str, object] = {}
-        new = Submission.model_construct(n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule)
+        new = Submission.model_construct(
+            n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
+        )
         if subs and step.cause is not None:
             subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
         subs.append(new)
@@ -236,7 +238,10 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             update["plan"] = record.plan.model_copy(update={"rules": tuple(rules)})
             update["state"] = State.RECOVERING
             update["cause"] = cause
-            update["history"] = (*record.history, _transition(record.state, State.RECOVERING, step.submission, cause, actor, now))
+            update["history"] = (
+                *record.history,
+                _transition(record.state, State.RECOVERING, step.submission, cause, actor, now),
+            )
         return record.model_copy(update=update)
     if isinstance(step, RecordCanonical):
         i = step.submission - 1

@@ -10,13 +10,12 @@ limit; Kubeflow restarts failed pods in place up to ``backoffLimit``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
 from ._errors import ObjectExists
-from ._memstore import _remover
 from ._model import (
     Action,
     Capabilities,
@@ -29,7 +28,7 @@ from ._model import (
     Phase,
     Plan,
 )
-from ._protocols import Unsubscribe, Wake
+from ._protocols import Subscribers, Unsubscribe, Wake
 
 
 class Shape(StrEnum):
@@ -103,7 +102,7 @@ class MemoryBackend:
         self.auto_run = auto_run
         self._entries: dict[str, _Entry] = {}
         self._by_job: dict[str, list[_Entry]] = {}
-        self._subscribers: dict[str, list[Wake]] = {}
+        self._subscribers = Subscribers()
         self._counter = 0
         self.peak_released: dict[str, int] = {}
         """The most objects of one job ever released and not ended at the same moment."""
@@ -142,9 +141,7 @@ class MemoryBackend:
             return
         entry.phase = Phase.RUNNING if self.auto_run else Phase.QUEUED
         entry.ever_released = True
-        released = sum(
-            1 for e in self._by_job[entry.job] if e.phase in (Phase.QUEUED, Phase.RUNNING)
-        )
+        released = sum(1 for e in self._by_job[entry.job] if e.phase in (Phase.QUEUED, Phase.RUNNING))
         if released > self.peak_released.get(entry.job, 0):
             self.peak_released[entry.job] = released
         self._changed(entry)
@@ -162,13 +159,12 @@ class MemoryBackend:
         return [e.snapshot() for e in self._by_job.get(job, ())]
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
-        self._subscribers.setdefault(job, []).append(wake)
-        return _remover(self._subscribers, job, wake)
+        return self._subscribers.subscribe(job, wake)
 
     async def aclose(self) -> None:
         self._subscribers.clear()
 
-    def objects(self) -> list[ObjectView]:
+    def objects(self) -> Sequence[ObjectView]:
         """Every object of every job (for tests and benchmarks)."""
         return [e.snapshot() for e in self._entries.values()]
 
@@ -183,8 +179,7 @@ class MemoryBackend:
 
     def _changed(self, entry: _Entry) -> None:
         entry.view = None
-        for wake in self._subscribers.get(entry.job, ()):
-            wake()
+        self._subscribers.notify(entry.job)
 
 
 class Env:
@@ -263,8 +258,9 @@ def open_adapter(config: Mapping[str, object] | None = None) -> MemoryBackend:
     try:
         shape = Shape(str(shape))
     except ValueError:
-        raise ValueError(f"memory adapter: shape must be one of {[s.value for s in Shape]}, not {shape!r}") from None
+        raise ValueError(
+            f"memory adapter: shape must be one of {[s.value for s in Shape]}, not {shape!r}"
+        ) from None
     return MemoryBackend(shape, auto_run=bool(config.get("auto_run", False)))
 
 
-Factory = Callable[[Mapping[str, object] | None], MemoryBackend]

@@ -6,11 +6,9 @@ another reader sees, and consecutive versions share everything they did not chan
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ._errors import JobExists, JobNotFound, VersionConflict
 from ._model import Record
-from ._protocols import Unsubscribe, Versioned, Wake
+from ._protocols import Subscribers, Unsubscribe, Versioned, Wake
 
 
 class MemoryStore:
@@ -18,7 +16,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._records: dict[str, tuple[Record, int]] = {}
-        self._subscribers: dict[str, list[Wake]] = {}
+        self._subscribers = Subscribers()
         self.writes = 0
         self.conflicts = 0
 
@@ -54,21 +52,8 @@ class MemoryStore:
         return list(self._records)
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
-        subs = self._subscribers.setdefault(job, [])
-        subs.append(wake)
-        return _remover(self._subscribers, job, wake)
+        return self._subscribers.subscribe(job, wake)
 
     def _notify(self, job: str) -> None:
-        for wake in self._subscribers.get(job, ()):
-            wake()
+        self._subscribers.notify(job)
 
-
-def _remover(table: dict[str, list[Wake]], key: str, wake: Wake) -> Callable[[], None]:
-    def remove() -> None:
-        subs = table.get(key)
-        if subs is not None and wake in subs:
-            subs.remove(wake)
-            if not subs:
-                del table[key]
-
-    return remove

@@ -174,13 +174,16 @@ class Resources(_Model):
     """Per node. Strings are Kubernetes quantities."""
 
     cpu: Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?m?$")] | None = None
-    memory: Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$")] | None = (
-        None
-    )
+    memory: (
+        Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$")] | None
+    ) = None
     gpu: Annotated[int, Field(ge=0, le=64)] = 0
 
 
-EnvMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=32768)]], Field(max_length=128)]
+EnvMap = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=32768)]],
+    Field(max_length=128),
+]
 
 
 class KubeflowOptions(_Model):
@@ -206,7 +209,9 @@ class JobSpec(_Model):
     """What to run and how to recover it. Fixed once submitted."""
 
     name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
-    command: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...], Field(min_length=1, max_length=256)]
+    command: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...], Field(min_length=1, max_length=256)
+    ]
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     recovery: RecoveryPolicy = RecoveryPolicy()
     kubeflow: KubeflowOptions | None = None

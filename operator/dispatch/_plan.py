@@ -46,7 +46,10 @@ def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised:
     what = f"{rule.action} on [{causes}] with budget {rule.budget}"
     native = "; ".join(n.describe() for n in capabilities.native) or "nothing"
     if rule.action is Action.RESUBMIT:
-        why = f"the scheduler does not enforce {what} natively (it enforces {native}) and no supervisor will run"
+        why = (
+            f"the scheduler does not enforce {what} natively (it enforces {native}) "
+            "and no supervisor will run"
+        )
     else:
         why = (
             f"only a scheduler can {rule.action} in place, and this one does not enforce {what} "

@@ -77,3 +77,34 @@ class RecordStore(Protocol):
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
         """Call ``wake`` whenever ``job``'s record may have changed."""
         ...
+
+
+class Subscribers:
+    """Wake callbacks by job: what every backend and store needs to implement ``subscribe``."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self) -> None:
+        self._table: dict[str, list[Wake]] = {}
+
+    def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
+        self._table.setdefault(job, []).append(wake)
+
+        def unsubscribe() -> None:
+            wakes = self._table.get(job)
+            if wakes is not None and wake in wakes:
+                wakes.remove(wake)
+                if not wakes:
+                    del self._table[job]
+
+        return unsubscribe
+
+    def notify(self, job: str) -> None:
+        for wake in self._table.get(job, ()):
+            wake()
+
+    def jobs(self) -> list[str]:
+        return list(self._table)
+
+    def clear(self) -> None:
+        self._table.clear()

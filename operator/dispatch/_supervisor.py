@@ -8,6 +8,7 @@ every write is a compare-and-swap, and the loser re-reads and decides again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -125,10 +126,8 @@ class Supervisor:
     async def step(self, job: str) -> Decision:
         """Prepare and perform one step; a lost compare-and-swap is not an error."""
         intent = await self.prepare(job)
-        try:
+        with contextlib.suppress(VersionConflict):
             await self.perform(intent)
-        except VersionConflict:
-            pass
         return intent.decision
 
     async def prepare(self, job: str) -> Intent:
@@ -148,10 +147,9 @@ class Supervisor:
                 after = apply(record, step, actor=self.actor, now=self.clock())
                 await self.store.put(after, intent.version)
             elif isinstance(step, Create):
-                try:
+                # Another creator may have made it first: it is a candidate like ours would have been.
+                with contextlib.suppress(ObjectExists):
                     await self.backend.create(job, step.submission, record.spec, record.plan)
-                except ObjectExists:
-                    pass  # another creator made it first; it is a candidate like ours would have been
             elif isinstance(step, Release):
                 await self.backend.release(step.object_id)
             elif isinstance(step, End):
@@ -171,9 +169,9 @@ class Supervisor:
             self.listener.stepped(job, step, record, after)
 
 
-async def _wait(wake: asyncio.Event, timeout: float) -> None:
+async def _wait(wake: asyncio.Event, seconds: float) -> None:
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(seconds):
             await wake.wait()
     except TimeoutError:
         pass
@@ -191,5 +189,10 @@ def _log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
         submission,
         type(step).__name__,
         decision.cause.kind,
-        extra={"job": job, "submission": submission, "step": type(step).__name__, "cause": str(decision.cause.kind)},
+        extra={
+            "job": job,
+            "submission": submission,
+            "step": type(step).__name__,
+            "cause": str(decision.cause.kind),
+        },
     )
