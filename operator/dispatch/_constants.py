@@ -66,3 +66,31 @@ KUBEFLOW_VERSION: Final = "v1"
 PYTORCHJOB_PLURAL: Final = "pytorchjobs"
 PYTORCHJOB_KIND: Final = "PyTorchJob"
 PYTORCH_CONTAINER: Final = "pytorch"
+
+# Observability and admission (webhook, events, metrics).
+REPORTING_CONTROLLER: Final = f"{GROUP}/{REPORTING_COMPONENT}"
+"""events.k8s.io/v1 ``reportingController`` of every Event dispatch posts."""
+WEBHOOK_VALIDATE_ID: Final = "validate-dispatchjob"
+"""kopf handler id of the validating webhook; served at path ``/validate-dispatchjob``."""
+WEBHOOK_MUTATE_ID: Final = "mutate-dispatchjob"
+"""kopf handler id of the mutating webhook; served at path ``/mutate-dispatchjob``."""
+WEBHOOK_PORT: Final = 9443
+METRICS_PORT: Final = 8080
+METRICS_PATH: Final = "/metrics"
+
+# Kubeflow adapter (appended by the Kubeflow adapter's engineer).
+ANNOTATION_ENDED: Final = f"{GROUP}/ended"
+"""On a PyTorchJob the adapter stopped itself (suspended, pods deleted): the cause, as JSON."""
+ANNOTATION_NO_CAPACITY_AFTER: Final = f"{GROUP}/no-capacity-after-seconds"
+ANNOTATION_RESTART_BUDGET: Final = f"{GROUP}/restart-budget"
+"""On a PyTorchJob built to restart in place: the budget of the scheduler-enforced rule."""
+KUBEFLOW_LABEL_JOB_NAME: Final = "training.kubeflow.org/job-name"
+KUBEFLOW_LABEL_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
+KUBEFLOW_LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Operator (appended by the operator's engineer).
+REASON_BACKEND_NOT_CONFIGURED: Final = "BackendNotConfigured"
+"""Condition reason: this operator has no adapter for the DispatchJob's spec.backend (not final)."""
+EVENT_NAME_PREFIX: Final = "dispatch-event-"
+"""kopf's own Events (handler failures) are named with this prefix."""

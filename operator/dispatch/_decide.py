@@ -135,6 +135,11 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     yet belongs to a newer record and is left alone.
     """
     if record.settled:
+        # A slow supervisor may perform a Create it decided before the job settled: end what it
+        # made, or it would outlive the settled job (held, never released, never ended).
+        late = next((o for o in objects if o.phase is not Phase.ENDED), None)
+        if late is not None:
+            return Decision(End(late.id, orphan=True), record.state, record.cause)
         return Decision(Done(), record.state, record.cause)
     state, cause = record.state, record.cause
     outcome = state.is_outcome

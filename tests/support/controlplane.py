@@ -49,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,8 +202,13 @@ def _issue(
     ips: Sequence[str] = (),
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _new_key()
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    # X.509 caps CN/O at 64 characters, but ServiceAccount user names
+    # (system:serviceaccount:NS:NAME) can be longer; Go's parser and the apiserver accept
+    # them, so build the name without the check (and without its warning).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o, _validate=False) for o in organizations]
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name, _validate=False))
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))
@@ -358,7 +364,7 @@ class ControlPlane:
         self.etcd_url = ""
         self.start_seconds = 0.0
         self._procs: list[_Proc] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stop() may re-enter from a signal handler
         self._hooks_installed = False
         self._previous_handlers: dict[int, Any] = {}
 
@@ -489,9 +495,7 @@ class ControlPlane:
             0o644,
         )
 
-        akey, acert = _issue(
-            cca_key, cca_cert, common_name=ADMIN_USER, organizations=list(ADMIN_GROUPS)
-        )
+        akey, acert = _issue(cca_key, cca_cert, common_name=ADMIN_USER, organizations=list(ADMIN_GROUPS))
         self._admin_cert = pki / "admin.crt"
         self._admin_key = pki / "admin.key"
         _write(self._admin_cert, _cert_pem(acert), 0o644)
@@ -541,14 +545,14 @@ class ControlPlane:
             # PDEATHSIG fires when the *thread* that forked exits, so only from the main thread.
             preexec = _set_pdeathsig
         with open(log, "ab") as out:
-            popen = subprocess.Popen(  # noqa: S603 - fixed binaries, no shell
+            popen = subprocess.Popen(
                 [binary, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
                 start_new_session=True,
-                preexec_fn=preexec,  # noqa: PLW1509
+                preexec_fn=preexec,
             )
         proc = _Proc(name=name, binary=binary, pid=popen.pid, log=log, popen=popen)
         self._procs.append(proc)
@@ -612,27 +616,22 @@ class ControlPlane:
         self._wait_http(api, f"{self.server}/readyz", self._admin_ssl_context(), deadline)
 
     def _admin_kubeconfig(self) -> bytes:
-        return self._kubeconfig_yaml(
-            ADMIN_USER, self._admin_cert.read_bytes(), self._admin_key.read_bytes()
-        )
+        return self._kubeconfig_yaml(ADMIN_USER, self._admin_cert.read_bytes(), self._admin_key.read_bytes())
 
     def _admin_ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki / "server-ca.crt"))
         ctx.load_cert_chain(str(self._admin_cert), str(self._admin_key))
         return ctx
 
-    def _wait_http(
-        self, proc: _Proc, url: str, ctx: ssl.SSLContext | None, deadline: float
-    ) -> None:
+    def _wait_http(self, proc: _Proc, url: str, ctx: ssl.SSLContext | None, deadline: float) -> None:
         last = ""
         while time.monotonic() < deadline:
             if proc.popen is not None and proc.popen.poll() is not None:
                 raise ControlPlaneError(
-                    f"{proc.name} exited with {proc.popen.returncode}; log {proc.log}:\n"
-                    + _tail(proc.log)
+                    f"{proc.name} exited with {proc.popen.returncode}; log {proc.log}:\n" + _tail(proc.log)
                 )
             try:
-                with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:  # noqa: S310
+                with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
                     if resp.status == 200:
                         return
                     last = f"HTTP {resp.status}"
@@ -655,8 +654,7 @@ class ControlPlane:
             "kubectl": self.binaries.kubectl if self.binaries else "",
             "start_seconds": round(self.start_seconds, 2),
             "processes": [
-                {"name": p.name, "pid": p.pid, "binary": p.binary, "log": str(p.log)}
-                for p in self._procs
+                {"name": p.name, "pid": p.pid, "binary": p.binary, "log": str(p.log)} for p in self._procs
             ],
         }
         _write(self.state_file, json.dumps(state, indent=2).encode(), 0o644)
@@ -752,7 +750,9 @@ def _cli(argv: Sequence[str] | None = None) -> int:
         if state_file.exists():
             state = json.loads(state_file.read_text())
             if any(_pid_runs(int(p["pid"]), str(p["binary"])) for p in state.get("processes", [])):
-                print(f"already running (see {state_file}); run `down --dir {args.dir}` first", file=sys.stderr)
+                print(
+                    f"already running (see {state_file}); run `down --dir {args.dir}` first", file=sys.stderr
+                )
                 return 1
         cp = ControlPlane(args.dir, start_timeout=args.timeout)
         try:
@@ -760,6 +760,10 @@ def _cli(argv: Sequence[str] | None = None) -> int:
         except BaseException:
             cp.stop()
             raise
+        for proc in cp._procs:  # deliberately abandoned: the daemons outlive this process
+            if proc.popen is not None:
+                proc.popen.returncode = 0  # keeps Popen.__del__ from warning "still running"
+                proc.popen = None
         print(f"control plane ready in {cp.start_seconds:.1f}s: {cp.server}")
         print(f"pids: {cp.pids}")
         print(f"export KUBECONFIG={cp.kubeconfig}")

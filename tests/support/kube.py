@@ -75,9 +75,7 @@ class KubectlError(RuntimeError):
     """kubectl exited non-zero."""
 
     def __init__(self, args: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
-        super().__init__(
-            f"kubectl {' '.join(args)} exited {returncode}:\n{stderr.strip() or stdout.strip()}"
-        )
+        super().__init__(f"kubectl {' '.join(args)} exited {returncode}:\n{stderr.strip() or stdout.strip()}")
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
@@ -110,9 +108,7 @@ class KubeCluster:
     ) -> str:
         """Run kubectl against this cluster; return stdout (raise KubectlError on failure)."""
         argv = [self.kubectl_bin, f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
-        proc = subprocess.run(  # noqa: S603 - fixed binary, no shell
-            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
         if check and proc.returncode != 0:
             raise KubectlError(args, proc.returncode, proc.stdout, proc.stderr)
         return proc.stdout
@@ -125,9 +121,7 @@ class KubeCluster:
             return self.kubectl(*base, "-f", str(manifest))
         if isinstance(manifest, str):
             return self.kubectl(*base, "-f", "-", input=manifest)
-        docs: Sequence[Mapping[str, Any]] = (
-            [manifest] if isinstance(manifest, Mapping) else manifest
-        )
+        docs: Sequence[Mapping[str, Any]] = [manifest] if isinstance(manifest, Mapping) else manifest
         text = yaml.safe_dump_all([dict(d) for d in docs], sort_keys=False)
         return self.kubectl(*base, "-f", "-", input=text)
 
@@ -180,9 +174,7 @@ class KubeCluster:
         self.apply(
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}}
         )
-        token = self.kubectl(
-            "create", "token", name, f"--namespace={namespace}", "--duration=2h"
-        ).strip()
+        token = self.kubectl("create", "token", name, f"--namespace={namespace}", "--duration=2h").strip()
         view = yaml.safe_load(self.kubectl("config", "view", "--minify", "--raw", "-o", "yaml"))
         cluster = view["clusters"][0]
         cfg = {
@@ -225,9 +217,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
     workdir = tmp_path_factory.mktemp("kube")
     external = os.environ.get(E2E_KUBECONFIG_ENV)
     if external:
-        yield KubeCluster(
-            kubeconfig=Path(external), kubectl_bin=_kubectl_for_external(), workdir=workdir
-        )
+        yield KubeCluster(kubeconfig=Path(external), kubectl_bin=_kubectl_for_external(), workdir=workdir)
         return
     try:
         binaries = resolve_binaries()
@@ -261,7 +251,4 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
     try:
         yield name
     finally:
-        kube_cluster.kubectl(
-            "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False
-        )
-
+        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

@@ -38,7 +38,9 @@ class SlurmLabError(RuntimeError):
 def missing_prerequisites() -> list[str]:
     """What is missing to run the lab on this machine (empty when it can run)."""
     missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
-    jwt = list(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")) or list(Path("/usr/lib").glob("slurm*/auth_jwt.so"))
+    jwt = list(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")) or list(
+        Path("/usr/lib").glob("slurm*/auth_jwt.so")
+    )
     if not jwt:
         missing.append("slurm-wlm-jwt-plugin (auth_jwt.so)")
     for user in (REST_USER, JOB_USER):
@@ -156,7 +158,9 @@ class SlurmLab:
     def start(self) -> None:
         missing = missing_prerequisites()
         if missing:
-            raise SlurmLabError(f"cannot start the Slurm lab, missing: {', '.join(missing)} (run make slurm-deps)")
+            raise SlurmLabError(
+                f"cannot start the Slurm lab, missing: {', '.join(missing)} (run make slurm-deps)"
+            )
         atexit.register(self.stop)
         self._started = True
         try:
@@ -190,9 +194,16 @@ class SlurmLab:
         sock = self.root / "munge" / "munge.socket.2"
         self._spawn(
             "munged",
-            ["munged", "-F", "-f", f"--key-file={munge_key}", f"--socket={sock}",
-             f"--pid-file={self.root / 'run' / 'munged.pid'}", f"--log-file={self.root / 'log' / 'munged.log'}",
-             f"--seed-file={self.root / 'munge' / 'munged.seed'}"],
+            [
+                "munged",
+                "-F",
+                "-f",
+                f"--key-file={munge_key}",
+                f"--socket={sock}",
+                f"--pid-file={self.root / 'run' / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            ],
         )
         self._wait(lambda: sock.exists(), 10, "munged socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])
@@ -203,9 +214,20 @@ class SlurmLab:
         rest_env["SLURM_JWT"] = "daemon"
         self._spawn(
             "slurmrestd",
-            ["setpriv", f"--reuid={REST_USER}", f"--regid={REST_USER}", "--init-groups",
-             "slurmrestd", "-f", str(self.conf), "-a", "rest_auth/jwt", "-s", f"openapi/{API_VERSION}",
-             f"127.0.0.1:{self.rest_port}"],
+            [
+                "setpriv",
+                f"--reuid={REST_USER}",
+                f"--regid={REST_USER}",
+                "--init-groups",
+                "slurmrestd",
+                "-f",
+                str(self.conf),
+                "-a",
+                "rest_auth/jwt",
+                "-s",
+                f"openapi/{API_VERSION}",
+                f"127.0.0.1:{self.rest_port}",
+            ],
             env=rest_env,
         )
         self.token = self.mint_token(self.user_name, self.token_lifespan)
@@ -264,8 +286,13 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
         log = open(self.root / "log" / f"{name}.stdout", "wb")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
         self._procs[name] = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env if env is not None else self.env, cwd=self.root, start_new_session=True,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env if env is not None else self.env,
+            cwd=self.root,
+            start_new_session=True,
         )
 
     def _wait(self, ok: object, timeout: float, what: str) -> None:
@@ -274,8 +301,9 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
         while time.monotonic() < deadline:
             for name, p in self._procs.items():
                 if p.poll() is not None:
-                    raise SlurmLabError(f"{name} exited with {p.returncode} while waiting for {what}:\n"
-                                        f"{self.log_tails()}")
+                    raise SlurmLabError(
+                        f"{name} exited with {p.returncode} while waiting for {what}:\n{self.log_tails()}"
+                    )
             if ok():
                 return
             time.sleep(0.05)
@@ -286,8 +314,14 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
         return r.returncode == 0 and needle in r.stdout
 
     def _node_ready(self) -> bool:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env, capture_output=True, text=True,
-                           check=False, timeout=10)
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
         return any(s.strip().rstrip("*") in ("idle", "mixed", "allocated") for s in r.stdout.split())
 
     def _rest_ready(self) -> bool:
@@ -392,8 +426,14 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
 
     def job_state(self, job_id: int | str) -> dict[str, str]:
         """``scontrol show job`` as a flat dict (empty if Slurm no longer knows the job)."""
-        r = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env=self.env, capture_output=True,
-                           text=True, check=False, timeout=10)
+        r = subprocess.run(
+            ["scontrol", "-o", "show", "job", str(job_id)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
         out: dict[str, str] = {}
         for tok in r.stdout.split():
             if "=" in tok:
@@ -404,8 +444,13 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
     def submit_blocker(self, partition: str = "high", cpus: int = 2, seconds: int = 600) -> int:
         """Submit a whole-node job (as root, via sbatch) that preempts lower partitions."""
         out = self.run(
-            "sbatch", "--parsable", f"--partition={partition}", f"--cpus-per-task={cpus}",
-            f"--chdir={self.jobs_dir}", "--output=/dev/null", "--job-name=lab-blocker",
+            "sbatch",
+            "--parsable",
+            f"--partition={partition}",
+            f"--cpus-per-task={cpus}",
+            f"--chdir={self.jobs_dir}",
+            "--output=/dev/null",
+            "--job-name=lab-blocker",
             f"--wrap=sleep {seconds}",
         )
         return int(out.strip().split(";")[0])

@@ -35,6 +35,10 @@ class SlurmApiError(BackendError):
         super().__init__(message)
 
 
+class PathNotServed(SlurmApiError):
+    """HTTP 404: slurmrestd does not serve this path (e.g. an API version it does not load)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RestResponse:
     status: int
@@ -90,7 +94,9 @@ class TokenSource:
                 with open(self._file, encoding="utf-8") as f:
                     raw = f.read().strip()
             except OSError as e:
-                raise TransientBackendError(f"slurm token file {self._file} unreadable: {e.strerror}") from None
+                raise TransientBackendError(
+                    f"slurm token file {self._file} unreadable: {e.strerror}"
+                ) from None
             if raw.startswith("SLURM_JWT="):
                 raw = raw.split("=", 1)[1].strip()
             self._cached, self._mtime = raw, st.st_mtime
@@ -179,6 +185,8 @@ class RestClient:
             ) from None
         if resp.status_code == 304:
             return RestResponse(304)
+        if resp.status_code == 404:
+            raise PathNotServed(f"slurmrestd: {what}: HTTP 404, {method} {path} is not served", frozenset())
         parsed = self._parse(resp, what, method, path)
         out = RestResponse(resp.status_code, parsed)
         if 200 <= resp.status_code < 300 and not (out.error_numbers - accepted - {0}):
@@ -198,11 +206,13 @@ class RestClient:
         except ValueError:
             snippet = self.scrub(text[:120]).replace("\n", " ")
             raise TransientBackendError(
-                f"slurmrestd: {what}: HTTP {resp.status_code}, body is not JSON ({method} {path}): {snippet!r}"
+                f"slurmrestd: {what}: HTTP {resp.status_code}, body is not JSON "
+                f"({method} {path}): {snippet!r}"
             ) from None
         if not isinstance(data, dict):
             raise TransientBackendError(
-                f"slurmrestd: {what}: HTTP {resp.status_code}, expected a JSON object, got {type(data).__name__}"
+                f"slurmrestd: {what}: HTTP {resp.status_code}, expected a JSON object, "
+                f"got {type(data).__name__}"
             )
         return data
 
@@ -211,12 +221,15 @@ class RestClient:
         nums = out.error_numbers
         if out.status in (401, 403):
             return TransientBackendError(
-                f"slurmrestd: {what}: HTTP {out.status} authentication failed (check user name and token): {detail}"
+                f"slurmrestd: {what}: HTTP {out.status} authentication failed "
+                f"(check user name and token): {detail}"
             )
         # slurmrestd 22.05 answers a bad/expired token with 500 and error -1 ("unable to load").
         definite = {n for n in nums if 2000 <= n < 3000 or 9000 <= n < 10000}
         if definite:
-            return SlurmApiError(f"slurmrestd: {what}: Slurm refused (HTTP {out.status}): {detail}", frozenset(nums))
+            return SlurmApiError(
+                f"slurmrestd: {what}: Slurm refused (HTTP {out.status}): {detail}", frozenset(nums)
+            )
         if out.status >= 500 and (-1 in nums or not nums):
             hint = " (a rejected or expired token also looks like this)" if -1 in nums else ""
             return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}{hint}: {detail}")

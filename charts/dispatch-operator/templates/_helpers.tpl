@@ -1,0 +1,119 @@
+{{/*
+The chart name, truncated to 63 characters (a DNS label).
+*/}}
+{{- define "dispatch-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name prefix of every object: the release name when it already contains the chart
+name, else "<release>-<chart>".
+*/}}
+{{- define "dispatch-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dispatch-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The recommended labels (https://kubernetes.io/docs/concepts/overview/working-with-objects/common-labels/).
+*/}}
+{{- define "dispatch-operator.labels" -}}
+helm.sh/chart: {{ include "dispatch-operator.chart" . }}
+{{ include "dispatch-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: dispatch
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+The labels that select the operator's Pods (immutable in a Deployment: never add to them).
+*/}}
+{{- define "dispatch-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dispatch-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "dispatch-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dispatch-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the operator runs leader election: asked for, or more than one replica.
+*/}}
+{{- define "dispatch-operator.leaderElect" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end }}
+{{- end }}
+
+{{- define "dispatch-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where the Slurm token Secret is mounted, and the config file.
+*/}}
+{{- define "dispatch-operator.slurmTokenDir" -}}/var/run/secrets/dispatch.dev/slurm{{- end }}
+{{- define "dispatch-operator.slurmConfigDir" -}}/etc/dispatch{{- end }}
+
+{{- /*
+What the operator does to the objects of the jobs it supervises. Cluster-wide when
+watchNamespaces is empty, else the same rules in a Role in each watched namespace.
+No wildcards: every group, resource and verb is named.
+*/}}
+{{- define "dispatch-operator.jobRules" -}}
+# DispatchJobs: read and watch them; patch for kopf's finalizer and its progress annotations
+# (dispatch.dev/...) and for the operator's own metadata. Never create, update or delete them.
+- apiGroups: ["dispatch.dev"]
+  resources: ["dispatchjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+# The record lives in .status: written with a resourceVersion precondition (PUT = update, or a
+# merge patch carrying metadata.resourceVersion), which is what makes double authorization
+# impossible.
+- apiGroups: ["dispatch.dev"]
+  resources: ["dispatchjobs/status"]
+  verbs: ["get", "update", "patch"]
+# Creating a PyTorchJob whose ownerReference to its DispatchJob sets blockOwnerDeletion needs
+# update on the owner's finalizers subresource (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["dispatch.dev"]
+  resources: ["dispatchjobs/finalizers"]
+  verbs: ["update"]
+# The Kubeflow backend: one PyTorchJob per submission; patch to release (unsuspend) it; delete to
+# end it (cancel, supervisor-side restarts).
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+# Pods of those PyTorchJobs: read to classify how a submission ended (preemption, eviction, OOM,
+# unschedulable = no capacity). delete only because a cluster without a garbage collector
+# (a bare API server, some managed test setups) leaves a deleted PyTorchJob's pods behind; the
+# operator deletes only pods labelled as belonging to a job it supervises. No other write.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "delete"]
+# Events about DispatchJobs (the operator's own, and kopf's handler logs posted as events).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

@@ -1,0 +1,69 @@
+"""The e2e tier: the Helm chart installed into a real API server, the operator under its identity.
+
+By default the private control plane of ``tests.support.kube`` (etcd + kube-apiserver, no
+kubelet: the chart's Deployment makes no Pods, so the operator runs here as a local process with
+exactly the chart's ServiceAccount identity). ``DISPATCH_E2E_KUBECONFIG`` points the tier at an
+existing cluster instead (``make e2e-kind``); the chart is installed with ``replicas=0`` there too,
+so no in-cluster operator competes with the processes under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+# The fixtures of the operator's integration tier: an admin API client, the fake training
+# operator, the PyTorchJob watch. Their `crds` fixture is replaced below: here the chart
+# installs the DispatchJob CRD; only Kubeflow's PyTorchJob CRD is applied by hand.
+from tests.integration.conftest import PYTORCHJOB_CRD, api, fake, release_monitor
+from tests.support.kube import KubeCluster
+
+from .support import Helm, Release, helm_binary, short_name
+
+pytest_plugins = ["tests.support.kube"]
+
+__all__ = ["api", "fake", "release_monitor"]
+
+
+@pytest.fixture(scope="session")
+def crds(kube_cluster: KubeCluster) -> KubeCluster:
+    """Kubeflow's PyTorchJob CRD (Kubeflow installs it, not our chart), established."""
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(PYTORCHJOB_CRD))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s"
+    )
+    return kube_cluster
+
+
+@pytest.fixture(scope="session")
+def helm(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    binary = helm_binary()
+    if binary is None:
+        pytest.fail("helm not found: run `make bins` or set DISPATCH_HELM", pytrace=False)
+    return Helm(binary=binary, cluster=kube_cluster, home=tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture
+def release(helm: Helm, crds: KubeCluster) -> Iterator[Callable[..., Release]]:
+    """A factory: ``release(*values)`` installs the chart as a new release in a new namespace.
+
+    Afterwards every release is uninstalled (the CRD stays) and its namespace deletion requested.
+    """
+    made: list[Release] = []
+
+    def make(*values: str, install: bool = True) -> Release:
+        name = short_name("dso")
+        helm.cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        rel = Release(helm=helm, name=name, namespace=name, values=list(values))
+        made.append(rel)
+        if install:
+            rel.install()
+        return rel
+
+    yield make
+    for rel in made:
+        rel.uninstall(check=False)
+        helm.cluster.kubectl(
+            "delete", "namespace", rel.namespace, "--wait=false", "--ignore-not-found", check=False
+        )

@@ -1,0 +1,67 @@
+# The test control plane: etcd + kube-apiserver (+ kubectl, helm) built from Go modules by
+# hack/build-bins.sh, cached outside the repo under $(DISPATCH_CACHE)/bin, keyed by version.
+# Included by the main Makefile (uses its $(PY), $(PYTEST) and $(STAMP)).
+#
+#   make bins          build the binaries that are missing (cold: see docs/testing.md)
+#   make cluster-up    start a control plane in the background; prints the KUBECONFIG
+#   make cluster-down  stop it (by PID)
+#   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker)
+
+DISPATCH_CACHE ?= $(HOME)/.cache/dispatch
+BUILD_BINS := hack/build-bins.sh
+
+# The version pins live in hack/build-bins.sh (one place); override on the command line,
+# e.g. `make bins KUBE_VERSION=v1.35.4`.
+_bins_pin = $(shell sed -n 's/^$(1)="$${$(1):-\(.*\)}"$$/\1/p' $(BUILD_BINS))
+KUBE_VERSION ?= $(call _bins_pin,KUBE_VERSION)
+ETCD_VERSION ?= $(call _bins_pin,ETCD_VERSION)
+HELM_VERSION ?= $(call _bins_pin,HELM_VERSION)
+
+BINS_DIR := $(DISPATCH_CACHE)/bin
+KUBE_APISERVER = $(BINS_DIR)/kube-apiserver-$(KUBE_VERSION)/kube-apiserver
+KUBECTL = $(BINS_DIR)/kubectl-$(KUBE_VERSION)/kubectl
+ETCD = $(BINS_DIR)/etcd-$(ETCD_VERSION)/etcd
+HELM = $(BINS_DIR)/helm-$(HELM_VERSION)/helm
+
+# Where `make cluster-up` keeps certificates, kubeconfig, state.json and the daemons' logs.
+CLUSTER_DIR ?= $(DISPATCH_CACHE)/cluster
+CLUSTER_KUBECONFIG = $(CLUSTER_DIR)/kubeconfig
+
+# kind (only for e2e-kind; needs Docker). Empty KIND_NODE_IMAGE = kind's default image.
+KIND_VERSION ?= v0.30.0
+KIND_CLUSTER ?= dispatch-e2e
+KIND_NODE_IMAGE ?=
+KIND_KEEP ?= 0
+KIND = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
+KIND_KUBECONFIG = $(DISPATCH_CACHE)/kind-$(KIND_CLUSTER).kubeconfig
+E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
+
+export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION
+
+.PHONY: bins cluster-up cluster-down e2e-kind
+
+bins: ## build etcd, kube-apiserver, kubectl, helm into $(DISPATCH_CACHE)/bin (once per version)
+	@bash $(BUILD_BINS)
+
+cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
+	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)
+	@echo "kubectl: $(KUBECTL) --kubeconfig $(CLUSTER_KUBECONFIG) ..."
+
+cluster-down: $(STAMP) ## stop what cluster-up started
+	$(PY) -m tests.support.controlplane down --dir $(CLUSTER_DIR)
+
+$(KIND):
+	GOBIN=$(dir $@) go install sigs.k8s.io/kind@$(KIND_VERSION)
+
+e2e-kind: bins $(STAMP) ## the integration and e2e tiers against a kind cluster (needs Docker)
+	@command -v docker >/dev/null 2>&1 || { \
+	  echo "e2e-kind: needs Docker (kind runs nodes as containers); 'make integration' uses the local control plane"; \
+	  exit 1; }
+	@$(MAKE) --no-print-directory $(KIND)
+	@if ! $(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
+	  $(KIND) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
+	fi
+	$(KIND) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
+	@rc=0; DISPATCH_E2E_KUBECONFIG=$(KIND_KUBECONFIG) $(PYTEST) -m '$(E2E_KIND_MARKERS)' tests e2e || rc=$$?; \
+	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND) delete cluster --name '$(KIND_CLUSTER)'; fi; \
+	exit $$rc

@@ -1,0 +1,1 @@
+"""The kubectl plugin ``kubectl-dispatch`` (see :mod:`dispatch._cli.main`)."""

@@ -1,0 +1,153 @@
+"""DispatchJob manifests -> the core's JobSpec and plan, without a cluster.
+
+The DispatchJob spec is the core's :class:`~dispatch.JobSpec` without ``name`` (it is
+``metadata.name``) plus ``backend`` and ``cancel``. The plan is computed as the operator computes it:
+with the capabilities of the manifest's backend, and ``supervised=True`` (the operator runs a
+supervisor for every DispatchJob).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from pydantic import ValidationError
+
+from .._constants import API_VERSION, KIND
+from .._memory import CAPABILITIES, Shape
+from .._model import Capabilities, JobSpec, Plan
+from .._plan import make_plan
+
+BACKENDS: Final = ("kubeflow", "slurm")
+OPTION_FIELDS: Final = {"kubeflow": "kubeflow", "slurm": "slurm"}
+
+
+class ManifestError(ValueError):
+    """The manifest is not a valid DispatchJob."""
+
+
+def capabilities_for(backend: str) -> Capabilities:
+    """What ``backend``'s scheduler enforces natively, with its default configuration.
+
+    Slurm requeues in place on preemption and node failure up to MaxBatchRequeue (5); Kubeflow's
+    restartPolicy OnFailure restarts failed pods in place. The memory adapter's shapes model exactly
+    these.
+    """
+    if backend not in BACKENDS:
+        raise ManifestError(f"spec.backend must be one of {list(BACKENDS)}, not {backend!r}")
+    return CAPABILITIES[Shape(backend)]
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    namespace: str
+    name: str
+    backend: str
+    spec: JobSpec
+
+    @property
+    def job(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def plan(self, capabilities: Capabilities | None = None) -> Plan:
+        """The plan the operator would make (raises PlanError when a rule would go unenforced)."""
+        caps = capabilities if capabilities is not None else capabilities_for(self.backend)
+        return make_plan(self.job, self.spec, caps, supervised=True)
+
+
+def backend_options_error(backend: str, spec: Mapping[str, Any]) -> str | None:
+    """Options for a backend other than ``backend`` (or none where they are required), or None."""
+    for other, key in OPTION_FIELDS.items():
+        if other != backend and spec.get(key) is not None:
+            return f"spec.{key} is set but spec.backend is {backend}: options for {other} would be ignored"
+    if backend == "kubeflow" and spec.get("kubeflow") is None:
+        return "spec.kubeflow (the image, at least) is required when spec.backend is kubeflow"
+    return None
+
+
+def from_object(obj: Mapping[str, Any], *, namespace: str | None = None) -> Manifest:
+    """A DispatchJob object (a dict) -> :class:`Manifest`; raises :class:`ManifestError`."""
+    if obj.get("kind") != KIND:
+        raise ManifestError(f"kind is {obj.get('kind')!r}, not {KIND}")
+    if obj.get("apiVersion") not in (None, API_VERSION):
+        raise ManifestError(f"apiVersion is {obj.get('apiVersion')!r}, not {API_VERSION}")
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ManifestError("metadata.name is required")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ManifestError("spec is required")
+    backend = spec.get("backend")
+    if not isinstance(backend, str):
+        raise ManifestError(f"spec.backend is required: one of {list(BACKENDS)}")
+    capabilities_for(backend)  # validates the name
+    problem = backend_options_error(backend, spec)
+    if problem is not None:
+        raise ManifestError(problem)
+    bool_key = _bool_key(spec, "spec")
+    if bool_key is not None:
+        raise ManifestError(
+            f"{bool_key}: a key was read as a boolean (YAML 1.1 reads an unquoted on/off/yes/no as one, and "
+            'so does kubectl): quote it, e.g. "on": [preempted]'
+        )
+    fields = {k: v for k, v in spec.items() if k not in ("backend", "cancel")}
+    fields["name"] = name
+    try:
+        job_spec = JobSpec.model_validate(fields)
+    except ValidationError as error:
+        raise ManifestError(_validation_message(error)) from None
+    ns = meta.get("namespace") or namespace or "default"
+    return Manifest(namespace=str(ns), name=name, backend=backend, spec=job_spec)
+
+
+def _bool_key(node: object, path: str) -> str | None:
+    """The path of the first key that YAML read as a boolean, or None."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if isinstance(key, bool):
+                return f"{path}.{str(key).lower()}"
+            found = _bool_key(value, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found = _bool_key(value, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        where = "metadata.name" if loc == "name" else f"spec.{loc}" if loc else "spec"
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def load(path: str, *, namespace: str | None = None) -> list[Manifest]:
+    """Every DispatchJob in the YAML file at ``path`` (``-`` is stdin); other kinds are skipped."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    return list(parse(text, namespace=namespace))
+
+
+def parse(text: str, *, namespace: str | None = None) -> Iterator[Manifest]:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        raise ManifestError(f"not YAML: {error}") from None
+    found = False
+    for doc in docs:
+        items = doc.get("items", []) if isinstance(doc, Mapping) and doc.get("kind") == "List" else [doc]
+        for item in items:
+            if isinstance(item, Mapping) and item.get("kind") == KIND:
+                found = True
+                yield from_object(item, namespace=namespace)
+    if not found:
+        raise ManifestError(f"no {KIND} in the manifest")

@@ -1,0 +1,353 @@
+"""``kubectl-dispatch``: the kubectl plugin (``kubectl dispatch ...`` when it is on PATH).
+
+Subcommands::
+
+    plan -f job.yaml        the plan for a manifest, without creating anything (no cluster needed)
+    get [NAME]              summaries of DispatchJobs (all in the namespace without NAME)
+    describe NAME           plan, submissions and their objects, history, conditions, events
+    history NAME            the recorded transitions: time, from, to, submission, cause, actor
+    watch NAME              one line per status change as it happens, until the job is settled
+
+Common flags: ``-n/--namespace``, ``-A/--all-namespaces`` (get), ``--kubeconfig``, ``--context``,
+``-o json|yaml`` for machines (tables otherwise). Exit status: 0 done, 1 refused or failed (the
+message says why), 2 bad usage or an invalid manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Final, TextIO
+
+from .._constants import GROUP, KIND, PLURAL, VERSION
+from .._errors import PlanError
+from . import _render as render
+from ._manifest import ManifestError, load
+
+IN_CLUSTER_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+WATCH_REQUEST_SECONDS: Final = 60
+
+Body = dict[str, Any]
+
+
+class Failure(Exception):
+    """Print the message and exit 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl dispatch",
+        description="See what dispatch will do with a DispatchJob, and what it did.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namespace", help="the namespace (default: the kubeconfig context's)")
+    common.add_argument(
+        "--kubeconfig", help="path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    common.add_argument("--context", help="the kubeconfig context to use")
+    common.add_argument("-o", "--output", choices=("json", "yaml"), help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="print the plan for a manifest without creating anything",
+        description="Print who enforces each rule and which causes no rule covers, as the operator would "
+        "plan it (with the capabilities of the manifest's backend and a supervisor). No cluster needed.",
+    )
+    p.add_argument("-f", "--filename", required=True, help="the manifest (YAML; - for stdin)")
+
+    p = sub.add_parser("get", parents=[common], help="summarise DispatchJobs")
+    p.add_argument("name", nargs="?", help="one DispatchJob (all in the namespace without it)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="list across all namespaces")
+
+    p = sub.add_parser("describe", parents=[common], help="plan, submissions, objects, history, events")
+    p.add_argument("name")
+
+    p = sub.add_parser("history", parents=[common], help="the recorded transitions of a DispatchJob")
+    p.add_argument("name")
+
+    p = sub.add_parser("watch", parents=[common], help="follow a DispatchJob's status as it changes")
+    p.add_argument("name")
+    p.add_argument(
+        "--timeout", type=float, default=0.0, help="give up after this many seconds (default: until settled)"
+    )
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """The console script ``kubectl-dispatch``."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            return plan(args, out, err)
+        return asyncio.run(_remote(args, out))
+    except ManifestError as error:
+        print(f"error: {error}", file=err)
+        return 2
+    except Failure as error:
+        print(f"error: {error}", file=err)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- plan (local) -----------------------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    manifests = load(args.filename, namespace=args.namespace)
+    results: list[Any] = []
+    refused = False
+    for i, manifest in enumerate(manifests):
+        try:
+            p = manifest.plan()
+        except PlanError as error:
+            refused = True
+            if args.output:
+                results.append({"job": manifest.job, "refused": {"rule": error.rule, "reason": error.reason}})
+            else:
+                prefix = f"{manifest.job}: " if len(manifests) > 1 else ""
+                print(f"{prefix}refused: {error}", file=err)
+            continue
+        if args.output:
+            results.append(render.plan_data(p))
+            continue
+        if len(manifests) > 1:
+            if i:
+                print(file=out)
+            print(f"{manifest.job}:", file=out)
+        for line in render.plan_lines(p):
+            print(line, file=out)
+    if args.output:
+        print(render.dump(results[0] if len(results) == 1 else results, args.output), file=out)
+    return 1 if refused else 0
+
+
+# ---- commands that read the cluster -----------------------------------------------------------------
+
+
+def _default_namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    from kubernetes_asyncio.config import list_kube_config_contexts
+
+    try:
+        contexts, current = list_kube_config_contexts(args.kubeconfig or _first_kubeconfig())
+    except Exception:
+        current, contexts = None, []
+    if args.context:
+        current = next((c for c in contexts if c.get("name") == args.context), current)
+    if isinstance(current, dict):
+        ns = (current.get("context") or {}).get("namespace")
+        if ns:
+            return str(ns)
+    if args.kubeconfig is None and os.path.exists(IN_CLUSTER_NAMESPACE):
+        with open(IN_CLUSTER_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    return "default"
+
+
+def _first_kubeconfig() -> str | None:
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        return env.split(os.pathsep)[0]
+    return None
+
+
+async def _remote(args: argparse.Namespace, out: TextIO) -> int:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from .. import _kubeapi
+
+    namespace = _default_namespace(args)
+    try:
+        api = await _kubeapi.new_client(args.kubeconfig, context=args.context)
+    except Exception as error:
+        raise Failure(f"cannot load the kubeconfig: {error}") from None
+    async with api:
+        objects = _kubeapi.CustomObjects(api)
+        try:
+            if args.command == "get":
+                return await get(args, objects, namespace, out)
+            if args.command == "describe":
+                return await describe(args, objects, namespace, out)
+            if args.command == "history":
+                return await history(args, objects, namespace, out)
+            if args.command == "watch":
+                return await watch(args, api, namespace, out)
+        except _kubeapi.NotFound:
+            raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
+        except _kubeapi.KubeError as error:
+            raise Failure(str(error)) from None
+        except ApiException as error:
+            raise Failure(_api_message(error)) from None
+    raise Failure(f"unknown command {args.command!r}")
+
+
+def _api_message(error: Any) -> str:
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    return str(body.get("message") or f"{error.status} {error.reason}")
+
+
+async def get(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    if args.name:
+        items = [await objects.get(namespace, args.name)]
+    else:
+        items, _ = await objects.list(None if args.all_namespaces else namespace)
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+    if args.output:
+        data = [render.summary(o) for o in items]
+        print(render.dump(data[0] if args.name else data, args.output), file=out)
+        return 0
+    if not items:
+        where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
+        print(f"No {PLURAL} found in {where}.", file=out)
+        return 0
+    print(render.get_table(items, all_namespaces=bool(args.all_namespaces) and not args.name), file=out)
+    return 0
+
+
+async def _events(api: Any, namespace: str, name: str) -> list[Body]:
+    from kubernetes_asyncio.client import CoreV1Api
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        found: Any = await CoreV1Api(api).list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.name={name},involvedObject.kind={KIND}",
+            _preload_content=False,
+        )
+        async with found:
+            items = json.loads(await found.read()).get("items", [])
+    except ApiException:
+        return []  # events are a courtesy: a user without access to them still gets the rest
+
+    def when(e: Body) -> str:
+        return str(
+            e.get("eventTime") or e.get("lastTimestamp") or e.get("metadata", {}).get("creationTimestamp")
+        )
+
+    return sorted(items, key=when)
+
+
+async def describe(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    obj = await objects.get(namespace, args.name)
+    events = await _events(objects.api, namespace, args.name)
+    data = render.describe_data(obj, events)
+    print(render.dump(data, args.output) if args.output else render.describe_text(data), file=out)
+    return 0
+
+
+async def history(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    obj = await objects.get(namespace, args.name)
+    ts = render.transitions(obj)
+    if args.output:
+        print(render.dump([render.transition_data(t) for t in ts], args.output), file=out)
+        return 0
+    if not ts:
+        state = (obj.get("status") or {}).get("state") or "not yet recorded"
+        print(f"No transitions recorded yet (state: {state}).", file=out)
+        return 0
+    print(render.history_table(ts), file=out)
+    return 0
+
+
+async def watch(args: argparse.Namespace, api: Any, namespace: str, out: TextIO) -> int:
+    try:
+        if args.timeout and args.timeout > 0:
+            async with asyncio.timeout(args.timeout):
+                return await _follow(args, api, namespace, out)
+        return await _follow(args, api, namespace, out)
+    except TimeoutError:
+        raise Failure(f"{args.name} not settled after {args.timeout:g}s") from None
+
+
+async def _follow(args: argparse.Namespace, api: Any, namespace: str, out: TextIO) -> int:
+    """List the one object, then watch it from the list's resourceVersion; relist on 410."""
+    from kubernetes_asyncio import watch as kwatch
+    from kubernetes_asyncio.client import CustomObjectsApi
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    custom = CustomObjectsApi(api)
+    selector = f"metadata.name={args.name}"
+    last: tuple[Any, ...] | None = None
+
+    def show(obj: Body) -> bool:
+        """Print when something changed; True once the job is settled."""
+        nonlocal last
+        key = render.watch_key(obj)
+        if key != last:
+            last = key
+            if args.output:
+                print(
+                    json.dumps(render.summary(obj))
+                    if args.output == "json"
+                    else render.dump([render.summary(obj)], "yaml"),
+                    file=out,
+                    flush=True,
+                )
+            else:
+                print(render.watch_line(obj), file=out, flush=True)
+        return bool((obj.get("status") or {}).get("settled"))
+
+    resource_version: str | None = None
+    while True:
+        if resource_version is None:
+            listing = await custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, field_selector=selector
+            )
+            items = listing.get("items") or []
+            if not items and last is None:
+                raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}')
+            for item in items:
+                if show(item):
+                    return 0
+            resource_version = listing["metadata"]["resourceVersion"]
+        try:
+            async with kwatch.Watch() as w:
+                stream = w.stream(
+                    custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    field_selector=selector,
+                    resource_version=resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=WATCH_REQUEST_SECONDS,
+                )
+                async for event in stream:
+                    obj = event["raw_object"]
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        resource_version = str(rv)
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    if event["type"] == "DELETED":
+                        print(f"{namespace}/{args.name} deleted", file=out, flush=True)
+                        return 0
+                    if event["type"] == "ERROR":
+                        resource_version = None
+                        break
+                    if show(obj):
+                        return 0
+        except ApiException as error:
+            if error.status != 410:
+                raise
+            resource_version = None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""Kubernetes Events for what dispatch does to a DispatchJob (``events.k8s.io/v1``).
+
+:class:`EventRecorder` is a supervisor :class:`~dispatch._supervisor.Listener`. It posts an Event
+
+* on every transition the supervisor records: a rule firing (``Recovering``: which cause ended which
+  submission, which rule fired, who enforces it, how much budget is left) and the outcome
+  (``Succeeded``, ``Failed`` with why no rule recovered it, ``Cancelled`` with who asked);
+* on each orphan ended (``OrphanEnded``) and each live object ended because the job has an outcome
+  (``ObjectEnded``);
+* on a failed step (``BackendError``, once per distinct error in a row, so retries do not flood);
+* when the operator calls :meth:`EventRecorder.refused` (``UnenforceableRule``) or
+  :meth:`EventRecorder.invalid` (``InvalidSpec``).
+
+Types are ``Normal`` or ``Warning`` only; reasons are the CamelCase constants of
+:mod:`dispatch._constants`; ``reportingController`` is ``dispatch.dev/dispatch-operator``.
+
+Posting never blocks the supervisor: each Event is posted by a background task, at most
+``max_pending`` at a time (more are dropped and logged); errors are logged, never raised. Messages
+are redacted (:func:`dispatch._kube.logs.redact`) and cut to the API's 1 kB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from .._constants import (
+    API_VERSION,
+    EVENT_NORMAL,
+    EVENT_WARNING,
+    KIND,
+    REASON_BACKEND_ERROR,
+    REASON_CANCELLED,
+    REASON_FAILED,
+    REASON_INVALID_SPEC,
+    REASON_OBJECT_ENDED,
+    REASON_ORPHAN_ENDED,
+    REASON_RECOVERING,
+    REASON_SUCCEEDED,
+    REASON_UNENFORCEABLE,
+    REPORTING_CONTROLLER,
+)
+from .._decide import Authorize, End, RecordOutcome, Step
+from .._errors import PlanError
+from .._model import Cause, Record, State
+from .logs import redact
+
+log = logging.getLogger("dispatch.events")
+
+Body = dict[str, Any]
+Post = Callable[[str, Body], Awaitable[None]]
+"""Create one Event: (namespace, events.k8s.io/v1 Event body)."""
+UidOf = Callable[[str, str], Awaitable[str | None]]
+"""The uid of the DispatchJob (namespace, name), or None if it cannot be found."""
+
+MAX_NOTE: Final = 1024
+MAX_PENDING: Final = 256
+
+
+def default_instance() -> str:
+    """``reportingInstance``: the pod's name (HOSTNAME), else the host name."""
+    return (os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname())[:128]
+
+
+def split_job(job: str) -> tuple[str, str]:
+    """``"<namespace>/<name>"`` -> (namespace, name); a bare name is in ``default``."""
+    namespace, sep, name = job.partition("/")
+    return (namespace, name) if sep else ("default", job)
+
+
+def _cause(cause: Cause | None) -> str:
+    if cause is None:
+        return "unknown"
+    text = cause.kind.value
+    if cause.detail:
+        text += f" ({cause.detail})"
+    if cause.exit_code is not None:
+        text += f" exit code {cause.exit_code}"
+    return text
+
+
+def _budget(left: int, budget: int) -> str:
+    return f"budget {left} of {budget} left"
+
+
+def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str, str, str] | None:
+    """(type, reason, action, message) of the Event for a step, or None when it deserves none."""
+    if isinstance(step, Authorize) and step.rule is not None and after is not None:
+        rule = after.plan.rules[step.rule]
+        causes = " ".join(c.value for c in rule.on)
+        message = (
+            f"submission {step.submission - 1} ended with cause {_cause(step.cause)}; rule {step.rule} "
+            f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
+            f"submission {step.submission} authorized, {_budget(rule.left, rule.budget)}"
+        )
+        return EVENT_NORMAL, REASON_RECOVERING, "Resubmit", message
+    if isinstance(step, RecordOutcome):
+        n = before.current.n if before.current is not None else 0
+        if step.state is State.SUCCEEDED:
+            return (
+                EVENT_NORMAL,
+                REASON_SUCCEEDED,
+                "RecordOutcome",
+                f"submission {n} succeeded; the job succeeded",
+            )
+        if step.state is State.CANCELLED:
+            who = step.actor or (before.cancel.actor if before.cancel is not None else None)
+            detail = step.cause.detail or (f"cancelled by {who}" if who is not None else "cancelled")
+            note = f"job {detail}" if detail.startswith("cancelled") else f"job cancelled: {detail}"
+            return EVENT_NORMAL, REASON_CANCELLED, "RecordOutcome", note
+        return (
+            EVENT_WARNING,
+            REASON_FAILED,
+            "RecordOutcome",
+            (
+                f"submission {n} ended with cause {_cause(step.cause)} and the job failed: "
+                f"{_why_failed(step, before)}"
+            ),
+        )
+    if isinstance(step, End):
+        if step.orphan:
+            message = (
+                f"ended object {step.object_id}: it is not the object recorded for its submission "
+                "(an orphan left by a creator that crashed or lost a race)"
+            )
+            return EVENT_NORMAL, REASON_ORPHAN_ENDED, "EndOrphan", message
+        return (
+            EVENT_NORMAL,
+            REASON_OBJECT_ENDED,
+            "EndObject",
+            (f"ended object {step.object_id} because the job is {before.state}"),
+        )
+    return None
+
+
+def _why_failed(step: RecordOutcome, before: Record) -> str:
+    kind = step.cause.kind
+    index = before.spec.recovery.rule_for(kind)
+    if index is None:
+        return f"no rule covers {kind} (it was listed as uncovered in the plan)"
+    rule = before.plan.rules[index]
+    if rule.left == 0:
+        return f"rule {index} covers {kind} but its budget of {rule.budget} is spent"
+    return f"rule {index} covers {kind} and is enforced by the {rule.enforcer}, which did not recover it"
+
+
+def event_body(
+    job: str,
+    uid: str | None,
+    *,
+    type: str,
+    reason: str,
+    action: str,
+    note: str,
+    instance: str,
+    now: datetime,
+) -> Body:
+    """An events.k8s.io/v1 Event about the DispatchJob ``job``."""
+    if type not in (EVENT_NORMAL, EVENT_WARNING):
+        raise ValueError(f"an Event is Normal or Warning, not {type!r}")
+    namespace, name = split_job(job)
+    regarding: Body = {"apiVersion": API_VERSION, "kind": KIND, "namespace": namespace, "name": name}
+    if uid:
+        regarding["uid"] = uid
+    note = redact(note)
+    if len(note.encode()) > MAX_NOTE:
+        note = note.encode()[: MAX_NOTE - 3].decode(errors="ignore") + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance,
+        "action": action,
+        "reason": reason,
+        "type": type,
+        "regarding": regarding,
+        "note": note,
+    }
+
+
+class EventRecorder:
+    """Posts Events for what the supervisor does; a Listener. See the module docstring."""
+
+    def __init__(
+        self,
+        post: Post,
+        *,
+        uid_of: UidOf | None = None,
+        instance: str | None = None,
+        max_pending: int = MAX_PENDING,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._post = post
+        self._uid_of = uid_of
+        self.instance = instance or default_instance()
+        self.max_pending = max_pending
+        self._clock = clock
+        self._uids: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_error: dict[str, str] = {}
+        self.dropped = 0
+        """Events not posted because ``max_pending`` were in flight (or no event loop was running)."""
+        self.failed = 0
+        """Events the API refused or that could not be sent."""
+
+    @classmethod
+    def for_client(
+        cls,
+        api: Any,
+        *,
+        instance: str | None = None,
+        on_request: Callable[[str, str, int | None], None] | None = None,
+        max_pending: int = MAX_PENDING,
+    ) -> EventRecorder:
+        """A recorder posting with a kubernetes_asyncio ``ApiClient`` (events.k8s.io/v1).
+
+        ``on_request(verb, resource, code)`` is told about each API request (e.g.
+        :meth:`dispatch._kube.metrics.Metrics.api_request`).
+        """
+        from kubernetes_asyncio.client import CustomObjectsApi, EventsV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from .._constants import GROUP, PLURAL, VERSION
+
+        events = EventsV1Api(api)
+        custom = CustomObjectsApi(api)
+
+        def count(verb: str, resource: str, code: int | None) -> None:
+            if on_request is not None:
+                on_request(verb, resource, code)
+
+        async def post(namespace: str, body: Body) -> None:
+            try:
+                await events.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
+            except ApiException as e:
+                count("create", "events", int(e.status or 0) or None)
+                raise
+            except Exception:
+                count("create", "events", None)
+                raise
+            count("create", "events", 201)
+
+        async def uid_of(namespace: str, name: str) -> str | None:
+            try:
+                obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            except ApiException as e:
+                count("get", "dispatchjobs", int(e.status or 0) or None)
+                return None
+            count("get", "dispatchjobs", 200)
+            uid = obj.get("metadata", {}).get("uid")
+            return str(uid) if uid else None
+
+        return cls(post, uid_of=uid_of, instance=instance, max_pending=max_pending)
+
+    # ------------------------------------------------------------------ hooks for the operator
+
+    def remember(self, job: str, uid: str) -> None:
+        """The DispatchJob's uid (from the body kopf hands a handler), so no GET is needed."""
+        self._uids[job] = uid
+
+    def forget(self, job: str) -> None:
+        self._uids.pop(job, None)
+        self._last_error.pop(job, None)
+
+    def refused(self, job: str, error: PlanError) -> None:
+        """The job was refused: a rule nobody would enforce."""
+        self.emit(job, EVENT_WARNING, REASON_UNENFORCEABLE, "Refuse", f"refused: {error}")
+
+    def invalid(self, job: str, message: str) -> None:
+        """The job was refused: its spec is invalid."""
+        self.emit(job, EVENT_WARNING, REASON_INVALID_SPEC, "Refuse", f"refused: {message}")
+
+    def emit(self, job: str, type: str, reason: str, action: str, note: str) -> None:
+        """Post one Event in the background (never blocks, never raises)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.dropped += 1
+            log.warning("no event loop: event %s for %s dropped", reason, job, extra={"job": job})
+            return
+        if len(self._tasks) >= self.max_pending:
+            self.dropped += 1
+            log.warning(
+                "%d events pending: event %s for %s dropped",
+                len(self._tasks),
+                reason,
+                job,
+                extra={"job": job},
+            )
+            return
+        now = self._clock()
+        task = loop.create_task(self._send(job, type, reason, action, note, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait until every pending Event is posted (or failed)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Give pending Events a moment, then cancel what is left."""
+        if not self._tasks:
+            return
+        _done, pending = await asyncio.wait(list(self._tasks), timeout=5.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _send(self, job: str, type: str, reason: str, action: str, note: str, now: datetime) -> None:
+        try:
+            uid = self._uids.get(job)
+            if uid is None and self._uid_of is not None:
+                uid = await self._uid_of(*split_job(job))
+                if uid is not None:
+                    self._uids[job] = uid
+            body = event_body(
+                job, uid, type=type, reason=reason, action=action, note=note, instance=self.instance, now=now
+            )
+            await self._post(body["metadata"]["namespace"], body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self.failed += 1
+            log.warning("could not post event %s for %s: %s", reason, job, error, extra={"job": job})
+
+    # ------------------------------------------------------------------ Listener
+
+    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
+        self._last_error.pop(job, None)
+        try:
+            found = describe(step, before, after)
+        except Exception:  # never let an Event break a step
+            log.exception("could not describe step %s of %s", type(step).__name__, job, extra={"job": job})
+            return
+        if found is not None:
+            self.emit(job, *found)
+        if after is not None and after.settled:
+            self._last_error.pop(job, None)
+
+    def conflicted(self, job: str) -> None:
+        """A lost compare-and-swap is routine (metrics count it); no Event."""
+
+    def errored(self, job: str, step: Step, error: Exception) -> None:
+        message = f"{type(step).__name__} failed: {error}"
+        if self._last_error.get(job) == message:
+            return
+        self._last_error[job] = message
+        self.emit(job, EVENT_WARNING, REASON_BACKEND_ERROR, type(step).__name__, message)

@@ -1,0 +1,225 @@
+"""kopf handlers: one daemon per DispatchJob runs the core's Supervisor; a finalizer ends its objects.
+
+Why a daemon: daemons are kopf's low-level machinery, spawned on first sight of an object and not
+subject to the consistency wait kopf's change handlers do after the operator's own writes. The
+supervisor inside it is woken by the adapter's own watch (PyTorchJobs, pods) and by the record
+store's one shared watch on DispatchJobs, so the path from a failure on the API server to the next
+record write never waits for kopf.
+
+Every handler returns None, so kopf writes nothing into ``.status``; the record is written only by
+:class:`~dispatch._kubestore.KubeRecordStore` (PUT of /status carrying the resourceVersion read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kopf
+from pydantic import ValidationError
+
+from .._constants import (
+    GROUP,
+    PLURAL,
+    REASON_BACKEND_NOT_CONFIGURED,
+    REASON_INVALID_SPEC,
+    REASON_UNENFORCEABLE,
+    VERSION,
+)
+from .._errors import JobNotFound, PlanError, VersionConflict
+from .._kubeapi import job_id
+from .._kubestore import KubeRecordStore, has_record, job_spec, new_record, record_from, refusal
+from .._model import Phase
+from .._plan import make_plan
+from .._protocols import Backend
+from .._supervisor import Listener, Supervisor
+
+log = logging.getLogger("dispatch.operator")
+
+FINAL_REFUSALS: Final = frozenset({REASON_UNENFORCEABLE, REASON_INVALID_SPEC})
+"""Refusals that stand for the object's generation. A missing backend does not: another replica
+(or this one, restarted with the adapter configured) may supervise the job."""
+RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+END_POLL: Final = 0.5
+END_WAIT: Final = 30.0
+
+
+@dataclass
+class Runtime:
+    """What the handlers share: the store, a backend per ``spec.backend``, the listener, options."""
+
+    store: KubeRecordStore
+    backends: Mapping[str, Backend]
+    listener: Listener | None = None
+    poll_interval: float = 5.0
+    events: Any = None
+    """An EventRecorder (dispatch._kube.events) or None."""
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def backend_of(self, body: Mapping[str, Any]) -> Backend | None:
+        return self.backends.get(str((body.get("spec") or {}).get("backend", "")))
+
+    async def supervise(self, job: str, stopped: Any) -> None:
+        """Run the job's supervision until it settles or the daemon is told to stop."""
+        task = asyncio.create_task(self._supervise(job), name=f"dispatch-supervise-{job}")
+        self.tasks[job] = task
+        stop = asyncio.create_task(_stopped(stopped), name=f"dispatch-stopped-{job}")
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, stop):
+                t.cancel()
+            for t in (task, stop):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            if self.tasks.get(job) is task:
+                del self.tasks[job]
+
+    async def stop(self, job: str) -> None:
+        """Stop the job's supervisor (if it runs here) and wait until it has stopped."""
+        task = self.tasks.get(job)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _supervise(self, job: str) -> None:
+        failures = 0
+        while True:
+            try:
+                if await self._run_once(job):
+                    return
+                failures = 0
+            except JobNotFound:
+                return  # deleted
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                failures += 1
+                log.warning("job %s: %s; supervising again in %.1fs", job, error, delay, extra={"job": job})
+                await asyncio.sleep(delay)
+
+    async def _run_once(self, job: str) -> bool:
+        """True when there is nothing more to do for this job (settled or refused)."""
+        body = await self.store.read(job)
+        version = str(body["metadata"]["resourceVersion"])
+        backend = self.backend_of(body)
+        if not has_record(body):
+            if refusal(body) in FINAL_REFUSALS:
+                return True
+            if backend is None:
+                name = (body.get("spec") or {}).get("backend")
+                if refusal(body) != REASON_BACKEND_NOT_CONFIGURED:
+                    message = f"this operator has no adapter for backend {name!r}; nothing was created"
+                    await self._refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
+                log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
+                await asyncio.sleep(max(self.poll_interval, 30.0))
+                return False
+            if not await self._initialize(job, body, backend, version):
+                return False  # lost a race, or refused: read again
+        if backend is None:
+            raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
+        record = record_from(body) if has_record(body) else None
+        if record is not None and record.settled:
+            return True
+        settled = await Supervisor(
+            backend, self.store, listener=self.listener, poll_interval=self.poll_interval
+        ).run(job)
+        log.info("job %s settled: %s", job, settled.state, extra={"job": job})
+        return True
+
+    async def _initialize(self, job: str, body: Mapping[str, Any], backend: Backend, version: str) -> bool:
+        """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run."""
+        try:
+            spec = job_spec(body)
+        except ValidationError as error:
+            await self._refuse(job, REASON_INVALID_SPEC, _validation_message(error), version)
+            return False
+        try:
+            plan = make_plan(job, spec, backend.capabilities, supervised=True)
+        except PlanError as error:
+            if self.events is not None:
+                with contextlib.suppress(Exception):
+                    self.events.refused(job, error)
+            await self._refuse(job, REASON_UNENFORCEABLE, f"rules[{error.rule}]: {error.reason}", version)
+            return False
+        try:
+            await self.store.put(new_record(body, spec, plan), version)
+        except VersionConflict:
+            return False
+        log.info("job %s planned: %s", job, plan.model_dump(mode="json"), extra={"job": job})
+        return False  # read again: the supervisor starts from the written record
+
+    async def _refuse(self, job: str, reason: str, message: str, version: str) -> None:
+        with contextlib.suppress(VersionConflict):
+            await self.store.refuse(job, reason, message, version)
+            log.warning("job %s refused (%s): %s", job, reason, message, extra={"job": job})
+
+    async def end_objects(self, job: str, backend: Backend) -> None:
+        """End every object of ``job`` and wait until they have all ended (the finalizer's work)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + END_WAIT
+        while True:
+            live = [o for o in await backend.list(job) if o.phase is not Phase.ENDED]
+            if not live:
+                return
+            for o in live:
+                await backend.end(o.id)
+            if loop.time() > deadline:
+                raise kopf.TemporaryError(f"{len(live)} object(s) of {job} have not ended yet", delay=2)
+            await asyncio.sleep(END_POLL)
+
+
+async def _stopped(stopped: Any) -> None:
+    await stopped.wait()
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for e in error.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        where = "metadata.name" if where == "name" else f"spec.{where}"
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
+    """Register the operator's handlers (closures over ``runtime``) in ``registry``."""
+
+    @kopf.daemon(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id="supervise",
+        registry=registry,
+        backoff=1.0,
+        cancellation_timeout=5.0,
+    )
+    async def supervise(
+        *, namespace: str | None, name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
+        job = job_id(namespace or "", name)
+        if runtime.events is not None:
+            uid = body.get("metadata", {}).get("uid")
+            if uid:
+                with contextlib.suppress(Exception):
+                    runtime.events.remember(job, str(uid))
+        await runtime.supervise(job, stopped)
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="end-objects", registry=registry)
+    async def end_objects(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+        job = job_id(namespace or "", name)
+        await runtime.stop(job)  # no create can land after the listing below
+        backend = runtime.backend_of(body)
+        if backend is None:
+            return  # refused for want of an adapter: nothing was created by this operator
+        await runtime.end_objects(job, backend)
+        if runtime.events is not None:
+            with contextlib.suppress(Exception):
+                runtime.events.forget(job)
+        log.info("job %s deleted: every object has ended", job, extra={"job": job})

@@ -1,0 +1,275 @@
+"""``dispatch-operator`` (and ``python -m dispatch._kube``): kopf supervising every DispatchJob.
+
+    dispatch-operator --kubeconfig ~/.kube/config --all-namespaces
+    dispatch-operator --namespace team-a --namespace team-b --slurm-config slurm.yaml
+    dispatch-operator --leader-elect --lease-namespace dispatch-system --metrics-port 8080
+
+Without ``--kubeconfig`` the operator uses $KUBECONFIG or ~/.kube/config, else the pod's service
+account. The Kubeflow adapter is always configured; the Slurm adapter when ``--slurm-config`` names
+its YAML configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+
+from .. import __version__
+from .._constants import LEASE_NAME
+from .._decide import Step
+from .._kubeapi import client_for, load_configuration
+from .._kubestore import KubeRecordStore
+from .._model import Record
+from .._protocols import Backend
+from .handlers import Runtime, register
+from .listeners import Fanout
+from .settings import operator_settings
+
+log = logging.getLogger("dispatch.operator")
+
+
+CRASH_ENV = "DISPATCH_TEST_CRASH_AFTER"
+"""Test hook: ``Step[:n]`` (a step's class name, optionally a submission number) makes the operator
+SIGKILL itself right after that step has landed: a crash at an exact point of the protocol."""
+
+
+class CrashAfter:
+    """A listener that SIGKILLs this process after a given step (see :data:`CRASH_ENV`)."""
+
+    def __init__(self, spec: str) -> None:
+        step, _, n = spec.partition(":")
+        self.step = step
+        self.submission = int(n) if n else None
+
+    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
+        if type(step).__name__ != self.step:
+            return
+        n = getattr(step, "submission", None)
+        if n is None:
+            n = before.current.n if before.current is not None else 0
+        if self.submission is None or n == self.submission:
+            log.warning("%s=%s: killing this process after %s of %s", CRASH_ENV, self.step, step, job)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def conflicted(self, job: str) -> None:
+        pass
+
+    def errored(self, job: str, step: Step, error: Exception) -> None:
+        pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dispatch-operator",
+        description="Supervise DispatchJobs: run them on Kubeflow or Slurm and recover them by their rules.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    p.add_argument("--slurm-config", type=Path, help="YAML configuration of the Slurm adapter")
+    p.add_argument("--leader-elect", action="store_true", help="supervise only while holding a Lease")
+    p.add_argument("--lease-namespace", default="default", help="namespace of the Lease (default: default)")
+    p.add_argument("--lease-name", default=LEASE_NAME, help=f"name of the Lease (default: {LEASE_NAME})")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
+    )
+    p.add_argument(
+        "--webhook-port", type=int, default=0, help="serve the admission webhooks on this port (0: off)"
+    )
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        help="seconds between reads of a job when no watch has woken its supervisor (default: 5)",
+    )
+    p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
+    return p
+
+
+def _configure_logging(fmt: str, level: str) -> None:
+    try:
+        from . import logs
+    except ImportError:  # pragma: no cover - the logs module ships with the operator
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return
+    logs.configure(fmt, level)  # type: ignore[arg-type]
+    logging.getLogger("kopf").setLevel(max(logging.getLogger().level, logging.INFO))
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
+
+def _connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same client configuration the rest of the operator uses."""
+    header = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+    scheme: str | None = None
+    token: str | None = None
+    if header:
+        parts = str(header).split(" ", 1)
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        priority=100,
+    )
+
+
+async def open_backends(
+    api: Any, args: argparse.Namespace, namespaces: Sequence[str] | None
+) -> dict[str, Backend]:
+    backends: dict[str, Backend] = {}
+    try:
+        kubeflow = importlib.import_module("dispatch._kubeflow")
+    except ImportError as error:
+        log.warning("the Kubeflow adapter is not available (%s); kubeflow jobs will wait", error)
+    else:
+        backends["kubeflow"] = kubeflow.KubeflowBackend(api, namespaces=namespaces)
+    if args.slurm_config is not None:
+        config = yaml.safe_load(args.slurm_config.read_text(encoding="utf-8")) or {}
+        slurm = importlib.import_module("dispatch._slurm")
+        backend = slurm.open_adapter(config)
+        if inspect.isawaitable(backend):
+            backend = await backend
+        backends["slurm"] = backend
+    return backends
+
+
+async def run(
+    args: argparse.Namespace,
+    *,
+    backends: dict[str, Backend] | None = None,
+    stop_flag: asyncio.Event | None = None,
+) -> int:
+    """Run the operator until it is stopped (a signal, ``stop_flag``, or a lost Lease).
+
+    ``backends`` replaces the adapters the arguments would open (for embedding and tests).
+    """
+    configuration = await load_configuration(args.kubeconfig, context=args.context)
+    api = client_for(configuration)
+    namespaces: list[str] | None = list(args.namespace) or None
+    store = KubeRecordStore(api, namespaces=namespaces)
+    if backends is None:
+        backends = await open_backends(api, args, namespaces)
+    listener = Fanout()
+    if os.environ.get(CRASH_ENV):
+        listener.add(CrashAfter(os.environ[CRASH_ENV]))
+    events: Any = None
+    server: Any = None
+    if not args.no_events:
+        try:
+            from .events import EventRecorder
+        except ImportError:
+            log.info("events are not available in this build")
+        else:
+            events = EventRecorder.for_client(api)
+            listener.add(events)
+    if args.metrics_port:
+        from . import metrics as metrics_module
+
+        metrics = metrics_module.Metrics()
+        server = metrics_module.serve(metrics, args.metrics_port)
+        listener.add(metrics)
+        backends = {name: metrics.observe_backend(b) for name, b in backends.items()}
+    runtime = Runtime(
+        store=store,
+        backends=backends,
+        listener=listener if listener.listeners else None,
+        poll_interval=args.poll_interval,
+        events=events,
+    )
+    registry = kopf.OperatorRegistry()
+    settings = operator_settings()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return _connection_info(configuration)
+
+    register(registry, runtime)
+    if args.webhook_port:
+        webhook = importlib.import_module("dispatch._kube.webhook")
+        webhook.setup(registry=registry, settings=settings, port=args.webhook_port, runtime=runtime)
+
+    stop_flag = stop_flag if stop_flag is not None else asyncio.Event()
+    exit_code = 0
+
+    async def operate() -> None:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            standalone=True,
+            clusterwide=namespaces is None,
+            namespaces=namespaces or (),
+            stop_flag=stop_flag,
+        )
+
+    try:
+        if args.leader_elect:
+            leader = importlib.import_module("dispatch._kube.leader")
+            elector = leader.LeaderElector(
+                api, args.lease_namespace, args.lease_name, leader.default_identity()
+            )
+
+            def lost() -> None:
+                nonlocal exit_code
+                log.error("lost the Lease %s/%s; stopping", args.lease_namespace, args.lease_name)
+                exit_code = 1
+                stop_flag.set()
+
+            log.info("waiting for the Lease %s/%s", args.lease_namespace, args.lease_name)
+            await leader.run_with_leader_election(elector, operate, lost)
+        else:
+            await operate()
+    finally:
+        for task in list(runtime.tasks.values()):
+            task.cancel()
+        if events is not None:
+            with contextlib.suppress(Exception):
+                await events.aclose()
+        for backend in backends.values():
+            with contextlib.suppress(Exception):
+                await backend.aclose()
+        await store.aclose()
+        await api.close()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.shutdown()
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _configure_logging(args.log_format, args.log_level)
+    try:
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

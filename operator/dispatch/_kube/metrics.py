@@ -1,0 +1,355 @@
+"""Prometheus metrics of the operator, in a registry of their own (``prometheus-client``).
+
+=====================================================  =======================================================
+``dispatch_jobs{state}``                               jobs by recorded state (pending, recovering, succeeded,
+                                                       failed, cancelled; ``running`` is never recorded)
+``dispatch_recoveries_total{cause,enforcer}``          rule firings: a new submission authorized by the
+                                                       supervisor, or in-place restarts by the scheduler
+``dispatch_reaction_seconds``                          histogram: failure of a canonical object first seen ->
+                                                       the next submission authorized
+``dispatch_record_conflicts_total``                    record writes that lost their compare-and-swap
+``dispatch_supervisor_errors_total{step}``             steps that raised (a backend call or a write failed)
+``dispatch_api_requests_total{verb,resource,code}``    Kubernetes API requests by answer (``code`` is the HTTP
+                                                       status, ``none`` when there was no answer)
+``dispatch_api_errors_total{verb,resource}``           requests with no answer, 401, 403, 429 or 5xx
+``dispatch_build_info{version}``                       always 1
+=====================================================  =======================================================
+
+Every label has a bounded set of values: states, causes, enforcers and step names are enums; verbs
+and resources outside the known sets are counted as ``other``; codes are HTTP statuses.
+
+:class:`Metrics` is a supervisor :class:`~dispatch._supervisor.Listener`. The reaction time needs to
+know when the failure was *seen*: wrap the backend with :meth:`Metrics.observe_backend` (it notes the
+first time a listing shows an object ended by a failure), or call :meth:`Metrics.failure_seen`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .. import __version__
+from .._decide import Authorize, RecordRestarts, Step
+from .._model import (
+    FAILURE_CAUSES,
+    Capabilities,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    ObjectView,
+    Phase,
+    Plan,
+    Record,
+    State,
+)
+from .._protocols import Backend, Unsubscribe, Wake
+
+RECORDED_STATES: Final = tuple(s for s in State if s is not State.RUNNING)
+VERBS: Final = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
+RESOURCES: Final = frozenset(
+    {
+        "dispatchjobs",
+        "dispatchjobs/status",
+        "pytorchjobs",
+        "pytorchjobs/status",
+        "pods",
+        "events",
+        "leases",
+        "customresourcedefinitions",
+        "validatingwebhookconfigurations",
+        "mutatingwebhookconfigurations",
+    }
+)
+REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+STEPS: Final = frozenset(
+    {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
+    | {"RecordSettled"}
+)
+
+
+def classify(method: str, url: str, query: Any = None) -> tuple[str, str]:
+    """(verb, resource) of a Kubernetes API request, as in the audit log: ``get``/``list``/``watch``...
+
+    ``resource`` is the plural, with ``/subresource`` when there is one (``dispatchjobs/status``).
+    """
+    path = urlsplit(url).path.strip("/").split("/")
+    rest: list[str] = []
+    if len(path) >= 2 and path[0] == "api":
+        rest = path[2:]
+    elif len(path) >= 3 and path[0] == "apis":
+        rest = path[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # a namespaced resource
+    resource = rest[0] if rest else "other"
+    named = len(rest) >= 2
+    if len(rest) >= 3:
+        resource = f"{rest[0]}/{rest[2]}"
+    pairs = query.items() if isinstance(query, dict) else (query or ())
+    watching = any(k == "watch" and str(v).lower() in ("true", "1") for k, v in pairs) or "watch=true" in url
+    method = method.upper()
+    if method == "GET":
+        verb = "watch" if watching else "get" if named else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, "other")
+    return verb, resource
+
+
+def _api_error(code: int | None) -> bool:
+    return code is None or code in (401, 403, 429) or code >= 500
+
+
+class Metrics:
+    """The operator's metrics and a Listener that keeps them. Thread-safe enough for one event loop."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        version: str = __version__,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[str, State] = {}
+        self._seen: dict[tuple[str, int], float] = {}
+        """(job, submission) -> when its canonical object was first seen ended by a failure."""
+        r = self.registry
+        self.jobs = Gauge("dispatch_jobs", "Jobs by recorded state.", ["state"], registry=r)
+        self.recoveries = Counter(
+            "dispatch_recoveries",
+            "Recovery rule firings by the cause that ended the execution and who enforced the rule.",
+            ["cause", "enforcer"],
+            registry=r,
+        )
+        self.reaction = Histogram(
+            "dispatch_reaction_seconds",
+            "From the failure of a canonical object first seen to the next submission authorized.",
+            buckets=REACTION_BUCKETS,
+            registry=r,
+        )
+        self.conflicts = Counter(
+            "dispatch_record_conflicts", "Record writes that lost their compare-and-swap.", registry=r
+        )
+        self.step_errors = Counter(
+            "dispatch_supervisor_errors", "Supervisor steps that raised, by step.", ["step"], registry=r
+        )
+        self.api_requests = Counter(
+            "dispatch_api_requests",
+            "Kubernetes API requests by verb, resource and HTTP status ('none': no answer).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "dispatch_api_errors",
+            "Kubernetes API requests that got no answer, 401, 403, 429 or a 5xx.",
+            ["verb", "resource"],
+            registry=r,
+        )
+        self.build_info = Gauge("dispatch_build_info", "Build information.", ["version"], registry=r)
+        self.build_info.labels(version=version).set(1)
+        for state in RECORDED_STATES:
+            self.jobs.labels(state=state.value).set(0)
+
+    # ------------------------------------------------------------------ jobs by state
+
+    def observe(self, record: Record) -> None:
+        """Count ``record``'s job in its recorded state (call on startup and whenever a record is read)."""
+        with self._lock:
+            self._set_state(record.job, record.state)
+
+    def forget(self, job: str) -> None:
+        """The job's DispatchJob is gone: stop counting it."""
+        with self._lock:
+            state = self._states.pop(job, None)
+            if state is not None:
+                self.jobs.labels(state=state.value).dec()
+            for key in [k for k in self._seen if k[0] == job]:
+                del self._seen[key]
+
+    def _set_state(self, job: str, state: State) -> None:
+        old = self._states.get(job)
+        if old is state:
+            return
+        if old is not None:
+            self.jobs.labels(state=old.value).dec()
+        self._states[job] = state
+        self.jobs.labels(state=state.value).inc()
+
+    # ------------------------------------------------------------------ Listener
+
+    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
+        now = self._clock()
+        with self._lock:
+            self._set_state(job, (after or before).state)
+            if isinstance(step, Authorize) and step.rule is not None:
+                cause = step.cause.kind if step.cause is not None else CauseKind.UNKNOWN
+                enforcer = before.plan.rules[step.rule].enforcer
+                self.recoveries.labels(cause=cause.value, enforcer=enforcer.value).inc()
+                seen = self._seen.pop((job, step.submission - 1), None)
+                if seen is not None:
+                    self.reaction.observe(max(now - seen, 0.0))
+            elif isinstance(step, RecordRestarts):
+                i = step.submission - 1
+                more = step.restarts - before.submissions[i].restarts
+                if more > 0:
+                    # The scheduler does not say which cause it restarted on.
+                    self.recoveries.labels(
+                        cause=CauseKind.UNKNOWN.value, enforcer=Enforcer.SCHEDULER.value
+                    ).inc(more)
+            if after is not None and after.settled:
+                for key in [k for k in self._seen if k[0] == job]:
+                    del self._seen[key]
+
+    def conflicted(self, job: str) -> None:
+        self.conflicts.inc()
+
+    def errored(self, job: str, step: Step, error: Exception) -> None:
+        name = type(step).__name__
+        self.step_errors.labels(step=name if name in STEPS else "other").inc()
+
+    # ------------------------------------------------------------------ reaction time
+
+    def failure_seen(self, job: str, submission: int) -> None:
+        """The canonical object of ``submission`` was seen ended by a failure (the first call counts)."""
+        with self._lock:
+            self._seen.setdefault((job, submission), self._clock())
+
+    def observe_backend(self, backend: Backend) -> Backend:
+        """``backend``, with every listing checked for objects ended by a failure (for the reaction time)."""
+        return _ObservedBackend(backend, self)
+
+    def _listed(self, objects: Sequence[ObjectView]) -> None:
+        if not objects:
+            return
+        latest = max(o.submission for o in objects)  # older submissions were dealt with already
+        for o in objects:
+            if (
+                o.submission == latest
+                and o.phase is Phase.ENDED
+                and not o.cancelled
+                and o.cause is not None
+                and o.cause.kind in FAILURE_CAUSES
+            ):
+                self.failure_seen(o.job, o.submission)
+
+    # ------------------------------------------------------------------ API requests
+
+    def api_request(self, verb: str, resource: str, code: int | None) -> None:
+        """Count one Kubernetes API request; ``code`` is the HTTP status, None when there was no answer."""
+        verb = verb.lower() if verb.lower() in VERBS else "other"
+        resource = resource if resource in RESOURCES else "other"
+        label = str(code) if code is not None and 100 <= code <= 599 else "none"
+        self.api_requests.labels(verb=verb, resource=resource, code=label).inc()
+        if _api_error(code if label != "none" else None):
+            self.api_errors.labels(verb=verb, resource=resource).inc()
+
+    @contextlib.asynccontextmanager
+    async def api_call(self, verb: str, resource: str, *, ok: int = 200) -> AsyncIterator[None]:
+        """Count the request made inside the block: ``ok`` on success, the exception's ``status``
+        (``ApiException``, ``KubeError``) when it has one, no answer otherwise."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            status = getattr(error, "status", None)
+            code = status if isinstance(status, int) and status > 0 else None
+            self.api_request(verb, resource, code)
+            raise
+        self.api_request(verb, resource, ok)
+
+    def instrument(self, api: Any) -> Any:
+        """Count every request ``api`` (a kubernetes_asyncio ``ApiClient``) sends; returns ``api``.
+
+        Wraps ``api.rest_client.request``, the one method all of the client's calls go through
+        (generated APIs, ``call_api``, watches), so nothing else has to report its requests.
+        """
+        rest = api.rest_client
+        if getattr(rest, "_dispatch_metrics", None) is self:
+            return api
+        inner = rest.request
+
+        async def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            verb, resource = classify(method, url, kwargs.get("query_params"))
+            try:
+                response = await inner(method, url, *args, **kwargs)
+            except asyncio.CancelledError:
+                raise  # the caller gave up: not an answer from the API server, not an error
+            except BaseException as error:
+                status = getattr(error, "status", None)
+                self.api_request(verb, resource, status if isinstance(status, int) and status > 0 else None)
+                raise
+            status = getattr(response, "status", None)
+            self.api_request(verb, resource, status if isinstance(status, int) else None)
+            return response
+
+        rest.request = request
+        rest._dispatch_metrics = self
+        return api
+
+    # ------------------------------------------------------------------ endpoint
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+        """Serve the registry over HTTP (any path, conventionally ``/metrics``) in a daemon thread.
+
+        ``port`` 0 picks a free port (``server.server_port``). Stop with ``server.shutdown()``.
+        """
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server
+
+
+def serve(metrics: Metrics, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Module-level shorthand for :meth:`Metrics.serve`."""
+    return metrics.serve(port, addr)
+
+
+class _ObservedBackend:
+    """A Backend that tells :class:`Metrics` what each listing shows, and otherwise delegates."""
+
+    def __init__(self, inner: Backend, metrics: Metrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+
+    @property
+    def inner(self) -> Backend:
+        return self._inner
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._inner.capabilities
+
+    async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
+        return await self._inner.create(job, submission, spec, plan)
+
+    async def release(self, object_id: str) -> None:
+        await self._inner.release(object_id)
+
+    async def end(self, object_id: str) -> None:
+        await self._inner.end(object_id)
+
+    async def list(self, job: str) -> Sequence[ObjectView]:
+        objects = await self._inner.list(job)
+        self._metrics._listed(objects)
+        return objects
+
+    def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
+        return self._inner.subscribe(job, wake)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

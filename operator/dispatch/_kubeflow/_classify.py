@@ -1,0 +1,410 @@
+"""From a PyTorchJob and its pods to an :class:`~dispatch.ObjectView`: phase, cause, restarts.
+
+Pure functions, no I/O: the clock and what is known about nodes are passed in.
+
+The cause comes from the most precise signal. Pods say more than the PyTorchJob: the training
+operator does not look at a pod's ``DisruptionTarget`` condition, and its ``Failed`` condition only
+says how many replicas failed. So the pods are read first (disruption, termination reason, exit
+code, waiting reason, scheduling), then the PyTorchJob's conditions, and ``unknown`` is what is left.
+When several pods have something to say, the cause first in dispatch's order wins (a preempted
+master explains the workers' non-zero exits, an OOM explains a NCCL timeout elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from .._constants import (
+    ANNOTATION_ENDED,
+    ANNOTATION_NO_CAPACITY_AFTER,
+    ANNOTATION_RESTART_BUDGET,
+    LABEL_JOB,
+    LABEL_SUBMISSION,
+    PYTORCH_CONTAINER,
+)
+from .._model import Cause, CauseKind, ObjectView, Phase
+
+Body = dict[str, Any]
+
+DEFAULT_NO_CAPACITY_AFTER: Final = 300
+_RANK: Final = {kind: i for i, kind in enumerate(CauseKind)}
+_MAX_DETAIL: Final = 1024
+
+PREEMPTION_REASONS: Final = frozenset(
+    {"PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI"}
+)
+NODE_LOSS_REASONS: Final = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+KUBELET_TERMINATION: Final = "TerminationByKubelet"
+LAUNCH_ERRORS: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "PreCreateHookError",
+        "PreStartHookError",
+    }
+)
+LAUNCH_TERMINATIONS: Final = frozenset({"ContainerCannotRun", "StartError"})
+POD_NODE_LOST_REASONS: Final = frozenset({"NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    cause: Cause
+    terminal: bool
+    """True when the object cannot go on; False for a restart in place (OnFailure)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    view: ObjectView
+    stop: Cause | None = None
+    """The adapter must stop the object itself (the scheduler would go on): record this cause."""
+    recheck_at: float | None = None
+    """A wall-clock time (epoch seconds) at which the verdict may change with no event."""
+
+
+def object_id(body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def owner_of(body: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(job id, submission) from dispatch's labels, or None when they are missing or malformed."""
+    meta = body.get("metadata", {})
+    labels = meta.get("labels") or {}
+    name, n = labels.get(LABEL_JOB), labels.get(LABEL_SUBMISSION)
+    if not name or not n:
+        return None
+    try:
+        submission = int(n)
+    except ValueError:
+        return None
+    return f"{meta.get('namespace', '')}/{name}", submission
+
+
+def in_place(pytorchjob: Mapping[str, Any]) -> bool:
+    """Built to restart failed containers in place (a scheduler-enforced restart rule)."""
+    replicas = pytorchjob.get("spec", {}).get("pytorchReplicaSpecs", {}) or {}
+    master = replicas.get("Master") or {}
+    return master.get("restartPolicy") in ("OnFailure", "Always")
+
+
+def no_capacity_after(pytorchjob: Mapping[str, Any]) -> int:
+    raw = (pytorchjob.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_NO_CAPACITY_AFTER)
+    try:
+        return int(raw) if raw is not None else DEFAULT_NO_CAPACITY_AFTER
+    except ValueError:
+        return DEFAULT_NO_CAPACITY_AFTER
+
+
+def restart_budget(pytorchjob: Mapping[str, Any]) -> int | None:
+    raw = (pytorchjob.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_RESTART_BUDGET)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def ended_annotation(cause: Cause) -> str:
+    return json.dumps(cause.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+
+
+def parse_time(value: object) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _detail(*parts: object) -> str:
+    text = ": ".join(str(p) for p in parts if p not in (None, ""))
+    return text[:_MAX_DETAIL]
+
+
+def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    for status in statuses:
+        if status.get("name") == PYTORCH_CONTAINER:
+            return dict(status)
+    return dict(statuses[0]) if statuses else {}
+
+
+def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or []}
+
+
+def _termination_cause(pod_name: str, term: Mapping[str, Any]) -> Cause | None:
+    """The cause a container termination states, or None for a clean exit."""
+    reason = term.get("reason") or ""
+    code = term.get("exitCode")
+    exit_code = code if isinstance(code, int) else None
+    message = term.get("message") or ""
+    if reason == "OOMKilled":
+        return Cause(
+            kind=CauseKind.OUT_OF_MEMORY,
+            detail=_detail(f"pod {pod_name}", reason, message),
+            exit_code=exit_code,
+        )
+    if reason == "DeadlineExceeded":
+        return Cause(
+            kind=CauseKind.TIME_LIMIT, detail=_detail(f"pod {pod_name}", reason, message), exit_code=exit_code
+        )
+    if reason in LAUNCH_TERMINATIONS:
+        return Cause(
+            kind=CauseKind.LAUNCH_FAILED,
+            detail=_detail(f"pod {pod_name}", reason, message),
+            exit_code=exit_code,
+        )
+    if exit_code:
+        return Cause(
+            kind=CauseKind.NON_ZERO_EXIT,
+            detail=_detail(f"pod {pod_name}", f"exited with code {exit_code}", reason, message),
+            exit_code=exit_code,
+        )
+    return None
+
+
+def pod_evidence(
+    pod: Mapping[str, Any],
+    *,
+    restarts_in_place: bool,
+    now: float,
+    no_capacity_after_seconds: int,
+    gone_nodes: Container[str] = (),
+) -> tuple[Evidence | None, float | None]:
+    """What one pod says about why its object ended (or restarted), and when to look again."""
+    meta = pod.get("metadata", {})
+    name = meta.get("name", "?")
+    status = pod.get("status", {})
+    phase = status.get("phase")
+    conditions = _conditions(pod)
+    container = _container(pod)
+    state = container.get("state") or {}
+    term = state.get("terminated")
+    code = (term or {}).get("exitCode")
+    exit_code = code if isinstance(code, int) else None
+
+    disruption = conditions.get("DisruptionTarget")
+    if disruption is not None and disruption.get("status") == "True":
+        reason = disruption.get("reason") or ""
+        message = disruption.get("message") or ""
+        node = pod.get("spec", {}).get("nodeName") or ""
+        if reason in NODE_LOSS_REASONS:
+            kind = CauseKind.NODE_LOST
+        elif reason == KUBELET_TERMINATION:
+            lost = (node and node in gone_nodes) or "shutdown" in message.lower()
+            kind = CauseKind.NODE_LOST if lost else CauseKind.PREEMPTED
+        else:  # PREEMPTION_REASONS, and any disruption Kubernetes adds later
+            kind = CauseKind.PREEMPTED
+        detail = _detail(f"pod {name}", reason, message, f"node {node}" if node else "")
+        return Evidence(Cause(kind=kind, detail=detail, exit_code=exit_code), terminal=True), None
+
+    pod_reason = status.get("reason") or ""
+    pod_message = status.get("message") or ""
+    if pod_reason == "Evicted":
+        return Evidence(
+            Cause(
+                kind=CauseKind.PREEMPTED,
+                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                exit_code=exit_code,
+            ),
+            True,
+        ), None
+    if pod_reason in POD_NODE_LOST_REASONS:
+        return Evidence(
+            Cause(
+                kind=CauseKind.NODE_LOST,
+                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                exit_code=exit_code,
+            ),
+            True,
+        ), None
+    if pod_reason == "DeadlineExceeded":
+        return Evidence(
+            Cause(
+                kind=CauseKind.TIME_LIMIT,
+                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                exit_code=exit_code,
+            ),
+            True,
+        ), None
+
+    if term is not None and phase != "Succeeded":
+        cause = _termination_cause(name, term)
+        if cause is not None:
+            # Under OnFailure the kubelet restarts the container; the pod fails only for pod-level reasons.
+            return Evidence(cause, terminal=not restarts_in_place or phase == "Failed"), None
+    last = (container.get("lastState") or {}).get("terminated")
+    if restarts_in_place and last is not None:
+        cause = _termination_cause(name, last)
+        if cause is not None:
+            return Evidence(cause, terminal=False), None
+
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in LAUNCH_ERRORS:
+        detail = _detail(f"pod {name}", waiting.get("reason"), waiting.get("message"))
+        return Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail), terminal=True), None
+    if pod_reason.startswith("OutOf") or pod_reason in ("UnexpectedAdmissionError", "NodeAffinity"):
+        return Evidence(
+            Cause(kind=CauseKind.LAUNCH_FAILED, detail=_detail(f"pod {name}", pod_reason, pod_message)), True
+        ), None
+
+    if phase == "Failed":
+        detail = _detail(f"pod {name}", "failed", pod_reason, pod_message)
+        return Evidence(
+            Cause(kind=CauseKind.UNKNOWN, detail=detail, exit_code=exit_code), terminal=True
+        ), None
+
+    scheduled = conditions.get("PodScheduled")
+    if (
+        phase == "Pending"
+        and scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+    ):
+        since = parse_time(scheduled.get("lastTransitionTime")) or now
+        deadline = since + no_capacity_after_seconds
+        if now >= deadline:
+            detail = _detail(
+                f"pod {name}",
+                f"unschedulable for more than {no_capacity_after_seconds}s",
+                scheduled.get("message"),
+            )
+            return Evidence(Cause(kind=CauseKind.NO_CAPACITY, detail=detail), terminal=True), None
+        return None, deadline
+    return None, None
+
+
+def best(evidence: Iterable[Evidence]) -> Evidence | None:
+    """The evidence whose cause comes first in dispatch's order of causes."""
+    return min(evidence, key=lambda e: _RANK[e.cause.kind], default=None)
+
+
+def _failed_cause(condition: Mapping[str, Any], last_restart: Cause | None) -> Cause:
+    message = condition.get("message") or ""
+    lowered = message.lower()
+    if "deadline" in lowered:
+        return Cause(kind=CauseKind.TIME_LIMIT, detail=_detail("PyTorchJob", message))
+    if "backoff limit" in lowered:
+        if last_restart is not None:
+            return last_restart.model_copy(update={"detail": _detail(last_restart.detail, message)})
+        # Only failing containers are restarted under OnFailure and counted against backoffLimit.
+        return Cause(kind=CauseKind.NON_ZERO_EXIT, detail=_detail("PyTorchJob", message))
+    return Cause(kind=CauseKind.UNKNOWN, detail=_detail("PyTorchJob", condition.get("reason"), message))
+
+
+def classify(
+    pytorchjob: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    now: float,
+    gone_nodes: Container[str] = (),
+    retained: Evidence | None = None,
+    last_restart: Cause | None = None,
+) -> Verdict:
+    """The view of one PyTorchJob from its body, its pods and what was seen of pods already gone."""
+    owner = owner_of(pytorchjob)
+    job, submission = owner if owner is not None else ("", 0)
+    oid = object_id(pytorchjob)
+    meta = pytorchjob.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    spec = pytorchjob.get("spec", {})
+    suspended = bool((spec.get("runPolicy") or {}).get("suspend"))
+    restarts_in_place = in_place(pytorchjob)
+    threshold = no_capacity_after(pytorchjob)
+    conditions = _conditions(pytorchjob)
+    pods = list(pods)
+
+    restarts = 0
+    if restarts_in_place:
+        restarts = sum(int(_container(p).get("restartCount") or 0) for p in pods)
+        budget = restart_budget(pytorchjob)
+        if budget is not None:
+            restarts = min(restarts, budget)
+
+    terminal: list[Evidence] = [retained] if retained is not None else []
+    restart_causes: list[Cause] = [last_restart] if last_restart is not None else []
+    recheck: float | None = None
+    running = False
+    for pod in pods:
+        found, at = pod_evidence(
+            pod,
+            restarts_in_place=restarts_in_place,
+            now=now,
+            no_capacity_after_seconds=threshold,
+            gone_nodes=gone_nodes,
+        )
+        if found is not None and found.terminal:
+            terminal.append(found)
+        elif found is not None:
+            restart_causes.append(found.cause)
+        if at is not None:
+            recheck = at if recheck is None else min(recheck, at)
+        if pod.get("status", {}).get("phase") == "Running" and not pod.get("metadata", {}).get(
+            "deletionTimestamp"
+        ):
+            running = True
+    evidence = best(terminal)
+    restart_cause = restart_causes[-1] if restart_causes else None
+
+    def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False) -> ObjectView:
+        return ObjectView(
+            id=oid,
+            job=job,
+            submission=submission,
+            phase=phase,
+            cause=cause,
+            cancelled=cancelled,
+            restarts=restarts,
+        )
+
+    def is_true(kind: str) -> bool:
+        return (conditions.get(kind) or {}).get("status") == "True"
+
+    ended = annotations.get(ANNOTATION_ENDED)
+    if ended:
+        try:
+            cause = Cause.model_validate(json.loads(ended))
+        except ValueError:
+            cause = Cause(kind=CauseKind.UNKNOWN, detail=_detail("unreadable annotation", ANNOTATION_ENDED))
+        return Verdict(view(Phase.ENDED, cause))
+    if is_true("Succeeded"):
+        message = (conditions.get("Succeeded") or {}).get("message") or ""
+        return Verdict(view(Phase.ENDED, Cause(kind=CauseKind.NONE, detail=_detail(message))))
+    if is_true("Failed"):
+        cause = evidence.cause if evidence is not None else _failed_cause(conditions["Failed"], restart_cause)
+        return Verdict(view(Phase.ENDED, cause))
+    if meta.get("deletionTimestamp"):
+        cause = evidence.cause if evidence is not None else Cause(kind=CauseKind.NONE, detail="deleted")
+        return Verdict(view(Phase.ENDED, cause, cancelled=evidence is None))
+    if evidence is not None:
+        return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
+    if suspended:
+        return Verdict(view(Phase.HELD))
+    if running or is_true("Running"):
+        return Verdict(view(Phase.RUNNING), recheck_at=recheck)
+    return Verdict(view(Phase.QUEUED), recheck_at=recheck)
+
+
+def vanished(last: ObjectView) -> ObjectView:
+    """The view of an object deleted from the API server after it was seen as ``last``."""
+    if last.phase is Phase.ENDED:
+        return last
+    return last.model_copy(
+        update={
+            "phase": Phase.ENDED,
+            "cause": Cause(kind=CauseKind.NONE, detail="deleted"),
+            "cancelled": True,
+        }
+    )

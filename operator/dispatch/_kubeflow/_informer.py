@@ -1,0 +1,179 @@
+"""One shared list+watch of one resource: an in-memory cache kept current by the API server's events.
+
+It lists (paginated) to learn the current state and a resourceVersion, then watches from there,
+with bookmarks, so a reconnect resumes where it left off; a 410 Gone (the resourceVersion was
+compacted away) or any other break of the stream makes it list again. Every change is handed to
+``on_change(old, new)`` (``new`` None for a deletion), also the differences a re-list reveals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, Final
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient
+
+from .._errors import BackendError, TransientBackendError
+from ._http import KubeError, open_request, request
+
+log = logging.getLogger("dispatch.kubeflow")
+
+Body = dict[str, Any]
+OnChange = Callable[[Body | None, Body | None], None]
+
+PAGE: Final = 500
+WATCH_SECONDS: Final = 290
+MAX_LINE: Final = 64 << 20
+BACKOFF: Final = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def key_of(body: Body) -> str:
+    meta = body.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def resource_version(body: Body | None) -> int | None:
+    """resourceVersions are opaque; the API server's are etcd revisions, compared only as a hint."""
+    if body is None:
+        return None
+    try:
+        return int(body.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+class Informer:
+    def __init__(
+        self,
+        api: ApiClient,
+        path: str,
+        *,
+        label_selector: str,
+        on_change: OnChange,
+        on_relist: Callable[[str], None] | None = None,
+        what: str,
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.label_selector = label_selector
+        self.on_change = on_change
+        self.on_relist = on_relist
+        self.what = what
+        self.items: dict[str, Body] = {}
+        self.synced = asyncio.Event()
+        self.resource_version: str | None = None
+        self.last_error: BaseException | None = None
+        self.events = 0
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._list()
+                failures = 0
+                while await self._watch():
+                    failures = 0
+            except asyncio.CancelledError:
+                raise
+            except (BackendError, ValueError, aiohttp.ClientError, TimeoutError, OSError) as error:
+                self.last_error = error
+                delay = BACKOFF[min(failures, len(BACKOFF) - 1)] * (1 + random.random() / 4)
+                failures += 1
+                level = (
+                    logging.DEBUG
+                    if isinstance(error, TransientBackendError) and failures < 3
+                    else logging.WARNING
+                )
+                log.log(level, "%s: %s; listing again in %.2fs", self.what, error, delay)
+                await asyncio.sleep(delay)
+
+    async def _list(self) -> None:
+        fresh: dict[str, Body] = {}
+        token: str | None = None
+        while True:
+            page = await request(
+                self.api,
+                "GET",
+                self.path,
+                query={"labelSelector": self.label_selector, "limit": PAGE, "continue": token},
+                request_timeout=60,
+            )
+            for item in page.get("items") or []:
+                fresh[key_of(item)] = item
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                self.resource_version = str(meta.get("resourceVersion") or "") or None
+                break
+        old, self.items = self.items, fresh
+        for key, body in fresh.items():
+            before = old.get(key)
+            if before is None or resource_version(before) != resource_version(body):
+                self.on_change(before, body)
+        for key, body in old.items():
+            if key not in fresh:
+                self.on_change(body, None)
+        self.last_error = None
+        self.synced.set()
+        if self.on_relist is not None and self.resource_version is not None:
+            self.on_relist(self.resource_version)
+
+    async def _watch(self) -> bool:
+        """Watch from the last resourceVersion; True to watch again, False to list again (410 Gone)."""
+        seconds = WATCH_SECONDS + random.randint(0, 30)
+        response = await open_request(
+            self.api,
+            "GET",
+            self.path,
+            query={
+                "watch": True,
+                "labelSelector": self.label_selector,
+                "resourceVersion": self.resource_version,
+                "allowWatchBookmarks": True,
+                "timeoutSeconds": seconds,
+            },
+            request_timeout=aiohttp.ClientTimeout(
+                total=None, connect=30, sock_connect=30, sock_read=seconds + 30
+            ),
+        )
+        try:
+            while True:
+                line = await response.content.readline(max_line_length=MAX_LINE)
+                if not line:
+                    return True
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    if code == 410:
+                        log.debug("%s: watch expired (410 Gone); listing again", self.what)
+                        return False
+                    raise KubeError(
+                        "WATCH", self.path, code, str(obj.get("reason") or ""), str(obj.get("message") or "")
+                    )
+                rv = obj.get("metadata", {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = str(rv)
+                if kind == "BOOKMARK":
+                    continue
+                self.events += 1
+                key = key_of(obj)
+                before = self.items.get(key)
+                if kind == "DELETED":
+                    self.items.pop(key, None)
+                    self.on_change(before if before is not None else obj, None)
+                else:
+                    self.items[key] = obj
+                    self.on_change(before, obj)
+        finally:
+            with contextlib.suppress(Exception):
+                response.release()

@@ -1,0 +1,300 @@
+"""The Slurm bridge: a :class:`~dispatch._protocols.Backend` over slurmrestd.
+
+Objects are Slurm batch jobs, submitted held and tagged (``name`` ``dispatch-<job>-<n>``, ``comment``
+``dispatch:job=<job>;submission=<n>``), released by an update, ended by a cancel. One shared poller
+lists every job once per cycle for all supervised jobs. See docs/slurm.md for the state mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import shlex
+from collections.abc import Callable, Mapping
+from typing import Annotated, Final
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from .._errors import BackendError, TransientBackendError
+from .._model import Action, Capabilities, CauseKind, Enforcer, JobSpec, NativeRule, ObjectView, Plan
+from ._dialects import PROBE_ORDER, Dialect, SlurmJob, SubmitRequest, dialect_for
+from ._poller import Poller, make_tag
+from ._rest import (
+    ESLURM_ALREADY_DONE,
+    ESLURM_INVALID_JOB_ID,
+    ESLURM_JOB_FINISHED,
+    ESLURM_JOB_HELD,
+    ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE,
+    PathNotServed,
+    RestClient,
+    SlurmApiError,
+    TokenSource,
+)
+
+__all__ = ["SlurmBackend", "SlurmConfig", "open_adapter"]
+
+log = logging.getLogger("dispatch.slurm")
+
+DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+GONE: Final = frozenset({ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE, ESLURM_JOB_FINISHED})
+"""Answers to release/cancel that mean there is nothing (left) to do."""
+
+
+class SlurmConfig(BaseModel):
+    """How to reach slurmrestd and how to submit. Secrets are :class:`~pydantic.SecretStr`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    """e.g. ``http://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``."""
+    socket: str | None = None
+    """A unix socket path (rest_auth/local: no token needed)."""
+    user_name: str | None = None
+    """``X-SLURM-USER-NAME``: the user jobs run as (must match the token)."""
+    token: SecretStr | None = None
+    token_file: str | None = None
+    """A file holding the JWT (a mounted Secret); re-read when its mtime changes."""
+    api_version: str | None = None
+    """``v0.0.38``, ``v0.0.40``, ``v0.0.41``; None asks the server (newest it serves first)."""
+    poll_interval: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    max_backoff: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    request_timeout: Annotated[float, Field(gt=0, le=600)] = 10.0
+    full_refresh_every: Annotated[int, Field(ge=1)] = 30
+    """Every n-th cycle lists without ``update_time`` (a guard against clock skew)."""
+    remember_seconds: Annotated[float, Field(gt=0)] = 86400.0
+    """How long the final state of an ended job is remembered after Slurm forgets it."""
+    partition: str | None = None
+    """Default partition when the spec names none."""
+    working_directory: str = "/tmp"
+    """Default working directory when the spec names none."""
+    standard_output: str | None = None
+    """Output path pattern; default ``<working directory>/%x-%j.out``."""
+    max_batch_requeue: Annotated[int, Field(ge=0, le=100)] = 5
+    """The cluster's requeue limit (MaxBatchRequeue; compiled in as 5 in Slurm 22.05)."""
+    filter_user: bool = True
+    """Only consider tagged jobs owned by ``user_name`` (when set)."""
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> SlurmConfig:
+        if (self.url is None) == (self.socket is None):
+            raise ValueError("give exactly one of 'url' and 'socket'")
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("give at most one of 'token' and 'token_file'")
+        return self
+
+
+def _native(max_batch_requeue: int) -> Capabilities:
+    return Capabilities(
+        native=(
+            NativeRule(
+                causes=frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST}),
+                action=Action.RESTART,
+                min_budget=max_batch_requeue,
+                max_budget=max_batch_requeue,
+                note=(
+                    "Slurm requeues a requeueable batch job in place on preemption (PreemptMode=REQUEUE) "
+                    "and node failure, up to the cluster-wide MaxBatchRequeue"
+                ),
+            ),
+        )
+    )
+
+
+class SlurmBackend:
+    """A Backend over slurmrestd. Create with :func:`open_adapter` or directly from a :class:`SlurmConfig`."""
+
+    def __init__(self, config: SlurmConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.rest = RestClient(
+            url=config.url,
+            socket=config.socket,
+            user_name=config.user_name,
+            token=TokenSource(config.token, config.token_file),
+            timeout=config.request_timeout,
+            transport=transport,
+        )
+        self._dialect: Dialect | None = dialect_for(config.api_version) if config.api_version else None
+        if self._dialect is not None:
+            self.rest.bearer = self._dialect.version != "v0.0.38"
+        self._dialect_lock: asyncio.Lock | None = None
+        self.poller = Poller(
+            self._fetch,
+            interval=config.poll_interval,
+            max_backoff=config.max_backoff,
+            full_every=config.full_refresh_every,
+            remember_seconds=config.remember_seconds,
+            user_name=config.user_name if config.filter_user else None,
+            cancel_stuck=self._cancel_stuck,
+        )
+        self.ended_by_dispatch: set[str] = set()
+        """Object ids dispatch itself cancelled (ObjectView.cancelled is True for any cancel)."""
+        self._capabilities = _native(config.max_batch_requeue)
+
+    # ------------------------------------------------------------------ Backend protocol
+
+    @property
+    def name(self) -> str:
+        return "slurm"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    async def dialect(self) -> Dialect:
+        if self._dialect is not None:
+            return self._dialect
+        if self._dialect_lock is None:
+            self._dialect_lock = asyncio.Lock()
+        async with self._dialect_lock:
+            if self._dialect is None:
+                self._dialect = await self._probe()
+                self.rest.bearer = self._dialect.version != "v0.0.38"
+                log.info("slurmrestd speaks %s", self._dialect.version)
+        return self._dialect
+
+    async def _probe(self) -> Dialect:
+        """Ask the server which API it serves: ping each known version, newest first (404 = not served)."""
+        for version in PROBE_ORDER:
+            d = dialect_for(version)
+            try:
+                await self.rest.request("GET", d.ping_path(), what=f"probe API {version}")
+            except PathNotServed:
+                continue
+            return d
+        raise BackendError(
+            f"slurmrestd serves none of the API versions this adapter speaks ({', '.join(PROBE_ORDER)})"
+        )
+
+    async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
+        d = await self.dialect()
+        req = self.submit_request(job, submission, spec, plan)
+        what = f"submit job {job} submission {submission}"
+        resp = await self.rest.request(
+            "POST",
+            d.submit_path(),
+            body=d.submit_body(req),
+            what=what,
+            accept=(ESLURM_JOB_HELD, ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE),
+        )
+        job_id = d.parse_submit(resp.body)
+        if job_id is None:
+            raise SlurmApiError(
+                f"slurmrestd: {what}: no job id in the answer: {resp.error_text()}", resp.error_numbers
+            )
+        self.poller.note_created(job_id, job, submission)
+        return str(job_id)
+
+    def submit_request(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> SubmitRequest:
+        opts = spec.slurm
+        requeue = any(r.enforcer is Enforcer.SCHEDULER and r.action is Action.RESTART for r in plan.rules)
+        env: dict[str, str] = {"PATH": DEFAULT_PATH}
+        if opts is not None:
+            env.update(opts.environment)
+        env["DISPATCH_JOB"] = job
+        env["DISPATCH_SUBMISSION"] = str(submission)
+        cwd = (opts.working_directory if opts is not None else None) or self.config.working_directory
+        command = shlex.join(spec.command)
+        launcher = "srun " if spec.nodes > 1 else ""
+        script = f"#!/bin/bash\nexec {launcher}{command}\n"
+        return SubmitRequest(
+            script=script,
+            name=f"dispatch-{job}-{submission}",
+            comment=make_tag(job, submission),
+            environment=env,
+            requeue=requeue,
+            hold=True,
+            partition=(opts.partition if opts is not None else None) or self.config.partition,
+            time_limit_minutes=opts.time_limit_minutes if opts is not None else None,
+            cpus_per_task=opts.cpus_per_task if opts is not None else None,
+            memory_per_node_mb=opts.memory_per_node_mb if opts is not None else None,
+            nodes=spec.nodes,
+            working_directory=cwd,
+            standard_output=self.config.standard_output or f"{cwd.rstrip('/')}/%x-%j.out",
+        )
+
+    async def release(self, object_id: str) -> None:
+        d = await self.dialect()
+        job_id = _job_id(object_id)
+        resp = await self.rest.request(
+            "POST", d.job_path(job_id), body=d.release_body(), what=f"release Slurm job {job_id}", accept=GONE
+        )
+        for code, text in d.check_update(resp.body):
+            if code not in GONE:
+                raise SlurmApiError(
+                    f"slurmrestd: release Slurm job {job_id}: [{code}] {text}", frozenset({code})
+                )
+        self.poller.note_released(job_id)
+
+    async def end(self, object_id: str) -> None:
+        d = await self.dialect()
+        job_id = _job_id(object_id)
+        await self.rest.request("DELETE", d.job_path(job_id), what=f"cancel Slurm job {job_id}", accept=GONE)
+        self.ended_by_dispatch.add(object_id)
+        self.poller.mark_dirty(job_id)
+
+    async def end_many(self, object_ids: builtins.list[str]) -> None:
+        """Cancel several objects: one bulk request where the dialect has one (v0.0.40+), else one each."""
+        d = await self.dialect()
+        ids = [_job_id(o) for o in object_ids]
+        bulk = d.bulk_cancel(ids)
+        if bulk is None or not ids:
+            for o in object_ids:
+                await self.end(o)
+            return
+        path, body = bulk
+        await self.rest.request("DELETE", path, body=body, what=f"cancel Slurm jobs {ids}", accept=GONE)
+        for o, j in zip(object_ids, ids, strict=True):
+            self.ended_by_dispatch.add(o)
+            self.poller.mark_dirty(j)
+
+    async def list(self, job: str) -> builtins.list[ObjectView]:
+        await self.dialect()
+        return await self.poller.list(job)
+
+    def subscribe(self, job: str, wake: Callable[[], None]) -> Callable[[], None]:
+        return self.poller.subscribe(job, wake)
+
+    async def aclose(self) -> None:
+        await self.poller.aclose()
+        await self.rest.aclose()
+
+    async def __aenter__(self) -> SlurmBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    async def _fetch(self, update_time: int | None) -> builtins.list[SlurmJob] | None:
+        d = await self.dialect()
+        params = {"update_time": update_time} if update_time is not None else None
+        resp = await self.rest.request("GET", d.jobs_path(), params=params, what="list jobs")
+        if resp.status == 304:
+            return None
+        return d.parse_jobs(resp.body)
+
+    async def _cancel_stuck(self, job_id: int) -> None:
+        d = await self.dialect()
+        log.info("cancelling Slurm job %s: it can never run", job_id)
+        await self.rest.request(
+            "DELETE", d.job_path(job_id), what=f"cancel stuck Slurm job {job_id}", accept=GONE
+        )
+        self.poller.mark_dirty(job_id)
+
+
+def _job_id(object_id: str) -> int:
+    try:
+        return int(object_id)
+    except ValueError:
+        raise BackendError(f"not a Slurm job id: {object_id!r}") from None
+
+
+def open_adapter(config: Mapping[str, object]) -> SlurmBackend:
+    """The ``slurm`` entry point of ``dispatch.adapters``."""
+    return SlurmBackend(SlurmConfig.model_validate(dict(config)))
+
+
+_ = TransientBackendError  # re-exported for callers that catch it from here

@@ -1,0 +1,358 @@
+"""One shared poller per backend: one ``GET /jobs`` per cycle for every job this process supervises.
+
+The cost of a cycle does not depend on how many jobs are supervised: slurmrestd has no server-side
+filter in v0.0.38, so the poller lists every job once (``update_time`` makes an unchanged list a
+304 with no body) and filters dispatch's tagged jobs on this side. It keeps the last view of every
+tagged job, remembers the final state of every job it saw end (Slurm forgets finished jobs after
+MinJobAge when there is no slurmdbd), and wakes the subscribers of the jobs whose objects changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from .._errors import TransientBackendError
+from .._model import Cause, CauseKind, ObjectView, Phase
+from ._classify import classify
+from ._dialects import SlurmJob
+
+log = logging.getLogger("dispatch.slurm")
+
+TAG = re.compile(r"^dispatch:job=(?P<job>[^;]+);submission=(?P<n>\d+)$")
+
+Fetch = Callable[[int | None], Awaitable[list[SlurmJob] | None]]
+"""fetch(update_time) -> every job Slurm shows, or None when nothing changed since update_time (304)."""
+Wake = Callable[[], None]
+
+VANISHED = (
+    "Slurm no longer shows job {id} and this process never saw it end: it ended more than MinJobAge "
+    "ago (outcome unknown without slurmdbd)"
+)
+
+
+def make_tag(job: str, submission: int) -> str:
+    return f"dispatch:job={job};submission={submission}"
+
+
+def parse_tag(comment: str) -> tuple[str, int] | None:
+    m = TAG.match(comment or "")
+    return (m.group("job"), int(m.group("n"))) if m else None
+
+
+@dataclass(slots=True)
+class _Override:
+    view: ObjectView
+    at: float  # monotonic time of the local change; any listing that started later supersedes it
+
+
+class Poller:
+    def __init__(
+        self,
+        fetch: Fetch,
+        *,
+        interval: float = 2.0,
+        max_backoff: float = 60.0,
+        full_every: int = 30,
+        remember_seconds: float = 86400.0,
+        update_time_margin: int = 1,
+        user_name: str | None = None,
+        cancel_stuck: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self._fetch = fetch
+        self.interval = interval
+        self.max_backoff = max_backoff
+        self.full_every = max(1, full_every)
+        self.remember_seconds = remember_seconds
+        self.update_time_margin = update_time_margin
+        self.user_name = user_name
+        self._cancel_stuck = cancel_stuck
+
+        self._views: dict[int, ObjectView] = {}
+        self._by_job: dict[str, set[int]] = {}
+        self._final: dict[int, tuple[ObjectView, float]] = {}
+        self._verdicts: dict[int, ObjectView] = {}
+        self._overrides: dict[int, _Override] = {}
+        self._dirty: dict[str, float] = {}
+        self._subs: dict[str, list[Wake]] = {}
+
+        self._last_start: float | None = None  # monotonic start of the last successful cycle
+        self._last_full_wall: float | None = None  # wall-clock start of the last full listing
+        self._cycles_since_full = 0
+        self._inflight: asyncio.Task[None] | None = None
+        self._inflight_start = 0.0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._failures = 0
+        self._backoff_until = 0.0
+        self._last_error: TransientBackendError | None = None
+        self._cancelling: set[int] = set()
+        self._bg: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+        self.cycles = 0
+        """Listings done (each one request)."""
+        self.not_modified = 0
+        """Listings answered 304."""
+
+    # ------------------------------------------------------------------ what the backend reads
+
+    def views(self, job: str) -> list[ObjectView]:
+        return sorted(
+            (self._views[i] for i in self._by_job.get(job, ()) if i in self._views), key=lambda v: int(v.id)
+        )
+
+    def view(self, job_id: int) -> ObjectView | None:
+        return self._views.get(job_id)
+
+    async def list(self, job: str) -> list[ObjectView]:
+        """The objects of ``job``, no older than one cycle and never older than this process's own changes."""
+        now = time.monotonic()
+        dirty = self._dirty.get(job)
+        stale = self._last_start is None or now - self._last_start > self.interval * 1.5
+        if dirty is not None or stale:
+            if now < self._backoff_until and self._last_error is not None:
+                raise TransientBackendError(str(self._last_error))
+            await self.refresh(after=dirty if dirty is not None else now - self.interval)
+        return self.views(job)
+
+    # ------------------------------------------------------------------ local knowledge
+
+    def note_created(self, job_id: int, job: str, submission: int) -> None:
+        """The backend created ``job_id`` held: show it before the next listing does."""
+        view = ObjectView(id=str(job_id), job=job, submission=submission, phase=Phase.HELD)
+        self._overrides[job_id] = _Override(view, time.monotonic())
+        self._set(job_id, view)
+
+    def note_released(self, job_id: int) -> None:
+        cur = self._views.get(job_id)
+        if cur is not None and cur.phase is Phase.HELD:
+            view = cur.model_copy(update={"phase": Phase.QUEUED})
+            self._overrides[job_id] = _Override(view, time.monotonic())
+            self._set(job_id, view)
+        self.mark_dirty(job_id)
+
+    def mark_dirty(self, job_id: int) -> None:
+        cur = self._views.get(job_id)
+        if cur is not None:
+            self._dirty[cur.job] = time.monotonic()
+        self._kick.set()
+
+    def _set(self, job_id: int, view: ObjectView) -> None:
+        old = self._views.get(job_id)
+        self._views[job_id] = view
+        self._by_job.setdefault(view.job, set()).add(job_id)
+        if old != view:
+            self._wake(view.job)
+
+    # ------------------------------------------------------------------ subscriptions and the loop
+
+    def subscribe(self, job: str, wake: Wake) -> Callable[[], None]:
+        self._subs.setdefault(job, []).append(wake)
+        self._ensure_loop()
+
+        def unsubscribe() -> None:
+            wakes = self._subs.get(job)
+            if wakes and wake in wakes:
+                wakes.remove(wake)
+                if not wakes:
+                    del self._subs[job]
+
+        return unsubscribe
+
+    def _ensure_loop(self) -> None:
+        if self._closed or (self._loop_task is not None and not self._loop_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: list() still refreshes on demand
+        self._loop_task = loop.create_task(self._run(), name="dispatch-slurm-poller")
+
+    async def _run(self) -> None:
+        while self._subs and not self._closed:
+            delay = self.interval
+            try:
+                await self.refresh(after=time.monotonic())
+            except TransientBackendError as e:
+                delay = self._backoff_delay()
+                log.warning("slurm poll failed (%s); next try in %.1fs", e, delay)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug must not kill supervision; back off and go on
+                delay = self._backoff_delay()
+                log.exception("slurm poll crashed (%s); next try in %.1fs", type(e).__name__, delay)
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._kick.wait()
+                # kicked: a local change wants a listing soon, but never more often than every 50 ms
+                await asyncio.sleep(0.05)
+
+    def _backoff_delay(self) -> float:
+        return min(self.interval * (1 << min(self._failures, 16)), self.max_backoff)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        tasks = [t for t in (self._loop_task, self._inflight, *self._bg) if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    # ------------------------------------------------------------------ one cycle
+
+    async def refresh(self, after: float | None = None) -> None:
+        """Make sure a listing that started at or after ``after`` (monotonic) has completed."""
+        after = time.monotonic() if after is None else after
+        while True:
+            task = self._inflight
+            if task is not None and not task.done():
+                started = self._inflight_start
+                await asyncio.shield(task)
+                if started >= after:
+                    return
+                continue
+            if self._last_start is not None and self._last_start >= after:
+                return
+            self._inflight_start = time.monotonic()
+            self._inflight = asyncio.get_running_loop().create_task(self._cycle(self._inflight_start))
+            self._inflight.add_done_callback(_retrieve)
+
+    async def _cycle(self, start: float) -> None:
+        start_wall = time.time()
+        full = self._last_full_wall is None or self._cycles_since_full + 1 >= self.full_every
+        update_time = (
+            None
+            if full or self._last_full_wall is None
+            else int(self._last_full_wall) - self.update_time_margin
+        )
+        try:
+            jobs = await self._fetch(update_time)
+        except TransientBackendError as e:
+            self._failures += 1
+            self._last_error = e
+            self._backoff_until = time.monotonic() + self._backoff_delay()
+            raise
+        self.cycles += 1
+        self._failures = 0
+        self._last_error = None
+        self._backoff_until = 0.0
+        if jobs is None:
+            self.not_modified += 1
+            self._cycles_since_full += 1
+        else:
+            self._cycles_since_full = 0
+            self._last_full_wall = start_wall
+            self._apply(jobs, start)
+        self._last_start = start
+        for job, at in list(self._dirty.items()):
+            if at <= start:
+                del self._dirty[job]
+
+    def _apply(self, jobs: Iterable[SlurmJob], start: float) -> None:
+        now = time.monotonic()
+        seen: dict[int, ObjectView] = {}
+        for sj in jobs:
+            tag = parse_tag(sj.comment)
+            if tag is None:
+                continue
+            if self.user_name and sj.user_name and sj.user_name != self.user_name:
+                continue
+            job, n = tag
+            c = classify(sj)
+            verdict = self._verdicts.get(sj.job_id)
+            if verdict is not None:
+                view = verdict
+            else:
+                view = ObjectView(
+                    id=str(sj.job_id),
+                    job=job,
+                    submission=n,
+                    phase=c.phase,
+                    cause=c.cause,
+                    cancelled=c.cancelled,
+                    restarts=c.restarts,
+                )
+                if c.stuck:
+                    self._verdicts[sj.job_id] = view
+            if c.stuck:
+                self._cancel_later(sj.job_id)
+            seen[sj.job_id] = view
+            if view.phase is Phase.ENDED:
+                self._final[sj.job_id] = (view, now)
+
+        for job_id in set(self._views) | set(seen):
+            ov = self._overrides.get(job_id)
+            if ov is not None and ov.at >= start:
+                continue  # changed here after this listing was taken: keep the local view
+            self._overrides.pop(job_id, None)
+            if job_id in seen:
+                self._set(job_id, seen[job_id])
+                continue
+            final = self._final.get(job_id)
+            if final is not None:
+                self._set(job_id, final[0])
+                continue
+            old = self._views[job_id]
+            gone = ObjectView(
+                id=old.id,
+                job=old.job,
+                submission=old.submission,
+                phase=Phase.ENDED,
+                cause=Cause(kind=CauseKind.UNKNOWN, detail=VANISHED.format(id=old.id)),
+                cancelled=False,
+                restarts=old.restarts,
+            )
+            self._final[job_id] = (gone, now)
+            self._set(job_id, gone)
+        self._prune(seen, now)
+
+    def _prune(self, seen: dict[int, ObjectView], now: float) -> None:
+        for job_id, (_, at) in list(self._final.items()):
+            if job_id not in seen and now - at > self.remember_seconds:
+                del self._final[job_id]
+                self._verdicts.pop(job_id, None)
+                view = self._views.pop(job_id, None)
+                if view is not None:
+                    ids = self._by_job.get(view.job)
+                    if ids is not None:
+                        ids.discard(job_id)
+                        if not ids:
+                            del self._by_job[view.job]
+
+    def _cancel_later(self, job_id: int) -> None:
+        if self._cancel_stuck is None or job_id in self._cancelling or self._closed:
+            return
+        self._cancelling.add(job_id)
+        cancel = self._cancel_stuck
+
+        async def run() -> None:
+            try:
+                await cancel(job_id)
+            except Exception as e:
+                log.warning("could not cancel stuck Slurm job %s: %s", job_id, e)
+            finally:
+                self._cancelling.discard(job_id)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _wake(self, job: str) -> None:
+        for wake in list(self._subs.get(job, ())):
+            try:
+                wake()
+            except Exception:
+                log.exception("wake callback of job %s failed", job)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

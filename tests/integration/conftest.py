@@ -1,0 +1,386 @@
+"""Fixtures for the operator's integration tests: the CRDs installed, the operator as a process.
+
+The operator runs as ``python -m dispatch._kube --kubeconfig ... --namespace NS`` in its own
+process group, so a test can SIGKILL it and start it again. ``DISPATCH_TEST_CRASH_AFTER=Step:n``
+makes the operator SIGKILL itself right after the n-th step of that kind has landed (see
+``dispatch._kube.main``): a crash at an exact point of the submission protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.kube import KubeCluster
+
+REPO = Path(__file__).resolve().parents[2]
+DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"
+PYTORCHJOB_CRD = REPO / "tests" / "support" / "crds" / "pytorchjob.yaml"
+WAIT = 90.0
+"""How long a test waits for something to happen before it fails (never asserted as a duration)."""
+
+
+@pytest.fixture(scope="session")
+def crds(kube_cluster: KubeCluster) -> KubeCluster:
+    """The DispatchJob CRD (the committed, generated file) and the PyTorchJob CRD, established."""
+    for path in (DISPATCH_CRD, PYTORCHJOB_CRD):
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    kube_cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/dispatchjobs.dispatch.dev",
+        "crd/pytorchjobs.kubeflow.org",
+        "--timeout=60s",
+    )
+    return kube_cluster
+
+
+# ---- the operator as a process ------------------------------------------------------------------
+
+
+@dataclass
+class OperatorProcess:
+    """One ``python -m dispatch._kube`` process; its output goes to ``log_path``."""
+
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self, *, env: Mapping[str, str] | None = None) -> OperatorProcess:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        argv = [
+            sys.executable,
+            "-m",
+            "dispatch._kube",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={self.namespace}",
+            "--poll-interval=2",
+            "--log-level=INFO",
+            *self.args,
+        ]
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts}: {' '.join(argv[1:])} env={dict(env or {})}\n".encode())
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True, cwd=REPO
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no finalizer removal, nothing."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def wait_exit(self, timeout: float = WAIT) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def operator(
+    crds: KubeCluster, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """A factory of operator processes watching the test's namespace; all are stopped afterwards."""
+    made: list[OperatorProcess] = []
+
+    def make(*args: str, env: Mapping[str, str] | None = None, start: bool = True) -> OperatorProcess:
+        op = OperatorProcess(
+            kubeconfig=crds.kubeconfig,
+            namespace=namespace,
+            log_path=tmp_path / f"operator-{len(made)}.log",
+            args=args,
+            env=dict(env or {}),
+        )
+        made.append(op)
+        return op.start() if start else op
+
+    yield make
+    for op in made:
+        op.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for op in made:
+            sys.stderr.write(f"\n----- {op.log_path.name} (last 200 lines)\n")
+            sys.stderr.write("\n".join(op.log().splitlines()[-200:]) + "\n")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+# ---- manifests like a user's --------------------------------------------------------------------
+
+
+def dispatch_job(
+    name: str,
+    *,
+    rules: list[dict[str, Any]] | None = None,
+    nodes: int = 2,
+    backend: str = "kubeflow",
+    image: str = "pytorch/pytorch:2.4",
+    extra_spec: Mapping[str, Any] | None = None,
+) -> str:
+    """A DispatchJob manifest as a user would write it (YAML text)."""
+    spec: dict[str, Any] = {
+        "backend": backend,
+        "command": ["torchrun", "train.py"],
+        "nodes": nodes,
+        "kubeflow": {"image": image, "resources": {"cpu": "1", "memory": "1Gi"}},
+        "recovery": {"rules": rules if rules is not None else [{"on": ["preempted"], "budget": 2}]},
+    }
+    spec.update(extra_spec or {})
+    return yaml.safe_dump(
+        {
+            "apiVersion": "dispatch.dev/v1alpha1",
+            "kind": "DispatchJob",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+        sort_keys=False,
+    )
+
+
+def apply(
+    cluster: KubeCluster, namespace: str, manifest: str, *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply -f -`` (client-side, like a user); returns the completed process."""
+    proc = subprocess.run(
+        [cluster.kubectl_bin, f"--kubeconfig={cluster.kubeconfig}", "-n", namespace, "apply", "-f", "-"],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl apply failed: {proc.stderr}")
+    return proc
+
+
+def get_job(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.get("dispatchjob", name, namespace)
+
+
+def pytorchjobs(cluster: KubeCluster, namespace: str) -> list[dict[str, Any]]:
+    out = json.loads(cluster.kubectl("get", "pytorchjobs", "-n", namespace, "-o", "json"))
+    items: list[dict[str, Any]] = out["items"]
+    return items
+
+
+def condition(body: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (body.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT, interval: float = 0.2) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = probe()
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last probe: {last!r}")
+
+
+async def await_for(what: str, probe: Callable[[], Any], within: float = WAIT, interval: float = 0.2) -> Any:
+    """Like :func:`wait_for` without blocking the event loop: a plain ``probe`` runs in a thread."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe() if asyncio.iscoroutinefunction(probe) else await asyncio.to_thread(probe)
+            if asyncio.iscoroutine(last):
+                last = await last
+        except Exception as error:
+            last = error
+        else:
+            if last:
+                return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last probe: {last!r}")
+
+
+def history(body: Mapping[str, Any]) -> list[tuple[str, str, int, str]]:
+    return [
+        (h["from"], h["to"], h["submission"], h["cause"]["kind"])
+        for h in (body.get("status") or {}).get("history") or ()
+    ]
+
+
+# ---- watching released PyTorchJobs --------------------------------------------------------------
+
+
+@dataclass
+class ReleaseMonitor:
+    """Follows every PyTorchJob of a namespace; remembers which were ever released and the most
+    released-and-not-ended at any moment per DispatchJob name (invariant 1)."""
+
+    released: dict[str, set[str]] = field(default_factory=dict)
+    max_live: dict[str, int] = field(default_factory=dict)
+    _live: dict[str, dict[str, bool]] = field(default_factory=dict)
+    events: int = 0
+
+    def see(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.events += 1
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get("dispatch.dev/job")
+        if not job:
+            return
+        name = str(meta.get("name"))
+        suspended = bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        ended = kind == "DELETED" or _pytorchjob_ended(obj)
+        live = self._live.setdefault(job, {})
+        if not suspended and not ended:
+            self.released.setdefault(job, set()).add(name)
+            live[name] = True
+        else:
+            live.pop(name, None)
+        self.max_live[job] = max(self.max_live.get(job, 0), len(live))
+
+
+def _pytorchjob_ended(obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata") or {}
+    if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get("dispatch.dev/ended"):
+        return True
+    return any(
+        c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or ()
+    )
+
+
+@pytest.fixture
+async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[ReleaseMonitor]:
+    """A ReleaseMonitor fed by a watch on the namespace's PyTorchJobs for the whole test."""
+    from kubernetes_asyncio import config as kconfig
+    from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
+
+    cfg = Configuration()
+    await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
+    monitor = ReleaseMonitor()
+    async with ApiClient(configuration=cfg) as api:
+        custom = CustomObjectsApi(api)
+
+        async def follow() -> None:
+            rv: str | None = None
+            while True:
+                try:
+                    if rv is None:
+                        listed = await custom.list_namespaced_custom_object(
+                            "kubeflow.org", "v1", namespace, "pytorchjobs"
+                        )
+                        for item in listed.get("items", []):
+                            monitor.see("ADDED", item)
+                        rv = listed["metadata"]["resourceVersion"]
+                    response = await custom.list_namespaced_custom_object(
+                        "kubeflow.org",
+                        "v1",
+                        namespace,
+                        "pytorchjobs",
+                        watch=True,
+                        resource_version=rv,
+                        timeout_seconds=60,
+                        _preload_content=False,
+                    )
+                    async with response:
+                        buffer = b""
+                        async for chunk in response.content.iter_any():
+                            buffer += chunk
+                            while b"\n" in buffer:
+                                line, buffer = buffer.split(b"\n", 1)
+                                if not line.strip():
+                                    continue
+                                event = json.loads(line)
+                                if event["type"] == "ERROR":
+                                    rv = None
+                                    break
+                                rv = event["object"]["metadata"]["resourceVersion"]
+                                monitor.see(event["type"], event["object"])
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    await asyncio.sleep(0.2)
+
+        task = asyncio.create_task(follow())
+        try:
+            yield monitor
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+# ---- an API client and the stand-in for Kubeflow's training operator ----------------------------
+
+
+@pytest.fixture
+async def api(crds: KubeCluster) -> AsyncIterator[Any]:
+    from kubernetes_asyncio import config as kconfig
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    cfg = Configuration()
+    await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
+    async with ApiClient(configuration=cfg) as client:
+        yield client
+
+
+@pytest.fixture
+async def fake(api: Any) -> AsyncIterator[Any]:
+    """Kubeflow's training operator's stand-in (tests/support/fake_training_operator.py), running."""
+    from tests.support.fake_training_operator import FakeTrainingOperator
+
+    async with FakeTrainingOperator(api) as running:
+        yield running
+
+
+def released(pj: Mapping[str, Any]) -> bool:
+    return not bool(((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+
+def pj_conditions(pj: Mapping[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in (pj.get("status") or {}).get("conditions") or ()}

@@ -1,0 +1,380 @@
+"""The Kubeflow adapter against a real kube-apiserver, with the fake training operator.
+
+Run: ``.venv/bin/pytest -p tests.support.kube tests/integration/test_kubeflow_adapter.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from dispatch import (
+    Action,
+    CauseKind,
+    JobSpec,
+    KubeflowOptions,
+    ObjectExists,
+    ObjectView,
+    Phase,
+    RecoveryPolicy,
+    Resources,
+    Rule,
+    make_plan,
+)
+from dispatch._kubeapi import new_client
+from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
+from dispatch._kubeflow._http import request
+from tests.support.fake_training_operator import FakeTrainingOperator, install_crds, owner_manifest
+from tests.support.kube import KubeCluster
+
+pytestmark = pytest.mark.integration
+
+PJ = "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
+GUARD = 60.0
+"""Only a guard against a hang: no assertion is about time."""
+
+
+@pytest.fixture(scope="session")
+def crds(kube_cluster: KubeCluster) -> None:
+    install_crds(kube_cluster)
+
+
+@pytest.fixture
+async def api(kube_cluster: KubeCluster, crds: None) -> AsyncIterator[ApiClient]:
+    client = await new_client(str(kube_cluster.kubeconfig))
+    async with client:
+        yield client
+
+
+@pytest.fixture
+async def fake(api: ApiClient) -> AsyncIterator[FakeTrainingOperator]:
+    async with FakeTrainingOperator(api) as operator:
+        yield operator
+
+
+@pytest.fixture
+async def backend(api: ApiClient) -> AsyncIterator[KubeflowBackend]:
+    adapter = KubeflowBackend(api)
+    try:
+        yield adapter
+    finally:
+        await adapter.aclose()
+
+
+def spec_of(name: str, *, nodes: int = 1, rules: Sequence[Rule] = (), **options: Any) -> JobSpec:
+    return JobSpec(
+        name=name,
+        command=("python", "train.py", "--epochs", "3"),
+        nodes=nodes,
+        recovery=RecoveryPolicy(rules=tuple(rules)),
+        kubeflow=KubeflowOptions(
+            image="example.invalid/train:1",
+            env={"WANDB_MODE": "offline"},
+            resources=Resources(cpu="2", memory="4Gi", gpu=1),
+            **options,
+        ),
+    )
+
+
+async def create_owner(kube_cluster: KubeCluster, namespace: str, name: str) -> str:
+    kube_cluster.apply(owner_manifest(namespace, name))
+    return f"{namespace}/{name}"
+
+
+async def until(
+    backend: KubeflowBackend, job: str, predicate: Callable[[Sequence[ObjectView]], bool]
+) -> Sequence[ObjectView]:
+    """List ``job``'s objects after every wake until ``predicate`` holds (no polling)."""
+    woken = asyncio.Event()
+    unsubscribe = backend.subscribe(job, woken.set)
+    try:
+        async with asyncio.timeout(GUARD):
+            while True:
+                woken.clear()
+                views = await backend.list(job)
+                if predicate(views):
+                    return views
+                await woken.wait()
+    finally:
+        unsubscribe()
+
+
+def phase_is(object_id: str, phase: Phase) -> Callable[[Sequence[ObjectView]], bool]:
+    return lambda views: any(v.id == object_id and v.phase is phase for v in views)
+
+
+async def get_pj(api: ApiClient, object_id: str) -> dict[str, Any] | None:
+    ns, name = object_id.split("/")
+    listing = await request(api, "GET", PJ.format(ns=ns), query={"fieldSelector": f"metadata.name={name}"})
+    items: list[dict[str, Any]] = listing.get("items") or []
+    return items[0] if items else None
+
+
+async def pods_of(api: ApiClient, object_id: str) -> list[dict[str, Any]]:
+    ns, name = object_id.split("/")
+    listing = await request(
+        api,
+        "GET",
+        f"/api/v1/namespaces/{ns}/pods",
+        query={"labelSelector": f"training.kubeflow.org/job-name={name}"},
+    )
+    return list(listing.get("items") or [])
+
+
+async def test_create_held_release_run_succeed_end(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+    backend: KubeflowBackend,
+) -> None:
+    job = await create_owner(kube_cluster, namespace, "train")
+    spec = spec_of("train", nodes=3)
+    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+
+    oid = await backend.create(job, 1, spec, plan)
+    assert oid == f"{namespace}/train-1"
+    views = await backend.list(job)  # at once: our own creation is shown before the watch brings it
+    assert [(v.id, v.submission, v.phase) for v in views] == [(oid, 1, Phase.HELD)]
+    with pytest.raises(ObjectExists):
+        await backend.create(job, 1, spec, plan)
+
+    pj = await get_pj(api, oid)
+    assert pj is not None
+    meta, pj_spec = pj["metadata"], pj["spec"]
+    assert meta["labels"] == {
+        "dispatch.dev/job": "train",
+        "dispatch.dev/submission": "1",
+        "app.kubernetes.io/managed-by": "dispatch",
+    }
+    owner = await request(
+        api, "GET", f"/apis/dispatch.dev/v1alpha1/namespaces/{namespace}/dispatchjobs/train"
+    )
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "dispatch.dev/v1alpha1",
+            "kind": "DispatchJob",
+            "name": "train",
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    assert pj_spec["runPolicy"] == {"suspend": True, "backoffLimit": 0, "cleanPodPolicy": "Running"}
+    replicas = pj_spec["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    for replica in replicas.values():
+        assert replica["restartPolicy"] == "Never"
+        (container,) = replica["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch"
+        assert container["image"] == "example.invalid/train:1"
+        assert container["command"] == ["python", "train.py", "--epochs", "3"]
+        assert container["env"] == [{"name": "WANDB_MODE", "value": "offline"}]
+        assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}
+
+    # The training operator marks it suspended and creates no pods.
+    async with asyncio.timeout(GUARD):
+        while True:
+            pj = await get_pj(api, oid)
+            assert pj is not None
+            conditions = {c["type"]: c for c in pj.get("status", {}).get("conditions", [])}
+            if conditions.get("Suspended", {}).get("status") == "True":
+                break
+            await asyncio.sleep(0.05)
+    assert conditions["Suspended"]["reason"] == "PyTorchJobSuspended"
+    assert await pods_of(api, oid) == []
+    assert [v.phase for v in await backend.list(job)] == [Phase.HELD]
+
+    await backend.release(oid)
+    await backend.release(oid)  # safe to repeat
+    views = await until(backend, job, phase_is(oid, Phase.RUNNING))
+    async with asyncio.timeout(GUARD):
+        pods = await fake.wait_pods(namespace, "train-1", 3)
+    assert sorted(p["metadata"]["name"] for p in pods) == [
+        "train-1-master-0",
+        "train-1-worker-0",
+        "train-1-worker-1",
+    ]
+    assert all(p["metadata"]["labels"]["dispatch.dev/job"] == "train" for p in pods)
+
+    await fake.succeed(namespace, "train-1")
+    views = await until(backend, job, phase_is(oid, Phase.ENDED))
+    (view,) = views
+    assert view.cause is not None and view.cause.kind is CauseKind.NONE
+    assert not view.cancelled
+
+    # A new adapter (a restarted process) finds the object by its labels.
+    async with await new_client(str(kube_cluster.kubeconfig)) as other_api:
+        other = KubeflowBackend(other_api)
+        try:
+            again = await other.list(job)
+        finally:
+            await other.aclose()
+    assert [(v.id, v.phase, v.cause) for v in again] == [(view.id, view.phase, view.cause)]
+
+    await backend.end(oid)
+    await backend.end(oid)  # ending an ended or vanished object is fine
+    assert await get_pj(api, oid) is None
+    async with asyncio.timeout(GUARD):
+        while await pods_of(api, oid):
+            await asyncio.sleep(0.05)
+    (gone,) = await backend.list(job)
+    assert gone.phase is Phase.ENDED and gone.cause is not None and gone.cause.kind is CauseKind.NONE
+
+
+async def test_release_waits_queued_without_running_pods(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
+) -> None:
+    job = await create_owner(kube_cluster, namespace, "queued")
+    spec = spec_of("queued")
+    async with FakeTrainingOperator(api, auto_run=False) as fake:
+        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+        await backend.release(oid)
+        await until(backend, job, lambda vs: len(vs) == 1 and vs[0].phase is Phase.QUEUED)
+        async with asyncio.timeout(GUARD):
+            await fake.wait_pods(namespace, "queued-1")
+        assert [v.phase for v in await backend.list(job)] == [Phase.QUEUED]
+        await fake.run(namespace, "queued-1")
+        await until(backend, job, phase_is(oid, Phase.RUNNING))
+
+
+CASES: dict[str, tuple[str, dict[str, Any], CauseKind, int | None]] = {
+    "preempted-by-scheduler": ("preempt", {}, CauseKind.PREEMPTED, 137),
+    "evicted-by-api": (
+        "preempt",
+        {"reason": "EvictionByEvictionAPI", "exit_code": 143},
+        CauseKind.PREEMPTED,
+        143,
+    ),
+    "node-lost-taint": ("lose_node", {}, CauseKind.NODE_LOST, None),
+    "node-lost-kubelet": ("lose_node", {"reason": "TerminationByKubelet"}, CauseKind.NODE_LOST, None),
+    "node-lost-podgc": ("lose_node", {"reason": "DeletionByPodGC"}, CauseKind.NODE_LOST, None),
+    "out-of-memory": ("oom", {}, CauseKind.OUT_OF_MEMORY, 137),
+    "non-zero-exit": ("exit", {"code": 3}, CauseKind.NON_ZERO_EXIT, 3),
+    "deadline": ("deadline", {}, CauseKind.TIME_LIMIT, 137),
+    "image-pull": ("image_pull_error", {}, CauseKind.LAUNCH_FAILED, None),
+    "image-pull-backoff": ("image_pull_error", {"reason": "ImagePullBackOff"}, CauseKind.LAUNCH_FAILED, None),
+    "config-error": (
+        "image_pull_error",
+        {"reason": "CreateContainerConfigError"},
+        CauseKind.LAUNCH_FAILED,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_cause_is_classified(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+    backend: KubeflowBackend,
+    case: str,
+) -> None:
+    method, kwargs, kind, exit_code = CASES[case]
+    job = await create_owner(kube_cluster, namespace, "cause")
+    spec = spec_of("cause", nodes=2)
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    await until(backend, job, phase_is(oid, Phase.RUNNING))
+    async with asyncio.timeout(GUARD):
+        await fake.wait_pods(namespace, "cause-1", 2)
+
+    await getattr(fake, method)(namespace, "cause-1", replica="worker", index=0, **kwargs)
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.cause is not None
+    assert view.cause.kind is kind, view.cause
+    assert view.cause.exit_code == exit_code
+    assert "cause-1-worker-0" in view.cause.detail
+    assert not view.cancelled
+
+    # Nothing of it runs on: the training operator failed it, or the adapter stopped it.
+    pj = await get_pj(api, oid)
+    assert pj is not None
+    conditions = {c["type"]: c["status"] for c in pj.get("status", {}).get("conditions", [])}
+    stopped = "dispatch.dev/ended" in (pj["metadata"].get("annotations") or {})
+    assert stopped or conditions.get("Failed") == "True"
+    async with asyncio.timeout(GUARD):
+        while any(p.get("status", {}).get("phase") == "Running" for p in await pods_of(api, oid)):
+            await asyncio.sleep(0.05)
+    # The cause survives a restart of the adapter.
+    async with await new_client(str(kube_cluster.kubeconfig)) as other_api:
+        other = KubeflowBackend(other_api)
+        try:
+            (again,) = await other.list(job)
+        finally:
+            await other.aclose()
+    assert again.phase is Phase.ENDED and again.cause is not None and again.cause.kind is kind
+
+
+async def test_no_capacity_after_the_configured_wait(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
+) -> None:
+    job = await create_owner(kube_cluster, namespace, "full")
+    spec = spec_of("full", no_capacity_after_seconds=1)
+    async with FakeTrainingOperator(api, auto_run=False) as fake:
+        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+        await backend.release(oid)
+        async with asyncio.timeout(GUARD):
+            await fake.wait_pods(namespace, "full-1")
+        await fake.unschedulable(namespace, "full-1")
+        # Nothing changes on the API server when the wait is over: the adapter's own timer wakes us.
+        (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.cause is not None and view.cause.kind is CauseKind.NO_CAPACITY, view.cause
+    pj = await get_pj(api, oid)
+    assert pj is not None and pj["spec"]["runPolicy"]["suspend"] is True
+    assert "dispatch.dev/ended" in pj["metadata"]["annotations"]
+
+
+async def test_scheduler_enforced_restart_rule(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+    backend: KubeflowBackend,
+) -> None:
+    job = await create_owner(kube_cluster, namespace, "restart")
+    rule = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2)
+    spec = spec_of("restart", rules=[rule])
+    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+    assert plan.rules[0].enforcer == "scheduler"
+    oid = await backend.create(job, 1, spec, plan)
+    pj = await get_pj(api, oid)
+    assert pj is not None
+    assert pj["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "OnFailure"
+    # budget 2 = two whole restarts: the operator fails the job when restarts reach backoffLimit.
+    assert pj["spec"]["runPolicy"]["backoffLimit"] == 3
+
+    await backend.release(oid)
+    await until(backend, job, phase_is(oid, Phase.RUNNING))
+    await fake.oom(namespace, "restart-1")
+    (view,) = await until(backend, job, lambda vs: vs[0].restarts == 1)
+    assert view.phase is Phase.RUNNING
+    await fake.exit(namespace, "restart-1", 1)
+    (view,) = await until(backend, job, lambda vs: vs[0].restarts == 2)
+    assert view.phase is Phase.RUNNING
+    await fake.exit(namespace, "restart-1", 2)  # the third failure: budget spent
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.restarts == 2
+    assert view.cause is not None and view.cause.kind is CauseKind.NON_ZERO_EXIT and view.cause.exit_code == 2
+
+
+async def test_deleted_by_someone_is_cancelled(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+    backend: KubeflowBackend,
+) -> None:
+    job = await create_owner(kube_cluster, namespace, "gone")
+    spec = spec_of("gone")
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    await until(backend, job, phase_is(oid, Phase.RUNNING))
+    kube_cluster.kubectl("delete", "pytorchjob", "gone-1", f"--namespace={namespace}")
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.cancelled

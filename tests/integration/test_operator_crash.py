@@ -1,0 +1,183 @@
+"""The operator SIGKILLed at each step of the submission protocol, and two operators at once.
+
+Invariants checked (docs: semantics.md): at most one released PyTorchJob per DispatchJob at any
+moment (watched throughout), only canonical objects released, submissions 1..n each authorized
+once, orphans ended, and the job settles with the seed's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import (
+    WAIT,
+    OperatorProcess,
+    ReleaseMonitor,
+    apply,
+    dispatch_job,
+    get_job,
+    history,
+    pytorchjobs,
+    released,
+)
+from tests.support.kube import KubeCluster
+
+pytestmark = pytest.mark.integration
+
+SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
+CRASH_POINTS = [
+    "Authorize:1",
+    "Create:1",
+    "RecordCanonical:1",
+    "Release:1",
+    "Authorize:2",
+    "Create:2",
+    "RecordCanonical:2",
+    "Release:2",
+    "RecordOutcome",
+    "RecordSettled",
+]
+
+
+def _ended(pj: dict[str, Any]) -> bool:
+    meta = pj["metadata"]
+    if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get("dispatch.dev/ended"):
+        return True
+    return any(
+        c["type"] in ("Succeeded", "Failed") and c["status"] == "True"
+        for c in (pj.get("status") or {}).get("conditions") or ()
+    )
+
+
+async def drive_seed(
+    cluster: KubeCluster,
+    namespace: str,
+    jobs: list[str],
+    fake: Any,
+    operators: list[OperatorProcess],
+    *,
+    restart: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Play the scheduler's part of the seed for each job (preempt submission 1, let submission 2
+    succeed), restarting crashed operators (without the crash hook), until every job settles."""
+    done: set[str] = set()
+    deadline = time.monotonic() + 2 * WAIT
+    bodies: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        if restart:
+            for op in operators:
+                if not op.running:
+                    op.start(env={"DISPATCH_TEST_CRASH_AFTER": ""})
+        for pj in await asyncio.to_thread(pytorchjobs, cluster, namespace):
+            name = pj["metadata"]["name"]
+            if name in done or not released(pj) or _ended(pj):
+                continue
+            pods = await fake.pods(namespace, name)
+            if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
+                continue
+            submission = (pj["metadata"].get("labels") or {}).get("dispatch.dev/submission")
+            done.add(name)
+            if submission == "1":
+                await fake.preempt(namespace, name)
+            else:
+                await fake.succeed(namespace, name)
+        bodies = {job: await asyncio.to_thread(get_job, cluster, namespace, job) for job in jobs}
+        if all((b.get("status") or {}).get("settled") for b in bodies.values()):
+            return bodies
+        await asyncio.sleep(0.3)
+    raise AssertionError(
+        f"jobs did not settle: {json.dumps({j: b.get('status') for j, b in bodies.items()})}"
+    )
+
+
+def check_invariants(
+    body: dict[str, Any], pjs: list[dict[str, Any]], monitor: ReleaseMonitor, job: str
+) -> None:
+    status = body["status"]
+    assert history(body) == SEED_HISTORY
+    assert [s["n"] for s in status["submissions"]] == [1, 2]  # each authorized once, no gap
+    assert status["plan"]["rules"][0]["firings"] == 1
+    canonicals = {s["canonical"].split("/", 1)[1] for s in status["submissions"]}
+    mine = [pj for pj in pjs if pj["metadata"]["labels"]["dispatch.dev/job"] == job]
+    assert {pj["metadata"]["labels"]["dispatch.dev/submission"] for pj in mine} <= {"1", "2"}
+    assert monitor.max_live.get(job, 0) <= 1, "two released PyTorchJobs at once"
+    assert monitor.released.get(job, set()) <= canonicals, "a non-canonical object was released"
+    assert all(_ended(pj) for pj in mine), "settled with a live object"
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+async def test_sigkill_at_each_step_then_restart(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    fake: Any,
+    release_monitor: ReleaseMonitor,
+    point: str,
+) -> None:
+    op = operator(env={"DISPATCH_TEST_CRASH_AFTER": point})
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("finetune"))
+    bodies = await drive_seed(crds, namespace, ["finetune"], fake, [op])
+    assert op.starts == 2, f"the operator was expected to crash once at {point}:\n{op.log()[-3000:]}"
+    assert "killing this process" in op.log()
+    pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    check_invariants(bodies["finetune"], pjs, release_monitor, "finetune")
+
+
+async def test_orphan_made_while_the_operator_was_down_is_ended_never_released(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    fake: Any,
+    release_monitor: ReleaseMonitor,
+) -> None:
+    op = operator(env={"DISPATCH_TEST_CRASH_AFTER": "Create:1"})
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("finetune"))
+    await asyncio.to_thread(op.wait_exit)
+    (created,) = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    # a second creator's object for the same submission (what a concurrent supervisor with another
+    # naming scheme, or a person, could leave): tagged (job, 1), held
+    rogue = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": created["metadata"]["name"] + "-rogue",
+            "labels": created["metadata"]["labels"],
+            "annotations": created["metadata"].get("annotations") or {},
+        },
+        "spec": created["spec"],
+    }
+    await asyncio.to_thread(crds.kubectl, "create", "-n", namespace, "-f", "-", input=json.dumps(rogue))
+    bodies = await drive_seed(crds, namespace, ["finetune"], fake, [op])
+    assert bodies["finetune"]["status"]["submissions"][0]["canonical"].endswith(created["metadata"]["name"])
+    pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    assert rogue["metadata"]["name"] not in {pj["metadata"]["name"] for pj in pjs}  # ended (deleted)
+    assert rogue["metadata"]["name"] not in release_monitor.released.get("finetune", set())
+    check_invariants(bodies["finetune"], pjs, release_monitor, "finetune")
+
+
+async def test_two_operators_authorize_each_submission_once(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    fake: Any,
+    release_monitor: ReleaseMonitor,
+) -> None:
+    ops = [operator(), operator()]
+    jobs = [f"pair-{i}" for i in range(4)]
+    for job in jobs:
+        await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1))
+    bodies = await drive_seed(crds, namespace, jobs, fake, ops, restart=False)
+    pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    assert len(pjs) == 2 * len(jobs)  # one PyTorchJob per submission, two submissions per job
+    for job in jobs:
+        check_invariants(bodies[job], pjs, release_monitor, job)
+    assert all(op.running for op in ops)
+    # both processes supervised (each wrote steps); the losers of the CAS re-read and decided again
+    steps = [op.log().count(": Authorize (") + op.log().count(": RecordCanonical (") for op in ops]
+    assert sum(steps) == 4 * len(jobs), steps

@@ -1,0 +1,267 @@
+"""The Slurm bridge against a real Slurm 22.05 + slurmrestd (API v0.0.38), started by the fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from dispatch._model import (
+    Action,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    ObjectView,
+    Phase,
+    Plan,
+    PlannedRule,
+    RecoveryPolicy,
+    Rule,
+    SlurmOptions,
+)
+from dispatch._plan import make_plan
+from dispatch._slurm import SlurmBackend, open_adapter
+from tests.support.slurmlab import SlurmLab
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+
+@pytest.fixture
+async def backend(slurm: SlurmLab) -> AsyncIterator[SlurmBackend]:
+    b = open_adapter(slurm.backend_config(poll_interval=0.25))
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+def spec(name: str, *command: str, **slurm_opts: object) -> JobSpec:
+    return JobSpec(name=name, command=command, slurm=SlurmOptions.model_validate(slurm_opts))
+
+
+def plan(name: str) -> Plan:
+    return Plan(job=name)
+
+
+async def wait_view(
+    b: SlurmBackend, job: str, object_id: str, pred: Callable[[ObjectView], bool], within: float, what: str
+) -> ObjectView:
+    deadline = time.monotonic() + within
+    last: ObjectView | None = None
+    while time.monotonic() < deadline:
+        views = {v.id: v for v in await b.list(job)}
+        last = views.get(object_id)
+        if last is not None and pred(last):
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {within}s waiting for {what}; last view {last}")
+
+
+def ended(v: ObjectView) -> bool:
+    return v.phase is Phase.ENDED
+
+
+def running(v: ObjectView) -> bool:
+    return v.phase is Phase.RUNNING
+
+
+async def test_held_submit_release_complete(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    oid = await backend.create("ok", 1, spec("ok", "bash", "-c", "echo hello; sleep 1"), plan("ok"))
+    [view] = await backend.list("ok")
+    assert (view.id, view.job, view.submission, view.phase) == (oid, "ok", 1, Phase.HELD)
+    rec = slurm.job_state(oid)
+    assert (rec["JobState"], rec["Reason"]) == ("PENDING", "JobHeldUser"), rec
+    assert (rec["JobName"], rec.get("Requeue")) == ("dispatch-ok-1", "0"), rec
+    await asyncio.sleep(2)  # a held job never starts
+    assert slurm.job_state(oid)["JobState"] == "PENDING"
+    assert (await backend.list("ok"))[0].phase is Phase.HELD
+
+    await backend.release(oid)
+    assert (await backend.list("ok"))[0].phase in (Phase.QUEUED, Phase.RUNNING)
+    view = await wait_view(backend, "ok", oid, ended, 60, "completion")
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.NONE
+    assert view.cause.exit_code == 0
+    assert not view.cancelled
+    assert view.restarts == 0
+
+
+async def test_non_zero_exit(backend: SlurmBackend) -> None:
+    oid = await backend.create("nz", 1, spec("nz", "bash", "-c", "exit 3"), plan("nz"))
+    await backend.release(oid)
+    view = await wait_view(backend, "nz", oid, ended, 60, "failure")
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.NON_ZERO_EXIT
+    assert view.cause.exit_code == 3
+    assert "NonZeroExitCode" in view.cause.detail
+
+
+async def test_launch_failed_missing_working_directory(backend: SlurmBackend) -> None:
+    oid = await backend.create("lf", 1, spec("lf", "true", working_directory="/nonexistent/dir"), plan("lf"))
+    await backend.release(oid)
+    view = await wait_view(backend, "lf", oid, ended, 60, "launch failure")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.LAUNCH_FAILED, view
+
+
+async def test_killed_by_signal_is_unknown(backend: SlurmBackend) -> None:
+    oid = await backend.create("sig", 1, spec("sig", "bash", "-c", "kill -9 $$"), plan("sig"))
+    await backend.release(oid)
+    view = await wait_view(backend, "sig", oid, ended, 60, "kill")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.UNKNOWN, view
+    assert "SIGKILL" in view.cause.detail
+
+
+@pytest.mark.timeout(200)
+async def test_time_limit(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    # Slurm's smallest limit is one minute and it checks limits about every 30 s: ~60-90 s.
+    oid = await backend.create("tl", 1, spec("tl", "sleep", "600", time_limit_minutes=1), plan("tl"))
+    await backend.release(oid)
+    await wait_view(backend, "tl", oid, running, 60, "running")
+    view = await wait_view(backend, "tl", oid, ended, 170, "time limit")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.TIME_LIMIT, view
+
+
+async def start_whole_node_job(b: SlurmBackend, name: str, partition: str, p: Plan | None = None) -> str:
+    oid = await b.create(
+        name, 1, spec(name, "sleep", "300", partition=partition, cpus_per_task=2), p or plan(name)
+    )
+    await b.release(oid)
+    await wait_view(b, name, oid, running, 60, f"{name} running")
+    return oid
+
+
+async def test_preemption_cancel_mode(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    oid = await start_whole_node_job(backend, "pc", "lowcxl")
+    slurm.submit_blocker("high")
+    view = await wait_view(backend, "pc", oid, ended, 60, "preemption")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.PREEMPTED, view
+    assert not view.cancelled
+    assert view.restarts == 0
+
+
+async def test_preemption_requeue_mode_without_restart_rule(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    # REQUEUE partition, but the plan gives Slurm no restart rule: the job is no_requeue, so it ends.
+    oid = await start_whole_node_job(backend, "pr", "low")
+    slurm.submit_blocker("high")
+    view = await wait_view(backend, "pr", oid, ended, 60, "preemption")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.PREEMPTED, view
+
+
+async def test_preemption_requeue_mode_restart_in_place(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    rules = RecoveryPolicy(
+        rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=5),)
+    )
+    s = JobSpec(
+        name="rq",
+        command=("sleep", "3"),
+        recovery=rules,
+        slurm=SlurmOptions(partition="low", cpus_per_task=2),
+    )
+    p = make_plan("rq", s, backend.capabilities, supervised=True)
+    assert p.rules[0].enforcer is Enforcer.SCHEDULER
+    oid = await backend.create("rq", 1, s, p)
+    assert slurm.job_state(oid).get("Requeue") == "1"
+    await backend.release(oid)
+    await wait_view(backend, "rq", oid, running, 60, "running")
+    blocker = slurm.submit_blocker("high", seconds=300)
+    view = await wait_view(
+        backend, "rq", oid, lambda v: v.restarts == 1 and v.phase is Phase.QUEUED, 60, "requeue"
+    )
+    assert view.cause is None
+    # Slurm makes a requeued job wait ~120 s (BeginTime); end the blocker and let it start now.
+    # (Starting it at once makes slurmd refuse the relaunch with "Job credential revoked" and the job
+    # FAILS: wait until the blocker and the old batch step are gone first.)
+    slurm.scancel(blocker)
+    slurm.wait_for(lambda: slurm.job_state(blocker).get("JobState") == "CANCELLED", 30, "blocker gone")
+    await asyncio.sleep(3)
+    slurm.scontrol("update", f"jobid={oid}", "starttime=now")
+    view = await wait_view(backend, "rq", oid, ended, 60, "completion after requeue")
+    assert view.cause is not None, view
+    assert (view.cause.kind, view.restarts) == (CauseKind.NONE, 1), view
+
+
+async def test_node_down(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    oid = await backend.create("nd", 1, spec("nd", "sleep", "300"), plan("nd"))
+    await backend.release(oid)
+    await wait_view(backend, "nd", oid, running, 60, "running")
+    slurm.set_node_state("down", "dispatch-test")
+    view = await wait_view(backend, "nd", oid, ended, 60, "node failure")
+    assert view.cause is not None, view
+    assert view.cause.kind is CauseKind.NODE_LOST, view
+
+
+async def test_cancel_by_dispatch_and_from_outside(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    mine = await backend.create("cx", 1, spec("cx", "sleep", "300"), plan("cx"))
+    theirs = await backend.create("cx", 2, spec("cx", "sleep", "300"), plan("cx"))
+    await backend.release(mine)
+    await backend.release(theirs)
+    await wait_view(backend, "cx", mine, running, 60, "running")
+    await backend.end(mine)
+    slurm.scancel(theirs)
+    a = await wait_view(backend, "cx", mine, ended, 60, "dispatch cancel")
+    b = await wait_view(backend, "cx", theirs, ended, 60, "outside cancel")
+    assert a.cancelled
+    assert b.cancelled
+    assert mine in backend.ended_by_dispatch
+    assert theirs not in backend.ended_by_dispatch
+    await backend.end(mine)  # idempotent
+    await backend.end("999999")  # a job Slurm never had
+
+
+async def test_crash_between_submit_and_record_leaves_held_orphan(slurm: SlurmLab) -> None:
+    first = open_adapter(slurm.backend_config())
+    orphan = await first.create("crash", 1, spec("crash", "true"), plan("crash"))
+    await first.aclose()  # the supervisor dies before recording the canonical id
+    await asyncio.sleep(1.5)
+    assert slurm.job_state(orphan)["JobState"] == "PENDING"  # held: it can never run
+
+    second = open_adapter(slurm.backend_config())
+    try:
+        assert (await second.dialect()).version == "v0.0.38"  # asks the server (pings newest first)
+        before = second.rest.requests
+        views = await second.list("crash")
+        assert second.rest.requests - before == 1  # one GET /jobs finds it by its tag
+        assert [(v.id, v.phase) for v in views] == [(orphan, Phase.HELD)]
+        await second.end(orphan)
+        view = await wait_view(second, "crash", orphan, ended, 30, "orphan cancelled")
+        assert view.cancelled
+    finally:
+        await second.aclose()
+
+
+@pytest.mark.timeout(200)
+async def test_final_state_outlives_min_job_age(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    oid = await backend.create("age", 1, spec("age", "true"), plan("age"))
+    await backend.release(oid)
+    unsub = backend.subscribe("age", lambda: None)  # keep the shared poller running
+    try:
+        view = await wait_view(backend, "age", oid, ended, 60, "completion")
+        assert view.cause is not None
+        assert view.cause.kind is CauseKind.NONE
+        # Slurm forgets the job MinJobAge (10 s here) after it ends, on its next purge pass.
+        slurm.wait_for(lambda: not slurm.job_state(oid), 150, "Slurm to forget the job", interval=2)
+        await asyncio.sleep(1)
+        [again] = await backend.list("age")
+        assert again == view  # remembered, not turned into 'vanished'
+    finally:
+        unsub()
+    fresh = open_adapter(slurm.backend_config())
+    try:
+        assert await fresh.list("age") == []  # a new process cannot know: the record's canonical is missing
+    finally:
+        await fresh.aclose()
+
+
+def test_planned_rule_model_is_what_we_expect() -> None:
+    # Guard against drift of the core model this module builds plans with.
+    r = PlannedRule(
+        index=0, on=(CauseKind.PREEMPTED,), action=Action.RESUBMIT, budget=2, enforcer=Enforcer.SUPERVISOR
+    )
+    assert r.left == 2

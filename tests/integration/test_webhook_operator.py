@@ -1,0 +1,250 @@
+"""End to end with the real operator process (``python -m dispatch._kube --webhook-port ...
+--metrics-port ...``) and the stand-in for Kubeflow's training operator: a user applies the seed's
+job, it is preempted and recovered; the actor recorded is the user who applied it; ``kubectl
+dispatch history`` shows the seed's transitions; the operator posted an Event per transition; its
+metrics endpoint reports one recovery caused by ``preempted``; the webhook it serves refuses an
+unenforceable job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.conftest import (
+    OperatorProcess,
+    await_for,
+    get_job,
+    history,
+    pytorchjobs,
+)
+from tests.support.kube import KubectlError, KubeCluster
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
+USERS_GROUP = "dispatch-users"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def seed_job(name: str, **spec: Any) -> str:
+    body = yaml.safe_load((ROOT / "examples" / "seed-dispatchjob.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
+    return yaml.safe_dump(body)
+
+
+def users_may_submit(cluster: KubeCluster) -> None:
+    cluster.apply(
+        [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "dispatch-test-users"},
+                "rules": [
+                    {
+                        "apiGroups": ["dispatch.dev"],
+                        "resources": ["dispatchjobs"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch"],
+                    }
+                ],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "dispatch-test-users"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "dispatch-test-users",
+                },
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": USERS_GROUP}],
+            },
+        ]
+    )
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def released(cluster: KubeCluster, namespace: str, count: int) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        live = [
+            pj
+            for pj in pytorchjobs(cluster, namespace)
+            if not ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend")
+        ]
+        return (
+            sorted(live, key=lambda pj: pj["metadata"]["creationTimestamp"])[count - 1]
+            if len(live) >= count
+            else None
+        )
+
+    found: dict[str, Any] = await await_for(f"{count} released PyTorchJob(s)", probe)
+    return found
+
+
+async def test_operator_with_webhook_events_and_metrics(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+) -> None:
+    cluster = crds
+    users_may_submit(cluster)
+    managed = f"e{secrets.token_hex(3)}.dispatch.dev"
+    metrics_port = free_port()
+    op = operator(
+        f"--webhook-port={free_port()}",
+        f"--metrics-port={metrics_port}",
+        "--log-format=json",
+        env={"DISPATCH_WEBHOOK_HOST": "127.0.0.1", "DISPATCH_WEBHOOK_MANAGED": managed},
+    )
+    alice = cluster.mint_user("alice", [USERS_GROUP])
+    try:
+        # The webhook the operator serves refuses an unenforceable job (also as a dry run).
+        bad = seed_job(
+            "restarts", recovery={"rules": [{"on": ["preempted"], "action": "restart", "budget": 2}]}
+        )
+
+        def refused() -> str | None:
+            try:
+                cluster.kubectl("apply", "-n", namespace, "--dry-run=server", "-f", "-", input=bad)
+            except KubectlError as error:
+                return error.stderr if "denied the request" in error.stderr else None
+            return None
+
+        message = await await_for("the webhook refusing", refused)
+        assert "rule 0 cannot be enforced: only a scheduler can restart in place" in message
+        assert op.running, op.log()
+
+        # Alice applies the seed's job, claiming to be someone else.
+        manifest = yaml.safe_load(seed_job("finetune"))
+        manifest["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:mallory"}
+        await asyncio.to_thread(
+            cluster.kubectl,
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=yaml.safe_dump(manifest),
+            kubeconfig=alice,
+        )
+        first = await released(cluster, namespace, 1)
+        await asyncio.wait_for(fake.wait_pods(namespace, first["metadata"]["name"], 2), 60)
+        await await_for(
+            "running",
+            lambda: any(
+                c["type"] == "Running" and c["status"] == "True"
+                for c in (pytorchjobs(cluster, namespace)[0].get("status") or {}).get("conditions") or ()
+            ),
+        )
+        await fake.preempt(namespace, first["metadata"]["name"])
+        second = await released(cluster, namespace, 2)
+        await asyncio.wait_for(fake.wait_pods(namespace, second["metadata"]["name"], 2), 60)
+        await fake.succeed(namespace, second["metadata"]["name"])
+        await await_for(
+            "settled", lambda: (get_job(cluster, namespace, "finetune").get("status") or {}).get("settled")
+        )
+
+        body = get_job(cluster, namespace, "finetune")
+        assert history(body) == SEED_HISTORY
+        assert body["status"]["submittedBy"] == {"kind": "human", "id": "alice"}
+        assert body["metadata"]["annotations"]["dispatch.dev/submitted-by"] == "human:alice"
+
+        # kubectl dispatch history (kubectl finds the plugin on PATH).
+        env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(cluster.kubeconfig),
+        }
+        out = subprocess.run(
+            [cluster.kubectl_bin, "dispatch", "history", "finetune", "-n", namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=True,
+        ).stdout
+        rows = [re.split(r" {3,}", line) for line in out.splitlines()]
+        assert [(r[1], r[2], r[3], r[4].split(":")[0]) for r in rows[1:]] == [
+            ("pending", "recovering", "2", "preempted"),
+            ("recovering", "succeeded", "2", "none"),
+        ]
+        assert kubectl_get_summary(cluster, env, namespace)["submittedBy"] == "human:alice"
+
+        # An Event per transition, from the operator.
+        def ours() -> list[dict[str, Any]]:
+            events = json.loads(
+                cluster.kubectl(
+                    "get",
+                    "events",
+                    "-n",
+                    namespace,
+                    "--field-selector",
+                    "involvedObject.name=finetune",
+                    "-o",
+                    "json",
+                )
+            )["items"]
+            mine = [e for e in events if e.get("reportingComponent") == "dispatch.dev/dispatch-operator"]
+            reasons = {e["reason"] for e in mine}
+            return mine if {"Recovering", "Succeeded"} <= reasons else []
+
+        events = await await_for("the operator's events", ours)
+        assert all(e["type"] in ("Normal", "Warning") for e in events)
+        recovering = next(e for e in events if e["reason"] == "Recovering")
+        assert "rule 0 (resubmit on [preempted]) fired" in recovering["message"]
+        assert "budget 1 of 2 left" in recovering["message"]
+
+        # Metrics: one recovery caused by preempted.
+        samples = await asyncio.to_thread(scrape, f"http://127.0.0.1:{metrics_port}/metrics")
+        recoveries = [line for line in samples.splitlines() if line.startswith("dispatch_recoveries_total{")]
+        assert recoveries == ['dispatch_recoveries_total{cause="preempted",enforcer="supervisor"} 1.0']
+
+        # JSON logs: one line per decision, with the job, the submission, the step and the cause.
+        decisions = [
+            json.loads(line) for line in op.log().splitlines() if line.startswith("{") and '"step"' in line
+        ]
+        assert any(
+            d.get("job") == f"{namespace}/finetune"
+            and d.get("step") == "Authorize"
+            and d.get("cause") == "preempted"
+            for d in decisions
+        ), op.log()[-3000:]
+    finally:
+        op.stop()
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            cluster.kubectl("delete", kind, managed, "--ignore-not-found", check=False)
+
+
+def kubectl_get_summary(cluster: KubeCluster, env: dict[str, str], namespace: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [cluster.kubectl_bin, "dispatch", "get", "finetune", "-n", namespace, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout
+    summary: dict[str, Any] = json.loads(out)
+    return summary

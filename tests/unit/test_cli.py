@@ -1,0 +1,366 @@
+"""The kubectl plugin without a cluster: ``plan`` prints the seed's two lines for the seed's
+manifest, and the renderers turn a DispatchJob into tables, JSON and YAML."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import dispatch
+from dispatch._cli import _render as render
+from dispatch._cli._manifest import ManifestError, parse
+from dispatch._cli.main import main
+from dispatch._model import Record
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "examples" / "seed-dispatchjob.yaml"
+SEED_LINES = [
+    "rule 0 is enforced by the supervisor",
+    "uncovered: [node-lost out-of-memory time-limit non-zero-exit launch-failed no-capacity requeued unknown]",  # noqa: E501
+]
+
+
+def run(
+    *argv: str, stdin: str | None = None, monkeypatch: pytest.MonkeyPatch | None = None
+) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    if stdin is not None:
+        assert monkeypatch is not None
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def manifest(**spec: Any) -> str:
+    body = {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "metadata": {"name": "finetune"},
+        "spec": {"backend": "slurm", "command": ["torchrun", "train.py"], **spec},
+    }
+    return yaml.safe_dump(body)
+
+
+def test_plan_of_the_seed_manifest_is_the_seeds_two_lines() -> None:
+    code, out, err = run("plan", "-f", str(SEED))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == SEED_LINES
+
+
+@pytest.mark.parametrize("backend", ["slurm", "kubeflow"])
+def test_plan_uses_the_capabilities_of_the_backend(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm requeues on [preempted node-lost] natively (budget 5); Kubeflow restarts on
+    # [non-zero-exit out-of-memory]: the same rule is the scheduler's on one and refused on the other.
+    rule = {"on": ["preempted", "node-lost"], "action": "restart", "budget": 5}
+    extra = {"kubeflow": {"image": "pytorch:2"}} if backend == "kubeflow" else {}
+    text = manifest(backend=backend, recovery={"rules": [rule]}, **extra)
+    code, out, err = run("plan", "-f", "-", stdin=text, monkeypatch=monkeypatch)
+    if backend == "slurm":
+        assert code == 0
+        assert out.splitlines()[0] == "rule 0 is enforced by the scheduler"
+    else:
+        assert code == 1
+        assert err.startswith("refused: rule 0 cannot be enforced: only a scheduler can restart in place")
+
+
+def test_plan_json_and_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run("plan", "-f", str(SEED), "-o", "json", "-n", "team-a")
+    assert code == 0
+    data = json.loads(out)
+    assert data["job"] == "team-a/finetune"
+    assert data["rules"] == [
+        {
+            "index": 0,
+            "on": ["preempted"],
+            "action": "resubmit",
+            "budget": 2,
+            "enforcer": "supervisor",
+            "firings": 0,
+        }
+    ]
+    assert data["uncovered"][0] == "node-lost"
+    code, out, _ = run("plan", "-f", str(SEED), "-o", "yaml")
+    assert yaml.safe_load(out) == {**data, "job": "default/finetune"}
+
+
+def test_plan_refusal_with_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = manifest(recovery={"rules": [{"on": ["out-of-memory"], "action": "restart", "budget": 1}]})
+    code, out, _ = run("plan", "-f", "-", "-o", "json", stdin=text, monkeypatch=monkeypatch)
+    assert code == 1
+    refused = json.loads(out)["refused"]
+    assert refused["rule"] == 0
+    assert "restart" in refused["reason"]
+
+
+def test_plan_of_several_jobs_names_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = SEED.read_text() + "---\n" + manifest().replace("finetune", "other")
+    code, out, _ = run("plan", "-f", "-", stdin=text, monkeypatch=monkeypatch)
+    assert code == 0
+    assert out.splitlines() == [
+        "default/finetune:",
+        *SEED_LINES,
+        "",
+        "default/other:",
+        "uncovered: [preempted node-lost out-of-memory time-limit non-zero-exit launch-failed no-capacity "
+        "requeued unknown]",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (SEED.read_text().replace('"on"', "on"), 'quote it, e.g. "on": [preempted]'),
+        (manifest(kubeflow={"image": "x"}), "spec.kubeflow is set but spec.backend is slurm"),
+        (manifest(backend="kubeflow"), "spec.kubeflow (the image, at least) is required"),
+        (manifest(backend="lsf"), "spec.backend must be one of ['kubeflow', 'slurm']"),
+        (manifest(nodes=0), "spec.nodes: Input should be greater than or equal to 1"),
+        (
+            manifest(
+                recovery={"rules": [{"on": ["preempted"], "budget": 1}, {"on": ["preempted"], "budget": 1}]}
+            ),
+            "already covered by rules[0]",
+        ),
+        ("kind: ConfigMap\n", "no DispatchJob in the manifest"),
+    ],
+)
+def test_invalid_manifests_exit_2_and_say_why(
+    text: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run("plan", "-f", "-", stdin=text, monkeypatch=monkeypatch)
+    assert code == 2
+    assert out == ""
+    assert message in err
+
+
+def test_seed_manifest_matches_the_seed_spec() -> None:
+    (m,) = parse(SEED.read_text())
+    assert m.backend == "slurm"
+    assert m.spec == dispatch.JobSpec(
+        name="finetune",
+        command=("torchrun", "train.py"),
+        nodes=2,
+        recovery=dispatch.RecoveryPolicy(
+            rules=(
+                dispatch.Rule(on=(dispatch.CauseKind.PREEMPTED,), action=dispatch.Action.RESUBMIT, budget=2),
+            )
+        ),
+    )
+
+
+def test_usage_errors_exit_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan"], stdout=io.StringIO(), stderr=io.StringIO())
+    assert info.value.code == 2
+
+
+# ---- rendering a DispatchJob as the operator writes it ----------------------------------------------
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def recovered_object() -> dict[str, Any]:
+    """The seed's recovered job as a DispatchJob: status = the record (minus job and spec) + conditions."""
+    (m,) = parse(SEED.read_text(), namespace="team-a")
+    plan = m.plan()
+    ada = dispatch.Actor(kind=dispatch.ActorKind.HUMAN, id="ada")
+    sup = dispatch.Actor(kind=dispatch.ActorKind.SUPERVISOR, id="supervisor")
+    preempted = dispatch.Cause(kind=dispatch.CauseKind.PREEMPTED, detail="preempted by a higher-priority job")
+    done = dispatch.Cause(kind=dispatch.CauseKind.NONE)
+    rule = plan.rules[0].model_copy(update={"firings": 1})
+    record = Record(
+        job=m.job,
+        spec=m.spec,
+        plan=plan.model_copy(update={"rules": (rule,)}),
+        submitted_by=ada,
+        submitted_at=T0,
+        supervised=True,
+        state=dispatch.State.SUCCEEDED,
+        cause=done,
+        submissions=(
+            dispatch.Submission(n=1, authorized_at=T0, authorized_by=sup, canonical="101", cause=preempted),
+            dispatch.Submission(
+                n=2,
+                authorized_at=T0 + timedelta(seconds=30),
+                authorized_by=sup,
+                rule=0,
+                canonical="102",
+                cause=done,
+            ),
+        ),
+        history=(
+            dispatch.Transition.model_validate(
+                {
+                    "from": "pending",
+                    "to": "recovering",
+                    "submission": 2,
+                    "cause": preempted,
+                    "actor": sup,
+                    "time": T0 + timedelta(seconds=30),
+                }
+            ),
+            dispatch.Transition.model_validate(
+                {
+                    "from": "recovering",
+                    "to": "succeeded",
+                    "submission": 2,
+                    "cause": done,
+                    "actor": sup,
+                    "time": T0 + timedelta(minutes=5),
+                }
+            ),
+        ),
+        settled=True,
+    )
+    status = record.model_dump(mode="json", by_alias=True, exclude={"job", "spec"})
+    status["observedGeneration"] = 1
+    status["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Succeeded",
+            "message": "succeeded",
+            "lastTransitionTime": "2025-03-01T12:05:00Z",
+        },
+        {
+            "type": "Succeeded",
+            "status": "True",
+            "reason": "Succeeded",
+            "message": "succeeded",
+            "lastTransitionTime": "2025-03-01T12:05:00Z",
+        },
+    ]
+    body = yaml.safe_load(SEED.read_text())
+    body["metadata"].update(
+        {
+            "namespace": "team-a",
+            "creationTimestamp": "2025-03-01T12:00:00Z",
+            "annotations": {"dispatch.dev/submitted-by": "ada"},
+        }
+    )
+    body["status"] = status
+    return dict(body)
+
+
+def test_history_table_shows_the_seeds_transitions() -> None:
+    text = render.history_table(render.transitions(recovered_object()))
+    assert [re.split(r" {3,}", line) for line in text.splitlines()] == [
+        ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"],
+        [
+            "2025-03-01T12:00:30Z",
+            "pending",
+            "recovering",
+            "2",
+            "preempted: preempted by a higher-priority job",
+            "supervisor:supervisor",
+        ],
+        ["2025-03-01T12:05:00Z", "recovering", "succeeded", "2", "none", "supervisor:supervisor"],
+    ]
+
+
+def test_history_as_json() -> None:
+    data = [render.transition_data(t) for t in render.transitions(recovered_object())]
+    assert [(d["from"], d["to"], d["submission"], d["cause"]["kind"], d["actor"]) for d in data] == [
+        ("pending", "recovering", 2, "preempted", "supervisor:supervisor"),
+        ("recovering", "succeeded", 2, "none", "supervisor:supervisor"),
+    ]
+    json.dumps(data)
+
+
+def test_get_table_and_summary() -> None:
+    obj = recovered_object()
+    now = datetime(2025, 3, 1, 13, 0, 0, tzinfo=UTC)
+    lines = render.get_table([obj], all_namespaces=True, now=now).splitlines()
+    assert lines[0].split() == [
+        "NAMESPACE",
+        "NAME",
+        "BACKEND",
+        "STATE",
+        "CAUSE",
+        "SUBMISSION",
+        "RECOVERIES",
+        "READY",
+        "REASON",
+        "SUBMITTED-BY",
+        "AGE",
+    ]
+    assert lines[1].split() == [
+        "team-a",
+        "finetune",
+        "slurm",
+        "succeeded",
+        "none",
+        "2",
+        "1",
+        "True",
+        "Succeeded",
+        "human:ada",
+        "60m",
+    ]
+    s = render.summary(obj)
+    assert s["submittedBy"] == "human:ada"
+    assert s["settled"] is True
+    assert s["recoveries"] == 1
+
+
+def test_summary_of_a_refused_job_has_no_record() -> None:
+    body = yaml.safe_load(SEED.read_text())
+    body["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "bob"}
+    body["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "UnenforceableRule", "message": "rule 0 ..."}
+        ]
+    }
+    s = render.summary(body)
+    assert (s["state"], s["submission"], s["reason"], s["submittedBy"]) == (
+        None,
+        None,
+        "UnenforceableRule",
+        "bob",
+    )
+    assert "UnenforceableRule" in render.get_table([body], all_namespaces=False)
+
+
+def test_describe_shows_plan_submissions_history_conditions_events() -> None:
+    events = [
+        {
+            "eventTime": "2025-03-01T12:00:30.000000Z",
+            "type": "Normal",
+            "reason": "Recovering",
+            "note": "rule 0 fired",
+        }
+    ]
+    data = render.describe_data(recovered_object(), events)
+    text = render.describe_text(data)
+    assert "Submitted by: human:ada at 2025-03-01T12:00:00Z" in text
+    assert "rule 0 is enforced by the supervisor: resubmit on [preempted], budget 2, fired 1, 1 left" in text
+    assert "uncovered: [node-lost out-of-memory" in text
+    sub_lines = [
+        line.split() for line in text.splitlines() if line.startswith("  1 ") or line.startswith("  2 ")
+    ]
+    assert sub_lines[0][:3] == ["1", "101", "preempted:"]
+    assert sub_lines[1][:3] == ["2", "102", "none"]
+    assert "Recovering   rule 0 fired" in text
+    assert yaml.safe_load(render.dump(data, "yaml"))["submissions"][1]["object"] == "102"
+
+
+def test_watch_line_and_key() -> None:
+    obj = recovered_object()
+    line = render.watch_line(obj, now=T0)
+    assert line.startswith("2025-03-01T12:00:00Z  team-a/finetune  state=succeeded  cause=none  submission=2")
+    assert "settled" in line
+    assert "last: recovering -> succeeded (submission 2, by supervisor:supervisor)" in line
+    changed = json.loads(json.dumps(obj))
+    changed["status"]["settled"] = False
+    assert render.watch_key(obj) != render.watch_key(changed)
+    assert render.watch_key(obj) == render.watch_key(json.loads(json.dumps(obj)))
+
+
+def test_manifest_errors_are_value_errors() -> None:
+    assert issubclass(ManifestError, ValueError)

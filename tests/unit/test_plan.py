@@ -1,0 +1,227 @@
+"""The plan: who enforces each rule, for every cause, action and budget, on both memory shapes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatch import (
+    Action,
+    Capabilities,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    PlanError,
+    RecoveryPolicy,
+    Rule,
+    Shape,
+    make_plan,
+)
+from dispatch._memory import CAPABILITIES, SLURM_MAX_REQUEUE
+from dispatch._model import FAILURE_CAUSES, MAX_BUDGET
+
+SHAPES = [Shape.SLURM, Shape.KUBEFLOW]
+BUDGETS = [0, 1, 2, SLURM_MAX_REQUEUE, MAX_BUDGET]
+SLURM_NATIVE = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+KUBEFLOW_NATIVE = (CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY)
+
+
+def job(*rules: Rule) -> JobSpec:
+    return JobSpec(name="finetune", command=("train",), recovery=RecoveryPolicy(rules=rules))
+
+
+def expected_enforcer(rule: Rule, capabilities: Capabilities, supervised: bool) -> Enforcer | None:
+    """The plan's law, written out independently of the code under test."""
+    if any(n.enforces(rule) for n in capabilities.native):
+        return Enforcer.SCHEDULER
+    if rule.action is Action.RESUBMIT and supervised:
+        return Enforcer.SUPERVISOR
+    return None
+
+
+def natively_exact(shape: Shape, rule: Rule) -> bool:
+    if rule.action is not Action.RESTART:
+        return False
+    if shape is Shape.SLURM:
+        return frozenset(rule.on) == frozenset(SLURM_NATIVE) and rule.budget == SLURM_MAX_REQUEUE
+    return frozenset(rule.on) == frozenset(KUBEFLOW_NATIVE)
+
+
+CAUSE_SETS = [(c,) for c in FAILURE_CAUSES] + [SLURM_NATIVE, KUBEFLOW_NATIVE, tuple(reversed(SLURM_NATIVE))]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "unsupervised"])
+@pytest.mark.parametrize("action", list(Action))
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("on", CAUSE_SETS, ids=lambda on: "+".join(on))
+def test_the_plan_of_one_rule(
+    shape: Shape, supervised: bool, action: Action, budget: int, on: tuple[CauseKind, ...]
+) -> None:
+    rule = Rule(on=on, action=action, budget=budget)
+    capabilities = CAPABILITIES[shape]
+    if natively_exact(shape, rule):
+        want: Enforcer | None = Enforcer.SCHEDULER
+    elif action is Action.RESUBMIT and supervised:
+        want = Enforcer.SUPERVISOR
+    else:
+        want = None
+    assert want == expected_enforcer(rule, capabilities, supervised)
+
+    if want is None:
+        with pytest.raises(PlanError) as caught:
+            make_plan("finetune", job(rule), capabilities, supervised=supervised)
+        assert caught.value.rule == 0
+        message = str(caught.value)
+        assert message.startswith("rule 0 cannot be enforced: ")
+        assert f"{action} on [{' '.join(on)}] with budget {budget}" in message
+        if action is Action.RESUBMIT:
+            assert "no supervisor will run" in message
+        else:
+            assert "only a scheduler can restart in place" in message
+        return
+
+    plan = make_plan("finetune", job(rule), capabilities, supervised=supervised)
+    (planned,) = plan.rules
+    assert planned.enforcer is want
+    assert (planned.index, planned.on, planned.action, planned.budget, planned.firings) == (
+        0,
+        on,
+        action,
+        budget,
+        0,
+    )
+    assert planned.left == budget
+    assert plan.job == "finetune"
+    assert plan.uncovered == tuple(c for c in FAILURE_CAUSES if c not in on)
+
+
+def test_the_seed_plan() -> None:
+    plan = make_plan(
+        "finetune", job(Rule(on=(CauseKind.PREEMPTED,), budget=2)), CAPABILITIES[Shape.SLURM], supervised=True
+    )
+    assert plan.rules[0].enforcer is Enforcer.SUPERVISOR
+    assert " ".join(plan.uncovered) == (
+        "node-lost out-of-memory time-limit non-zero-exit launch-failed no-capacity requeued unknown"
+    )
+
+
+def test_the_seed_refusal_without_a_supervisor() -> None:
+    with pytest.raises(PlanError) as caught:
+        make_plan(
+            "finetune",
+            job(Rule(on=(CauseKind.PREEMPTED,), budget=2)),
+            CAPABILITIES[Shape.SLURM],
+            supervised=False,
+        )
+    assert caught.value.rule == 0
+    assert str(caught.value) == (
+        "rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] with budget 2 "
+        "natively (it enforces restart on exactly [preempted node-lost] with budget 5) and no supervisor will run"
+    )
+
+
+@pytest.mark.parametrize("budget", [b for b in range(0, 11) if b != SLURM_MAX_REQUEUE])
+def test_slurm_requeue_enforces_only_its_one_budget(budget: int) -> None:
+    rule = Rule(on=SLURM_NATIVE, action=Action.RESTART, budget=budget)
+    with pytest.raises(PlanError, match=r"budget 5"):
+        make_plan("finetune", job(rule), CAPABILITIES[Shape.SLURM], supervised=True)
+
+
+@pytest.mark.parametrize("on", [(CauseKind.PREEMPTED,), (*SLURM_NATIVE, CauseKind.TIME_LIMIT)])
+def test_slurm_requeue_enforces_exactly_its_causes(on: tuple[CauseKind, ...]) -> None:
+    rule = Rule(on=on, action=Action.RESTART, budget=SLURM_MAX_REQUEUE)
+    with pytest.raises(PlanError):
+        make_plan("finetune", job(rule), CAPABILITIES[Shape.SLURM], supervised=True)
+
+
+def test_no_rules_means_everything_is_uncovered() -> None:
+    plan = make_plan("finetune", job(), CAPABILITIES[Shape.KUBEFLOW], supervised=False)
+    assert plan.rules == ()
+    assert plan.uncovered == FAILURE_CAUSES
+    assert CauseKind.NONE not in plan.uncovered
+
+
+def test_the_error_names_the_first_rule_nobody_can_enforce() -> None:
+    rules = (
+        Rule(on=KUBEFLOW_NATIVE, action=Action.RESTART, budget=3),
+        Rule(on=(CauseKind.PREEMPTED,), budget=1),
+        Rule(on=(CauseKind.TIME_LIMIT,), action=Action.RESTART, budget=1),
+    )
+    with pytest.raises(PlanError) as caught:
+        make_plan("finetune", job(*rules), CAPABILITIES[Shape.KUBEFLOW], supervised=True)
+    assert caught.value.rule == 2
+    assert "rule 2" in str(caught.value)
+    with pytest.raises(PlanError) as caught:
+        make_plan("finetune", job(*rules), CAPABILITIES[Shape.KUBEFLOW], supervised=False)
+    assert caught.value.rule == 1
+
+
+def test_a_mixed_plan() -> None:
+    rules = (
+        Rule(on=(CauseKind.TIME_LIMIT, CauseKind.UNKNOWN), budget=1),
+        Rule(on=(CauseKind.NODE_LOST, CauseKind.PREEMPTED), action=Action.RESTART, budget=SLURM_MAX_REQUEUE),
+    )
+    plan = make_plan("finetune", job(*rules), CAPABILITIES[Shape.SLURM], supervised=True)
+    assert [r.enforcer for r in plan.rules] == [Enforcer.SUPERVISOR, Enforcer.SCHEDULER]
+    assert plan.uncovered == (
+        CauseKind.OUT_OF_MEMORY,
+        CauseKind.NON_ZERO_EXIT,
+        CauseKind.LAUNCH_FAILED,
+        CauseKind.NO_CAPACITY,
+        CauseKind.REQUEUED,
+    )
+
+
+# The property: the plan's law for any policy, any capabilities (both shapes and none).
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[Rule, ...]:
+    causes = draw(st.permutations(FAILURE_CAUSES))
+    cut = sorted(draw(st.lists(st.integers(0, len(causes)), max_size=5)))
+    groups = [causes[a:b] for a, b in itertools.pairwise([0, *cut, len(causes)]) if b > a]
+    keep = draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
+    rules = []
+    for group, kept in zip(groups, keep, strict=True):
+        if not kept:
+            continue
+        action = draw(st.sampled_from(list(Action)))
+        budget = draw(st.sampled_from([0, 1, 3, SLURM_MAX_REQUEUE, 7, MAX_BUDGET]) | st.integers(0, MAX_BUDGET))
+        rules.append(Rule(on=tuple(group), action=action, budget=budget))
+    return tuple(rules)
+
+
+CAPABILITY_SETS = [CAPABILITIES[Shape.SLURM], CAPABILITIES[Shape.KUBEFLOW], Capabilities()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules=policies(), capabilities=st.sampled_from(CAPABILITY_SETS), supervised=st.booleans())
+def test_the_plan_law(rules: tuple[Rule, ...], capabilities: Capabilities, supervised: bool) -> None:
+    spec = job(*rules)
+    wanted = [expected_enforcer(r, capabilities, supervised) for r in rules]
+    if None in wanted:
+        first = wanted.index(None)
+        with pytest.raises(PlanError) as caught:
+            make_plan(spec.name, spec, capabilities, supervised=supervised)
+        assert caught.value.rule == first
+        assert f"rule {first} cannot be enforced" in str(caught.value)
+        assert caught.value.reason in str(caught.value)
+        return
+    plan = make_plan(spec.name, spec, capabilities, supervised=supervised)
+    assert [r.enforcer for r in plan.rules] == wanted
+    assert [r.index for r in plan.rules] == list(range(len(rules)))
+    assert all(r.firings == 0 for r in plan.rules)
+    for planned, rule in zip(plan.rules, rules, strict=True):
+        assert (planned.on, planned.action, planned.budget) == (rule.on, rule.action, rule.budget)
+        if planned.enforcer is Enforcer.SUPERVISOR:
+            assert planned.action is Action.RESUBMIT
+    covered = {c for r in rules for c in r.on}
+    # Canonical order: the order of CauseKind's members; exactly the complement of what is covered.
+    order = list(CauseKind)
+    assert list(plan.uncovered) == sorted(plan.uncovered, key=order.index)
+    assert set(plan.uncovered) == set(FAILURE_CAUSES) - covered
+    assert CauseKind.NONE not in plan.uncovered

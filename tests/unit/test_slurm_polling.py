@@ -1,0 +1,200 @@
+"""Polling cost: one GET /jobs per cycle whatever the number of supervised jobs.
+
+A fake slurmrestd (httpx.MockTransport) serves N tagged jobs with Slurm's ``update_time`` rule
+(304 when nothing changed since ``update_time - 1``); N supervisors each list their job every cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from dispatch._model import Phase
+from dispatch._slurm import SlurmBackend, SlurmConfig
+
+
+class FakeSlurm:
+    """Just enough of slurmrestd v0.0.38: GET /jobs with update_time, one running job per dispatch job."""
+
+    def __init__(self, n: int, foreign: int = 0) -> None:
+        self.jobs: dict[int, dict[str, Any]] = {}
+        for i in range(n):
+            self.jobs[i + 1] = self._record(i + 1, f"j{i}", "RUNNING")
+        for k in range(foreign):  # other users' jobs, not dispatch's
+            jid = 100000 + k
+            self.jobs[jid] = {
+                "job_id": jid,
+                "name": "wrap",
+                "comment": "",
+                "job_state": "RUNNING",
+                "state_reason": "None",
+                "exit_code": 0,
+                "restart_cnt": 0,
+                "user_name": "alice",
+            }
+        self.last_update = int(time.time()) - 10  # nothing changed lately: steady state
+        self.paths: Counter[str] = Counter()
+        self.not_modified = 0
+
+    @staticmethod
+    def _record(jid: int, job: str, state: str, exit_code: int = 0) -> dict[str, Any]:
+        return {
+            "job_id": jid,
+            "name": f"dispatch-{job}-1",
+            "comment": f"dispatch:job={job};submission=1",
+            "job_state": state,
+            "state_reason": "None",
+            "state_description": "",
+            "priority": 1,
+            "exit_code": exit_code,
+            "restart_cnt": 0,
+            "requeue": False,
+            "user_name": "dispatch",
+        }
+
+    def finish(self, index: int) -> None:
+        self.jobs[index + 1] = self._record(index + 1, f"j{index}", "COMPLETED")
+        self.last_update = int(time.time())
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.paths[f"{request.method} {request.url.path}"] += 1
+        if request.url.path != "/slurm/v0.0.38/jobs":
+            return httpx.Response(404, text="not found")
+        since = request.url.params.get("update_time")
+        if since is not None and int(since) - 1 >= self.last_update:
+            self.not_modified += 1
+            return httpx.Response(304)
+        return httpx.Response(200, json={"meta": {}, "errors": [], "jobs": list(self.jobs.values())})
+
+    @property
+    def gets(self) -> int:
+        return self.paths["GET /slurm/v0.0.38/jobs"]
+
+
+def counter(wakes: Counter[str], job: str) -> Callable[[], None]:
+    def wake() -> None:
+        wakes[job] += 1
+
+    return wake
+
+
+def make_backend(fake: FakeSlurm, interval: float) -> SlurmBackend:
+    config = SlurmConfig(
+        url="http://slurm.test",
+        user_name="dispatch",
+        token="t",
+        api_version="v0.0.38",
+        poll_interval=interval,
+    )
+    return SlurmBackend(config, transport=httpx.MockTransport(fake))
+
+
+async def supervise_for(
+    n: int, seconds: float, interval: float
+) -> tuple[FakeSlurm, SlurmBackend, Counter[str]]:
+    """n supervisors, each subscribed and listing its job once per interval (like Supervisor.run)."""
+    fake = FakeSlurm(n, foreign=50)
+    b = make_backend(fake, interval)
+    wakes: Counter[str] = Counter()
+    unsubs = [b.subscribe(f"j{i}", counter(wakes, f"j{i}")) for i in range(n)]
+
+    async def supervisor(i: int) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            views = await b.list(f"j{i}")
+            assert len(views) == 1
+            await asyncio.sleep(interval)
+
+    try:
+        await asyncio.gather(*(supervisor(i) for i in range(n)))
+    finally:
+        for u in unsubs:
+            u()
+    return fake, b, wakes
+
+
+@pytest.mark.parametrize("n", [1, 100, 1000])
+async def test_requests_per_cycle_are_constant(n: int) -> None:
+    interval = 0.1
+    fake, b, _ = await supervise_for(n, 1.5, interval)
+    try:
+        cycles = b.poller.cycles
+        assert fake.gets == cycles  # exactly one request per cycle
+        assert sum(fake.paths.values()) == fake.gets  # and nothing else: no per-job request
+        # ~1.5 s / 0.1 s = 15 cycles whatever n is (list() never adds a request when the cache is fresh)
+        assert 8 <= cycles <= 20, cycles
+        assert fake.not_modified >= cycles - 3  # steady state: 304s
+    finally:
+        await b.aclose()
+
+
+async def test_steady_state_rate_at_the_default_interval() -> None:
+    fake = FakeSlurm(100)
+    b = make_backend(fake, 2.0)
+    assert b.config.poll_interval == 2.0  # the default
+    b.poller.interval = 0.2  # the same loop, 10x faster, so the test takes 2 s instead of 20 s
+    unsubs = [b.subscribe(f"j{i}", lambda: None) for i in range(100)]
+    try:
+        await asyncio.sleep(2.05)
+        rate = fake.gets / 2.0 * (0.2 / 2.0)  # scaled back to the 2 s interval
+        assert rate <= 0.55, rate
+    finally:
+        for u in unsubs:
+            u()
+        await b.aclose()
+
+
+async def test_a_change_wakes_only_its_job() -> None:
+    fake = FakeSlurm(10)
+    b = make_backend(fake, 0.05)
+    wakes: Counter[str] = Counter()
+    unsubs = [b.subscribe(f"j{i}", counter(wakes, f"j{i}")) for i in range(10)]
+    try:
+        await asyncio.sleep(0.3)
+        wakes.clear()
+        fake.finish(3)
+        for _ in range(100):
+            if wakes:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert set(wakes) == {"j3"}
+        [view] = await b.list("j3")
+        assert view.phase is Phase.ENDED
+    finally:
+        for u in unsubs:
+            u()
+        await b.aclose()
+
+
+async def test_errors_back_off() -> None:
+    calls: list[float] = []
+
+    def down(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        return httpx.Response(503, text="")
+
+    config = SlurmConfig(url="http://slurm.test", api_version="v0.0.38", poll_interval=0.05, max_backoff=0.4)
+    b = SlurmBackend(config, transport=httpx.MockTransport(down))
+    unsub = b.subscribe("x", lambda: None)
+    try:
+        await asyncio.sleep(1.6)
+        gaps = [b2 - a for a, b2 in itertools.pairwise(calls)]
+        assert gaps, calls
+        assert (gaps[0] >= 0.09, max(gaps) >= 0.35) == (True, True), gaps  # 0.1, 0.2, 0.4, 0.4 ...
+        assert len(calls) <= 7
+        # list() during backoff answers with the last error at once, without a request
+        before = len(calls)
+        with pytest.raises(Exception, match="HTTP 503"):
+            await b.list("x")
+        assert len(calls) <= before + 1
+    finally:
+        unsub()
+        await b.aclose()

@@ -1,0 +1,450 @@
+"""A hypothesis state machine over the memory scheduler, crashing and racing supervisors.
+
+The machine drives both memory shapes with random scheduler events, steps supervisors one at a time,
+holds a supervisor's prepared intent across other steps (a slow supervisor) or throws it away (a
+killed one, including right after a Create and right after a RecordCanonical), restarts them, runs two
+supervisors on one job interleaved between read and write, and lets a human cancel. After every step
+it checks the seven invariants of semantics.md; at the end it checks that every job settles.
+
+A second test runs the same machine over a record store whose ``put`` ignores the expected version,
+and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
+does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from dispatch import (
+    Action,
+    Actor,
+    ActorKind,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    MemoryBackend,
+    MemoryStore,
+    ObjectView,
+    Phase,
+    Record,
+    RecoveryPolicy,
+    Rule,
+    Shape,
+    State,
+    Supervisor,
+    VersionConflict,
+    compose,
+)
+from dispatch._cluster import Cluster
+from dispatch._decide import Authorize, Create, Decision, RecordCanonical, Step
+from dispatch._memory import SLURM_MAX_REQUEUE
+from dispatch._supervisor import Intent
+
+T = TypeVar("T")
+HUMAN = Actor(kind=ActorKind.HUMAN, id="ada")
+LIVE = (Phase.QUEUED, Phase.RUNNING)
+"""Released and not ended."""
+SLOTS = ("a", "b")
+"""Supervisors that may hold a prepared intent across other steps; "c", "x" and "y" never do."""
+MAX_JOBS = 4
+LIVENESS_ROUNDS = 60
+
+
+class NoCasStore(MemoryStore):
+    """The planted bug: a store whose ``put`` ignores the expected version (no compare-and-swap)."""
+
+    async def put(self, record: Record, expected: str) -> str:
+        current = self._records.get(record.job)
+        assert current is not None
+        return await super().put(record, str(current[1]))
+
+
+class Ledger:
+    """A supervisor listener that counts every write that really happened."""
+
+    def __init__(self) -> None:
+        self.authorized: Counter[tuple[str, int]] = Counter()
+        self.fired: Counter[tuple[str, int]] = Counter()
+
+    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
+        if isinstance(step, Authorize) and after is not None:
+            self.authorized[job, step.submission] += 1
+            if step.rule is not None:
+                self.fired[job, step.rule] += 1
+
+    def conflicted(self, job: str) -> None:
+        pass
+
+    def errored(self, job: str, step: Step, error: Exception) -> None:
+        pass
+
+
+@dataclass
+class Job:
+    name: str
+    cluster: Cluster
+    backend: MemoryBackend
+    supervisors: dict[str, Supervisor] = field(default_factory=dict)
+    intents: dict[str, Intent] = field(default_factory=dict)
+    shown_failed: int | None = None
+    """How many submissions the record had when status first showed ``failed``."""
+    late: set[str] = field(default_factory=set)
+    """Objects a slow supervisor created after the record had settled (see invariant 5)."""
+
+
+RESUBMITTABLE = [c for c in CauseKind if c is not CauseKind.NONE]
+SLURM_NATIVE = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+KUBEFLOW_NATIVE = (CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY)
+
+
+@st.composite
+def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
+    """Rules with budgets 0..3 over disjoint causes; sometimes the shape's native rule as well."""
+    rules: list[Rule] = []
+    taken: set[CauseKind] = set()
+    if draw(st.integers(0, 3)) == 0:
+        if shape is Shape.SLURM:
+            rules.append(Rule(on=SLURM_NATIVE, action=Action.RESTART, budget=SLURM_MAX_REQUEUE))
+            taken.update(SLURM_NATIVE)
+        else:
+            rules.append(Rule(on=KUBEFLOW_NATIVE, action=Action.RESTART, budget=draw(st.integers(0, 3))))
+            taken.update(KUBEFLOW_NATIVE)
+    for _ in range(draw(st.integers(0, 3))):
+        free = [c for c in RESUBMITTABLE if c not in taken]
+        if not free:
+            break
+        on = draw(st.lists(st.sampled_from(free), min_size=1, max_size=3, unique=True))
+        taken.update(on)
+        rules.append(Rule(on=tuple(on), action=Action.RESUBMIT, budget=draw(st.integers(0, 3))))
+    if draw(st.booleans()):
+        rules.reverse()
+    return tuple(rules)
+
+
+class DispatchMachine(RuleBasedStateMachine):
+    store_class: ClassVar[type[MemoryStore]] = MemoryStore
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.clock = datetime(2025, 1, 1, tzinfo=UTC)
+        self.ledger = Ledger()
+        self.backends = {
+            Shape.SLURM: MemoryBackend(Shape.SLURM, auto_run=False),
+            Shape.KUBEFLOW: MemoryBackend(Shape.KUBEFLOW, auto_run=True),
+        }
+        store = self.store_class()
+        self.clusters = {shape: compose(backend, store=store) for shape, backend in self.backends.items()}
+        self.jobs: list[Job] = []
+
+    # plumbing
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def now(self) -> datetime:
+        self.clock += timedelta(seconds=1)
+        return self.clock
+
+    def supervisor(self, job: Job, slot: str) -> Supervisor:
+        if slot not in job.supervisors:
+            job.supervisors[slot] = Supervisor(
+                job.backend, job.cluster.store, clock=self.now, listener=self.ledger, poll_interval=0.01
+            )
+        return job.supervisors[slot]
+
+    def kill(self, job: Job, slot: str) -> None:
+        """The supervisor dies: its prepared intent is lost; a new instance replaces it."""
+        job.intents.pop(slot, None)
+        job.supervisors.pop(slot, None)
+
+    def record(self, job: Job) -> Record:
+        return self.run(job.cluster.store.get(job.name)).record
+
+    def objects(self, job: Job) -> list[ObjectView]:
+        return list(self.run(job.backend.list(job.name)))
+
+    def pick(self, index: int) -> Job:
+        return self.jobs[index % len(self.jobs)]
+
+    def perform(self, job: Job, slot: str, intent: Intent) -> None:
+        settled_before = self.record(job).settled
+        before = {o.id for o in self.objects(job)}
+        try:
+            self.run(self.supervisor(job, slot).perform(intent))
+        except VersionConflict:
+            pass
+        if isinstance(intent.decision.step, Create) and settled_before:
+            job.late.update(o.id for o in self.objects(job) if o.id not in before)
+
+    def step(self, job: Job, slot: str) -> Decision:
+        intent = self.run(self.supervisor(job, slot).prepare(job.name))
+        self.perform(job, slot, intent)
+        return intent.decision
+
+    # setup
+
+    @initialize(data=st.data(), count=st.integers(2, MAX_JOBS))
+    def submit_jobs(self, data: st.DataObject, count: int) -> None:
+        for i in range(count):
+            shape = data.draw(st.sampled_from(list(Shape)), label=f"shape of j{i}")
+            rules = data.draw(policies(shape), label=f"rules of j{i}")
+            spec = JobSpec(name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules))
+            cluster = self.clusters[shape]
+            self.run(cluster.operator.submit(spec, HUMAN, supervised=True))
+            self.jobs.append(Job(spec.name, cluster, self.backends[shape]))
+
+    # supervisors
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), slot=st.sampled_from(SLOTS))
+    def supervisor_steps(self, job: int, slot: str) -> None:
+        j = self.pick(job)
+        if slot in j.intents:
+            self.perform(j, slot, j.intents.pop(slot))
+        else:
+            self.step(j, slot)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), slot=st.sampled_from(SLOTS))
+    def supervisor_reads_and_stalls(self, job: int, slot: str) -> None:
+        """Prepare an intent and hold it: it is performed (stale) or lost later."""
+        j = self.pick(job)
+        if slot not in j.intents:
+            j.intents[slot] = self.run(self.supervisor(j, slot).prepare(j.name))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), slot=st.sampled_from(SLOTS))
+    def supervisor_is_killed(self, job: int, slot: str) -> None:
+        self.kill(self.pick(job), slot)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), after=st.sampled_from([Create, RecordCanonical]))
+    def supervisor_is_killed_right_after(self, job: int, after: type[Create] | type[RecordCanonical]) -> None:
+        """Step until ``after`` is performed, then die holding the next intent."""
+        j = self.pick(job)
+        for _ in range(6):
+            decision = self.step(j, "c")
+            if isinstance(decision.step, after):
+                j.intents["c"] = self.run(self.supervisor(j, "c").prepare(j.name))
+                break
+        self.kill(j, "c")
+
+    @rule(job=st.integers(0, MAX_JOBS - 1))
+    def two_supervisors_interleave(self, job: int) -> None:
+        """A reads, B reads, A writes, B writes: the case compare-and-swap exists for."""
+        j = self.pick(job)
+        a = self.run(self.supervisor(j, "x").prepare(j.name))
+        b = self.run(self.supervisor(j, "y").prepare(j.name))
+        self.perform(j, "x", a)
+        self.perform(j, "y", b)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), steps=st.integers(1, 8))
+    def supervisor_drives(self, job: int, steps: int) -> None:
+        j = self.pick(job)
+        for _ in range(steps):
+            self.step(j, "c")
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), who=st.integers(0, 3))
+    def human_cancels(self, job: int, who: int) -> None:
+        if who == 0:  # rarely, so that most jobs live long enough to recover
+            j = self.pick(job)
+            self.run(j.cluster.operator.cancel(j.name, Actor(kind=ActorKind.HUMAN, id="bob")))
+
+    # the scheduler
+
+    @precondition(lambda self: any(o.phase is not Phase.ENDED for b in self.backends.values() for o in b.objects()))
+    @rule(data=st.data())
+    def scheduler_event(self, data: st.DataObject) -> None:
+        live = [(b, o) for b in self.backends.values() for o in b.objects() if o.phase is not Phase.ENDED]
+        backend, o = data.draw(st.sampled_from(live), label="object")
+        env = backend.env
+        if o.phase is Phase.HELD:
+            if data.draw(st.integers(0, 4), label="rarely") == 0:
+                self.run(backend.end(o.id))  # scancel / kubectl delete by someone else
+            return
+        if o.phase is Phase.QUEUED:
+            event = data.draw(st.sampled_from(["run", "run", "run", "fail_launch", "no_capacity", "scancel"]))
+        else:
+            event = data.draw(
+                st.sampled_from(
+                    [
+                        "complete",
+                        "preempt",
+                        "preempt",
+                        "lose_node",
+                        "out_of_memory",
+                        "time_limit",
+                        "exit",
+                        "fail_launch",
+                        "requeue",
+                        "scancel",
+                    ]
+                ),
+                label="event",
+            )
+        if event == "scancel":
+            self.run(backend.end(o.id))
+        elif event == "exit":
+            env.exit(o.id, data.draw(st.integers(0, 255), label="code"))
+        else:
+            getattr(env, event)(o.id)  # events are chosen by phase: InvalidTransition would be a bug
+
+    # invariants, after every step
+
+    @invariant()
+    def one_released_object_per_job(self) -> None:  # 1
+        for j in self.jobs:
+            live = [o.id for o in self.objects(j) if o.phase in LIVE]
+            assert len(live) <= 1, f"{j.name}: released and not ended at once: {live}"
+            assert j.backend.peak_released.get(j.name, 0) <= 1, f"{j.name}: peak_released > 1"
+
+    @invariant()
+    def only_canonicals_were_released(self) -> None:  # 2
+        for j in self.jobs:
+            record = self.record(j)
+            for o in self.objects(j):
+                if j.backend.ever_released(o.id):
+                    assert o.submission <= len(record.submissions), f"{o.id} released for an unknown submission"
+                    canonical = record.submissions[o.submission - 1].canonical
+                    assert canonical == o.id, f"{j.name}: released {o.id}, canonical of {o.submission} is {canonical}"
+
+    @invariant()
+    def submissions_run_one_to_n_each_authorized_once(self) -> None:  # 3
+        for j in self.jobs:
+            record = self.record(j)
+            numbers = [s.n for s in record.submissions]
+            assert numbers == list(range(1, len(numbers) + 1)), f"{j.name}: submissions {numbers}"
+            counted = {n: c for (name, n), c in self.ledger.authorized.items() if name == j.name}
+            assert counted == dict.fromkeys(numbers, 1), f"{j.name}: authorizations {counted} for {numbers}"
+
+    @invariant()
+    def rules_fire_within_budget_once_per_submission(self) -> None:  # 4
+        for j in self.jobs:
+            record = self.record(j)
+            restarts = sum(s.restarts for s in record.submissions)
+            for planned in record.plan.rules:
+                assert planned.firings <= planned.budget, f"{j.name}: rule {planned.index} over budget"
+                if planned.enforcer is Enforcer.SUPERVISOR:
+                    by_rule = [s.n for s in record.submissions if s.rule == planned.index]
+                    assert planned.firings == len(by_rule), f"{j.name}: rule {planned.index} firings"
+                    assert self.ledger.fired[j.name, planned.index] == planned.firings, (
+                        f"{j.name}: rule {planned.index} fired {self.ledger.fired[j.name, planned.index]} times, "
+                        f"recorded {planned.firings}"
+                    )
+                else:
+                    assert planned.firings == restarts, f"{j.name}: native firings {planned.firings} != {restarts}"
+            assert record.submissions[0].rule is None if record.submissions else True
+
+    @invariant()
+    def settled_means_everything_ended(self) -> None:  # 5
+        for j in self.jobs:
+            if self.record(j).settled:
+                live = [o.id for o in self.objects(j) if o.phase is not Phase.ENDED and o.id not in j.late]
+                assert not live, f"{j.name}: settled with objects not ended: {live}"
+                assert not any(o.phase in LIVE for o in self.objects(j))
+
+    @invariant()
+    def history_is_a_legal_path(self) -> None:  # 6
+        for j in self.jobs:
+            record = self.record(j)
+            state = State.PENDING
+            recoveries = 0
+            for t in record.history:
+                assert t.from_ is state, f"{j.name}: history jumps from {state} to {t.from_}"
+                assert not state.is_outcome, f"{j.name}: a transition after the outcome"
+                assert t.to is State.RECOVERING or t.to.is_outcome, f"{j.name}: illegal target {t.to}"
+                if t.to is State.RECOVERING:
+                    recoveries += 1
+                    assert t.submission == recoveries + 1
+                state = t.to
+            assert state is record.state, f"{j.name}: history ends in {state}, record says {record.state}"
+            assert recoveries == max(len(record.submissions) - 1, 0)
+            assert record.state is not State.RUNNING
+            if record.settled:
+                assert record.state.is_outcome
+
+    @invariant()
+    def remember_when_status_shows_failed(self) -> None:  # the seed's point, checked at the end
+        for j in self.jobs:
+            shown = self.run(j.cluster.observer.get(j.name))
+            if shown.state is State.FAILED and j.shown_failed is None:
+                j.shown_failed = len(shown.submissions)
+
+    # 7: liveness, and what status showed
+
+    def teardown(self) -> None:
+        try:
+            self.settle_everything()
+        finally:
+            self.loop.close()
+
+    def settle_everything(self) -> None:
+        for j in self.jobs:
+            for slot in list(j.supervisors):
+                self.kill(j, slot)
+        for _ in range(LIVENESS_ROUNDS):
+            for backend in self.backends.values():
+                for o in backend.objects():
+                    if o.phase is Phase.QUEUED:
+                        backend.env.run(o.id)
+                    if o.phase in LIVE:
+                        backend.env.complete(o.id)
+            for j in self.jobs:
+                self.run(self.supervisor(j, "a").drive(j.name))
+            self.one_released_object_per_job()
+            self.only_canonicals_were_released()
+            self.submissions_run_one_to_n_each_authorized_once()
+            self.rules_fire_within_budget_once_per_submission()
+            self.history_is_a_legal_path()
+            if all(self.record(j).settled for j in self.jobs):
+                break
+        for j in self.jobs:
+            record = self.record(j)
+            assert record.settled, f"{j.name} did not settle in {LIVENESS_ROUNDS} rounds: {record.state}"
+            left = [o.id for o in self.objects(j) if o.phase is not Phase.ENDED]
+            assert not left, f"{j.name}: settled but objects never ended: {left}"
+            if j.shown_failed is not None:
+                # status showed failed: the job was never recovered after that; its outcome is
+                # failed, or cancelled when a person asked for it after seeing it fail
+                assert len(record.submissions) == j.shown_failed, f"{j.name}: showed failed, then recovered"
+                assert record.state is State.FAILED or (
+                    record.state is State.CANCELLED and record.cancel is not None
+                ), f"{j.name}: showed failed, ended {record.state}"
+
+
+class NoCasMachine(DispatchMachine):
+    store_class = NoCasStore
+
+
+SETTINGS = settings(
+    max_examples=80,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+TestDispatchMachine = DispatchMachine.TestCase
+TestDispatchMachine.settings = SETTINGS
+
+
+def test_the_machine_finds_the_planted_bug_without_compare_and_swap() -> None:
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(
+            NoCasMachine,
+            settings=settings(SETTINGS, max_examples=300, report_multiple_bugs=False),
+        )
