@@ -21,7 +21,7 @@ from tests.support.kube import KubeCluster
 
 from .support import Helm, Release, helm_binary, short_name
 
-pytest_plugins = ["tests.support.kube"]
+# kube_cluster and namespace come from tests.support.kube, registered by the root conftest.py.
 
 __all__ = ["api", "fake", "release_monitor"]
 

@@ -99,6 +99,18 @@ async def until(
                 if predicate(views):
                     return views
                 await woken.wait()
+    except TimeoutError:
+        for t in backend._tasks:
+            print("TASK", t.get_name(), t.done(), t.done() and t.exception())
+        for i in backend._informers:
+            print("INF", i.what, i.synced.is_set(), i.events, i.last_error, i.resource_version)
+        print("PODS", {k: [(p['metadata']['name'], p['status'].get('phase')) for p in v.values()] for k, v in backend._pods.items() if job.split('/')[0] in k})
+        print("PJS", [ (k, v['metadata']['resourceVersion'], v.get('status',{}).get('conditions')) for k, v in backend._pjs.items() if job.split('/')[0] in k])
+        print("VIEWS", await backend.list(job))
+        ns = job.split('/')[0]
+        real = await request(backend.api, "GET", f"/api/v1/namespaces/{ns}/pods")
+        print("REAL", [(p['metadata']['name'], p['metadata']['resourceVersion'], p['status'].get('phase')) for p in real['items']])
+        raise
     finally:
         unsubscribe()
 

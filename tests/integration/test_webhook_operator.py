@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     history,
     pytorchjobs,
 )
-from tests.support.kube import KubectlError, KubeCluster
+from tests.support.kube import KubeCluster, KubectlError
 
 pytestmark = pytest.mark.integration
 
@@ -177,20 +177,16 @@ async def test_operator_with_webhook_events_and_metrics(
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "KUBECONFIG": str(cluster.kubeconfig),
         }
-        out = subprocess.run(
-            [cluster.kubectl_bin, "dispatch", "history", "finetune", "-n", namespace],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-            check=True,
-        ).stdout
+        out = await asyncio.to_thread(plugin, cluster, env, "history", "finetune", "-n", namespace)
         rows = [re.split(r" {3,}", line) for line in out.splitlines()]
         assert [(r[1], r[2], r[3], r[4].split(":")[0]) for r in rows[1:]] == [
             ("pending", "recovering", "2", "preempted"),
             ("recovering", "succeeded", "2", "none"),
         ]
-        assert kubectl_get_summary(cluster, env, namespace)["submittedBy"] == "human:alice"
+        summary = json.loads(
+            await asyncio.to_thread(plugin, cluster, env, "get", "finetune", "-n", namespace, "-o", "json")
+        )
+        assert summary["submittedBy"] == "human:alice"
 
         # An Event per transition, from the operator.
         def ours() -> list[dict[str, Any]]:
@@ -237,14 +233,13 @@ async def test_operator_with_webhook_events_and_metrics(
             cluster.kubectl("delete", kind, managed, "--ignore-not-found", check=False)
 
 
-def kubectl_get_summary(cluster: KubeCluster, env: dict[str, str], namespace: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [cluster.kubectl_bin, "dispatch", "get", "finetune", "-n", namespace, "-o", "json"],
+def plugin(cluster: KubeCluster, env: dict[str, str], *args: str) -> str:
+    """``kubectl dispatch ARGS`` (kubectl finds the plugin on PATH); its output."""
+    return subprocess.run(
+        [cluster.kubectl_bin, "dispatch", *args],
         capture_output=True,
         text=True,
         timeout=60,
         env=env,
         check=True,
     ).stdout
-    summary: dict[str, Any] = json.loads(out)
-    return summary

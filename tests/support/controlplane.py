@@ -75,6 +75,10 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be started or stopped."""
 
 
+class _ExitedEarly(ControlPlaneError):
+    """A daemon exited during start-up (e.g. its port was taken meanwhile): worth a retry."""
+
+
 # --------------------------------------------------------------------------------------
 # Binaries
 # --------------------------------------------------------------------------------------
@@ -371,7 +375,11 @@ class ControlPlane:
     # ---- lifecycle -----------------------------------------------------------------
 
     def __enter__(self) -> ControlPlane:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(
@@ -397,17 +405,17 @@ class ControlPlane:
             self._install_hooks()
         t0 = time.monotonic()
         self._make_pki()
-        last: ControlPlaneError | None = None
-        for _ in range(attempts):  # a free port can be taken between probe and bind
+        for attempt in range(1, attempts + 1):
             try:
                 self._start_once(detach=detach)
                 break
-            except ControlPlaneError as e:
-                last = e
+            except _ExitedEarly:  # a free port can be taken between probe and bind
                 self.stop()
-        else:
-            assert last is not None
-            raise last
+                if attempt == attempts:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
         self.start_seconds = time.monotonic() - t0
         self._write_state()
 
@@ -627,7 +635,7 @@ class ControlPlane:
         last = ""
         while time.monotonic() < deadline:
             if proc.popen is not None and proc.popen.poll() is not None:
-                raise ControlPlaneError(
+                raise _ExitedEarly(
                     f"{proc.name} exited with {proc.popen.returncode}; log {proc.log}:\n" + _tail(proc.log)
                 )
             try:

@@ -458,19 +458,23 @@ class FakeTrainingOperator:
         return await self._job_pods(namespace, name)
 
     async def wait_pods(self, namespace: str, name: str, count: int = 1) -> list[Body]:
-        """Wait until the job has ``count`` pods (bound the wait with ``asyncio.timeout``)."""
+        """Wait until the job has ``count`` pods, running ones with ``auto_run`` (bound the wait
+        with ``asyncio.timeout``)."""
         while True:
             pods = await self._job_pods(namespace, name)
+            if self.auto_run:
+                pods = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
             if len(pods) >= count:
                 return pods
             await asyncio.sleep(0.05)
 
     async def run(self, namespace: str, name: str) -> None:
         """Bind and start every pod of the job that is still Pending (with ``auto_run=False``)."""
-        for pod in await self._job_pods(namespace, name):
-            if pod.get("status", {}).get("phase") == "Pending":
-                await self._bind_and_run(pod)
-        await self.reconcile(namespace, name)
+        async with self._lock(namespace, name):
+            for pod in await self._job_pods(namespace, name):
+                if pod.get("status", {}).get("phase") == "Pending":
+                    await self._bind_and_run(pod)
+            await self._reconcile(namespace, name)
 
     async def _container_state(
         self,
@@ -516,8 +520,9 @@ class FakeTrainingOperator:
             if extra is not None:
                 extra(status)
 
-        await self._set_status(namespace, pod_name, change)
-        await self.reconcile(namespace, name)
+        async with self._lock(namespace, name):
+            await self._set_status(namespace, pod_name, change)
+            await self._reconcile(namespace, name)
 
     async def succeed(self, namespace: str, name: str) -> None:
         """Every pod's program exits 0 (workers first, then the master)."""
@@ -643,9 +648,6 @@ class FakeTrainingOperator:
     ) -> None:
         """The image cannot be pulled: the pod stays Pending, the container waiting."""
         pod_name = self._pod_name(name, replica, index)
-        pod = await request(self.api, "GET", _pod_path(namespace, pod_name))
-        if not pod.get("spec", {}).get("nodeName"):
-            await self._bind_and_run(pod)
         now = _now()
 
         def change(status: Body) -> None:
@@ -664,8 +666,12 @@ class FakeTrainingOperator:
                     }
                 }
 
-        await self._set_status(namespace, pod_name, change)
-        await self.reconcile(namespace, name)
+        async with self._lock(namespace, name):
+            pod = await request(self.api, "GET", _pod_path(namespace, pod_name))
+            if not pod.get("spec", {}).get("nodeName"):
+                await self._bind_and_run(pod)
+            await self._set_status(namespace, pod_name, change)
+            await self._reconcile(namespace, name)
 
     async def unschedulable(self, namespace: str, name: str, replica: str = "master", index: int = 0) -> None:
         """The scheduler finds no node for the (unbound) pod."""
@@ -684,8 +690,9 @@ class FakeTrainingOperator:
                 }
             ]
 
-        await self._set_status(namespace, pod_name, change)
-        await self.reconcile(namespace, name)
+        async with self._lock(namespace, name):
+            await self._set_status(namespace, pod_name, change)
+            await self._reconcile(namespace, name)
 
 
 async def _main(kubeconfig: str | None, auto_run: bool) -> None:

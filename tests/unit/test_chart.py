@@ -341,7 +341,7 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
         *(("dispatch.dev", "dispatchjobs/status", v) for v in ("get", "update", "patch")),
         ("dispatch.dev", "dispatchjobs/finalizers", "update"),
         *(("kubeflow.org", "pytorchjobs", v) for v in ("create", "get", "list", "watch", "patch", "delete")),
-        *(("", "pods", v) for v in ("get", "list", "watch", "delete")),
+        *(("", "pods", v) for v in ("get", "list", "watch", "delete", "deletecollection")),
         *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
         *(("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")),
     }

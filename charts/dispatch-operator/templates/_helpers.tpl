@@ -103,12 +103,14 @@ No wildcards: every group, resource and verb is named.
   resources: ["pytorchjobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
 # Pods of those PyTorchJobs: read to classify how a submission ended (preemption, eviction, OOM,
-# unschedulable = no capacity). delete only because a cluster without a garbage collector
-# (a bare API server, some managed test setups) leaves a deleted PyTorchJob's pods behind; the
-# operator deletes only pods labelled as belonging to a job it supervises. No other write.
+# unschedulable = no capacity). delete/deletecollection only because a cluster without a garbage
+# collector (a bare API server, some managed test setups) leaves a deleted PyTorchJob's pods
+# behind: the operator deletes them in one request with the label selector
+# dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only pods of a submission it ended.
+# No other write (no create, update or patch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "delete", "deletecollection"]
 # Events about DispatchJobs (the operator's own, and kopf's handler logs posted as events).
 - apiGroups: [""]
   resources: ["events"]

@@ -115,6 +115,7 @@ class KubeflowBackend:
         self._last_restart: dict[str, Cause] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._nodes: dict[str, tuple[bool, float]] = {}
+        self._restarts: dict[str, int] = {}  # object id -> most restarts seen (pods are recreated)
 
     # ---- Backend protocol ------------------------------------------------------------------
 
@@ -217,6 +218,11 @@ class KubeflowBackend:
                 continue
             verdict = await self._classify(oid, body)
             view = verdict.view
+            seen = self._restarts.get(oid, 0)
+            if view.restarts < seen:
+                view = view.model_copy(update={"restarts": seen})
+            else:
+                self._restarts[oid] = view.restarts
             if oid in self._ended_by_us:
                 view = vanished(view)
             elif verdict.stop is not None and self.stop_ended:
@@ -394,6 +400,7 @@ class KubeflowBackend:
         self._retained.pop(oid, None)
         self._last_restart.pop(oid, None)
         self._last_views.pop(oid, None)
+        self._restarts.pop(oid, None)
         timer = self._timers.pop(f"recheck:{oid}", None)
         if timer is not None:
             timer.cancel()

@@ -9,7 +9,6 @@ compacted away) or any other break of the stream makes it list again. Every chan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -175,5 +174,4 @@ class Informer:
                     self.items[key] = obj
                     self.on_change(before, obj)
         finally:
-            with contextlib.suppress(Exception):
-                response.release()
+            response.close()  # an interrupted stream cannot go back to the pool
