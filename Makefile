@@ -43,7 +43,7 @@ unit: $(STAMP) ## the fast tier: core, hypothesis, recorded responses
 
 include mk/*.mk
 
-test: lint typecheck imports verify unit integration e2e ## everything CI runs
+test: lint typecheck imports verify chart-lint chart-template unit integration e2e ## everything CI runs
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from ._model import (
     NO_CAUSE,
@@ -221,6 +222,12 @@ def _phase_shown(phase: Phase, waiting: tuple[State, Cause]) -> tuple[State, Cau
     return (State.RUNNING, NO_CAUSE) if phase is Phase.RUNNING else waiting
 
 
+# The fields every constructed Submission and Transition sets, shared (pydantic copies a model's set
+# before changing it) so that each of the many records kept in memory does not carry its own.
+_SUBMISSION_FIELDS: Final = {"n", "authorized_at", "authorized_by", "rule"}
+_TRANSITION_FIELDS: Final = {"from_", "to", "submission", "cause", "actor", "time"}
+
+
 def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record:
     """The record after ``step``, written by ``actor`` at ``now`` (passed in, never read from a clock)."""
     subs = list(record.submissions)
@@ -229,7 +236,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             raise ValueError(f"submission {step.submission} does not follow {len(subs)}")
         update: dict[str, object] = {}
         new = Submission.model_construct(
-            n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
+            _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
         if subs and step.cause is not None:
             subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
@@ -283,7 +290,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
 
 
 def _transition(frm: State, to: State, n: int, cause: Cause, actor: Actor, now: datetime) -> Transition:
-    return Transition.model_construct(from_=frm, to=to, submission=n, cause=cause, actor=actor, time=now)
+    return Transition.model_construct(
+        _TRANSITION_FIELDS, from_=frm, to=to, submission=n, cause=cause, actor=actor, time=now
+    )
 
 
 def status(record: Record, objects: Sequence[ObjectView], decision: Decision | None = None) -> Status:

@@ -63,6 +63,20 @@ CAPABILITIES: Final = {
 }
 
 
+# Causes are immutable: one instance each, shared by every object that ends that way.
+_CANCELLED: Final = Cause(kind=CauseKind.NONE, detail="cancelled")
+_COMPLETED: Final = Cause(kind=CauseKind.NONE)
+_PREEMPTED: Final = Cause(kind=CauseKind.PREEMPTED, detail="preempted by a higher-priority job")
+_NODE_LOST: Final = Cause(kind=CauseKind.NODE_LOST, detail="node stopped responding")
+_OUT_OF_MEMORY: Final = Cause(kind=CauseKind.OUT_OF_MEMORY, detail="OOMKilled", exit_code=137)
+_TIME_LIMIT: Final = Cause(kind=CauseKind.TIME_LIMIT, detail="time limit reached")
+_LAUNCH_FAILED: Final = Cause(kind=CauseKind.LAUNCH_FAILED, detail="could not start the program")
+_NO_CAPACITY: Final = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can ever fit it")
+_REQUEUED: Final = Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler")
+_VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts"}
+"""Shared by every snapshot (pydantic copies it before changing it), so a view costs no set of its own."""
+
+
 class InvalidTransition(ValueError):
     """The memory scheduler cannot do that to this object now (unknown id, or wrong phase)."""
 
@@ -83,6 +97,7 @@ class _Entry:
     def snapshot(self) -> ObjectView:
         if self.view is None:
             self.view = ObjectView.model_construct(
+                _VIEW_FIELDS,
                 id=self.id,
                 job=self.job,
                 submission=self.submission,
@@ -152,7 +167,7 @@ class MemoryBackend:
             return
         entry.phase = Phase.ENDED
         entry.cancelled = True
-        entry.cause = Cause(kind=CauseKind.NONE, detail="cancelled")
+        entry.cause = _CANCELLED
         self._changed(entry)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
@@ -195,19 +210,19 @@ class Env:
         self._backend._changed(entry)
 
     def complete(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.NONE), Phase.RUNNING)
+        self._end(object_id, _COMPLETED, Phase.RUNNING)
 
     def preempt(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.PREEMPTED, detail="preempted by a higher-priority job"))
+        self._end(object_id, _PREEMPTED)
 
     def lose_node(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.NODE_LOST, detail="node stopped responding"))
+        self._end(object_id, _NODE_LOST)
 
     def out_of_memory(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.OUT_OF_MEMORY, detail="OOMKilled", exit_code=137))
+        self._end(object_id, _OUT_OF_MEMORY)
 
     def time_limit(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.TIME_LIMIT, detail="time limit reached"))
+        self._end(object_id, _TIME_LIMIT)
 
     def exit(self, object_id: str, code: int) -> None:
         """The program ended by itself with ``code``; 0 is success."""
@@ -218,15 +233,15 @@ class Env:
         self._end(object_id, cause)
 
     def fail_launch(self, object_id: str) -> None:
-        cause = Cause(kind=CauseKind.LAUNCH_FAILED, detail="could not start the program")
+        cause = _LAUNCH_FAILED
         self._end(object_id, cause, Phase.QUEUED, Phase.RUNNING)
 
     def no_capacity(self, object_id: str) -> None:
-        cause = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can ever fit it")
+        cause = _NO_CAPACITY
         self._end(object_id, cause, Phase.QUEUED)
 
     def requeue(self, object_id: str) -> None:
-        self._end(object_id, Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler"))
+        self._end(object_id, _REQUEUED)
 
     def _in(self, object_id: str, *phases: Phase) -> _Entry:
         entry = self._backend._entry(object_id)
@@ -262,5 +277,3 @@ def open_adapter(config: Mapping[str, object] | None = None) -> MemoryBackend:
             f"memory adapter: shape must be one of {[s.value for s in Shape]}, not {shape!r}"
         ) from None
     return MemoryBackend(shape, auto_run=bool(config.get("auto_run", False)))
-
-

@@ -88,20 +88,18 @@ def scrape(url: str) -> str:
         return str(response.read().decode())
 
 
-async def released(cluster: KubeCluster, namespace: str, count: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        live = [
-            pj
-            for pj in pytorchjobs(cluster, namespace)
-            if not ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend")
-        ]
-        return (
-            sorted(live, key=lambda pj: pj["metadata"]["creationTimestamp"])[count - 1]
-            if len(live) >= count
-            else None
-        )
+async def released(cluster: KubeCluster, namespace: str, submission: int) -> dict[str, Any]:
+    """The released PyTorchJob of ``submission`` (by its label)."""
 
-    found: dict[str, Any] = await await_for(f"{count} released PyTorchJob(s)", probe)
+    def probe() -> dict[str, Any] | None:
+        for pj in pytorchjobs(cluster, namespace):
+            labels = pj["metadata"].get("labels") or {}
+            suspended = ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend")
+            if labels.get("dispatch.dev/submission") == str(submission) and not suspended:
+                return pj
+        return None
+
+    found: dict[str, Any] = await await_for(f"submission {submission} released", probe)
     return found
 
 
@@ -155,7 +153,9 @@ async def test_operator_with_webhook_events_and_metrics(
             "running",
             lambda: any(
                 c["type"] == "Running" and c["status"] == "True"
-                for c in (pytorchjobs(cluster, namespace)[0].get("status") or {}).get("conditions") or ()
+                for pj in pytorchjobs(cluster, namespace)
+                if pj["metadata"]["name"] == first["metadata"]["name"]
+                for c in (pj.get("status") or {}).get("conditions") or ()
             ),
         )
         await fake.preempt(namespace, first["metadata"]["name"])

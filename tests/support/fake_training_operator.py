@@ -161,6 +161,7 @@ class FakeTrainingOperator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await asyncio.sleep(0)  # let the aborted watch connections finish closing
 
     # ---- the controller ---------------------------------------------------------------------
 
@@ -175,7 +176,10 @@ class FakeTrainingOperator:
         meta = body["metadata"]
         if new is not None and meta.get("deletionTimestamp"):
             # The kubelet's part: confirm the deletion of a pod being deleted.
-            asyncio.get_running_loop().create_task(self._finish_deletion(meta["namespace"], meta["name"]))
+            task = asyncio.get_running_loop().create_task(
+                self._finish_deletion(meta["namespace"], meta["name"])
+            )
+            self._tasks.append(task)
         job = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
         if new is None and job:
             self._queue.put_nowait(f"{meta['namespace']}/{job}")

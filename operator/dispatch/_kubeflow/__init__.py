@@ -257,6 +257,7 @@ class KubeflowBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await asyncio.sleep(0)  # let the aborted watch connections finish closing
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()

@@ -1,0 +1,111 @@
+"""The library supervisor end to end on a real kube-apiserver: KubeflowBackend + MemoryStore.
+
+Preemption -> resubmission -> success, with the seed's history.
+Run: ``.venv/bin/pytest -p tests.support.kube tests/integration/test_kubeflow_supervisor.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from dispatch import (
+    CauseKind,
+    JobSpec,
+    KubeflowOptions,
+    MemoryStore,
+    Phase,
+    Record,
+    RecoveryPolicy,
+    Rule,
+    State,
+    Supervisor,
+    make_plan,
+)
+from dispatch._kubeapi import new_client
+from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
+from dispatch._model import SUPERVISOR
+from tests.support.fake_training_operator import FakeTrainingOperator, install_crds, owner_manifest
+from tests.support.kube import KubeCluster
+
+pytestmark = pytest.mark.integration
+
+GUARD = 120.0
+
+
+@pytest.fixture
+async def api(kube_cluster: KubeCluster) -> AsyncIterator[ApiClient]:
+    install_crds(kube_cluster)
+    client = await new_client(str(kube_cluster.kubeconfig))
+    async with client:
+        yield client
+    await asyncio.sleep(0.1)
+
+
+async def running(backend: KubeflowBackend, job: str, object_id: str) -> None:
+    woken = asyncio.Event()
+    unsubscribe = backend.subscribe(job, woken.set)
+    try:
+        while True:
+            woken.clear()
+            if any(v.id == object_id and v.phase is Phase.RUNNING for v in await backend.list(job)):
+                return
+            await woken.wait()
+    finally:
+        unsubscribe()
+
+
+async def test_preemption_resubmission_success(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient
+) -> None:
+    kube_cluster.apply(owner_manifest(namespace, "finetune"))
+    job = f"{namespace}/finetune"
+    spec = JobSpec(
+        name="finetune",
+        command=("torchrun", "train.py"),
+        nodes=2,
+        recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED,), budget=2),)),
+        kubeflow=KubeflowOptions(image="example.invalid/train:1"),
+    )
+    store = MemoryStore()
+    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+    await store.create(
+        Record(
+            job=job,
+            spec=spec,
+            plan=plan,
+            submitted_by=SUPERVISOR,
+            submitted_at=datetime.now(UTC),
+            supervised=True,
+        )
+    )
+    backend = KubeflowBackend(api)
+    async with FakeTrainingOperator(api) as fake:
+        try:
+            supervisor = asyncio.create_task(Supervisor(backend, store).run(job))
+            async with asyncio.timeout(GUARD):
+                await running(backend, job, f"{namespace}/finetune-1")
+                await fake.wait_pods(namespace, "finetune-1", 2)
+                await fake.preempt(namespace, "finetune-1", replica="worker", index=0)
+                await running(backend, job, f"{namespace}/finetune-2")
+                await fake.wait_pods(namespace, "finetune-2", 2)
+                await fake.succeed(namespace, "finetune-2")
+                record = await supervisor
+        finally:
+            await backend.aclose()
+
+    assert record.settled
+    assert record.state is State.SUCCEEDED
+    assert [(t.from_, t.to, t.submission) for t in record.history] == [
+        (State.PENDING, State.RECOVERING, 2),
+        (State.RECOVERING, State.SUCCEEDED, 2),
+    ]
+    assert record.history[0].cause.kind is CauseKind.PREEMPTED
+    assert [s.canonical for s in record.submissions] == [f"{namespace}/finetune-1", f"{namespace}/finetune-2"]
+    assert record.submissions[0].cause is not None
+    assert record.submissions[0].cause.kind is CauseKind.PREEMPTED
+    assert record.plan.rules[0].firings == 1
