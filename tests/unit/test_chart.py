@@ -30,6 +30,13 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 KUBE_VERSION = "1.34.0"
 NAMESPACE = "dispatch-system"
 RELEASE = "dispatch"
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
 RECOMMENDED_LABELS = (
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",
@@ -110,9 +117,13 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
 def deployment_args(docs: list[dict[str, Any]]) -> list[str]:
-    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    args: list[str] = container["args"]
+    args: list[str] = operator_container(docs)["args"]
     return args
 
 
@@ -245,7 +256,7 @@ def test_every_rendered_object_parses_and_carries_the_recommended_labels(
         labels = d["metadata"].get("labels", {})
         missing = [k for k in RECOMMENDED_LABELS if k not in labels]
         assert not missing, f"{d['kind']}/{d['metadata']['name']} lacks {missing}"
-        if d["kind"] not in {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}:
+        if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace"), f"{d['kind']}/{d['metadata']['name']} has no namespace"
 
 
@@ -439,16 +450,17 @@ def test_slurm_token_never_goes_into_the_config_map(helm: str) -> None:
 def test_metrics_port_names_line_up(helm: str) -> None:
     docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.port=9090")
     container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert container["ports"][0] == {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}
     assert "--metrics-port=9090" in container["args"]
-    service = one(docs, "Service")
+    service = one(docs, "Service", f"{RELEASE}-dispatch-operator-metrics")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert service["spec"]["ports"][0]["name"] == "metrics"
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     off = render(helm, "--set", "metrics.enabled=false")
-    assert not by_kind(off, "Service")
+    assert [s["metadata"]["name"] for s in by_kind(off, "Service")] == [f"{RELEASE}-dispatch-operator-webhook"]
+    assert "metrics" not in {p["name"] for p in operator_container(off).get("ports", [])}
     assert not [a for a in deployment_args(off) if a.startswith("--metrics-port")]
 
 

@@ -119,3 +119,15 @@ No wildcards: every group, resource and verb is named.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+The admission webhooks: the Service the API server calls, the Secret with its certificate, and
+where that Secret is mounted (given to the operator as DISPATCH_WEBHOOK_CERT_DIR).
+*/}}
+{{- define "dispatch-operator.webhookService" -}}
+{{- printf "%s-webhook" (include "dispatch-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "dispatch-operator.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "dispatch-operator.fullname" .)) .Values.webhook.certSecret }}
+{{- end }}
+{{- define "dispatch-operator.webhookCertDir" -}}/var/run/secrets/dispatch.dev/webhook{{- end }}
