@@ -10,12 +10,10 @@ with the time passed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, TypeVar
-
-from pydantic import BaseModel
+from typing import Final
 
 from ._model import (
     NO_CAUSE,
@@ -230,22 +228,6 @@ _SUBMISSION_FIELDS: Final = {"n", "authorized_at", "authorized_by", "rule"}
 _TRANSITION_FIELDS: Final = {"from_", "to", "submission", "cause", "actor", "time"}
 
 
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _replace(model: _M, update: Mapping[str, Any]) -> _M:
-    """``model.model_copy(update=...)`` that shares the model's set of explicitly set fields.
-
-    ``model_copy`` gives every copy its own copy of that set; records keep many small models, and
-    across thousands of records those sets were a third of a record's memory. Sharing is safe:
-    pydantic never changes a model's set in place (models are frozen; ``model_copy`` copies first).
-    """
-    fields = model.model_fields_set
-    if not update.keys() <= fields:
-        fields = fields | update.keys()
-    return type(model).model_construct(fields, **{**model.__dict__, **update})
-
-
 def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record:
     """The record after ``step``, written by ``actor`` at ``now`` (passed in, never read from a clock)."""
     subs = list(record.submissions)
@@ -257,55 +239,54 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
         if subs and step.cause is not None:
-            subs[-1] = _replace(subs[-1], {"cause": step.cause})
+            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
         subs.append(new)
         update["submissions"] = tuple(subs)
         if step.rule is not None:
             cause = step.cause or NO_CAUSE
             rules = list(record.plan.rules)
             fired = rules[step.rule]
-            rules[step.rule] = _replace(fired, {"firings": fired.firings + 1})
-            update["plan"] = _replace(record.plan, {"rules": tuple(rules)})
+            rules[step.rule] = fired.model_copy(update={"firings": fired.firings + 1})
+            update["plan"] = record.plan.model_copy(update={"rules": tuple(rules)})
             update["state"] = State.RECOVERING
             update["cause"] = cause
             update["history"] = (
                 *record.history,
                 _transition(record.state, State.RECOVERING, step.submission, cause, actor, now),
             )
-        return _replace(record, update)
+        return record.model_copy(update=update)
     if isinstance(step, RecordCanonical):
         i = step.submission - 1
         if subs[i].canonical is not None:
             raise ValueError(f"submission {step.submission} already has canonical {subs[i].canonical}")
-        subs[i] = _replace(subs[i], {"canonical": step.object_id})
-        return _replace(record, {"submissions": tuple(subs)})
+        subs[i] = subs[i].model_copy(update={"canonical": step.object_id})
+        return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordRestarts):
         i = step.submission - 1
         more = step.restarts - subs[i].restarts
-        subs[i] = _replace(subs[i], {"restarts": step.restarts})
+        subs[i] = subs[i].model_copy(update={"restarts": step.restarts})
         rules = [
-            _replace(r, {"firings": r.firings + more})
+            r.model_copy(update={"firings": r.firings + more})
             if r.enforcer is Enforcer.SCHEDULER and r.action is Action.RESTART
             else r
             for r in record.plan.rules
         ]
-        plan = _replace(record.plan, {"rules": tuple(rules)})
-        return _replace(record, {"submissions": tuple(subs), "plan": plan})
+        plan = record.plan.model_copy(update={"rules": tuple(rules)})
+        return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else 0
         if subs and step.state is not State.CANCELLED:
-            subs[-1] = _replace(subs[-1], {"cause": step.cause})
+            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
         who = step.actor or actor
-        return _replace(
-            record,
-            {
+        return record.model_copy(
+            update={
                 "state": step.state,
                 "cause": step.cause,
                 "submissions": tuple(subs),
                 "history": (*record.history, _transition(record.state, step.state, n, step.cause, who, now)),
-            },
+            }
         )
-    return _replace(record, {"settled": True})
+    return record.model_copy(update={"settled": True})
 
 
 def _transition(frm: State, to: State, n: int, cause: Cause, actor: Actor, now: datetime) -> Transition:

@@ -278,6 +278,13 @@ class KubeRecordStore:
     """Records in DispatchJobs' status; compare-and-swap by resourceVersion (PUT /status, 409).
 
     ``namespaces`` limits the shared watch behind :meth:`subscribe` (None: all namespaces).
+
+    With ``cache`` (the default), :meth:`get` answers from the last body this store read or wrote
+    for the job, for as long as the shared watch has shown no other version of it; any other
+    version drops it (and wakes the job's subscribers, which read again). A record served that way
+    can only be as stale as one read by a GET just before a concurrent write, which the
+    compare-and-swap already handles: the next write fails with VersionConflict and the writer
+    reads again. It saves the GET before every step on the hot path.
     """
 
     def __init__(
@@ -286,8 +293,11 @@ class KubeRecordStore:
         *,
         namespaces: Sequence[str] | None = None,
         clock: Callable[[], datetime] = utcnow,
+        cache: bool = True,
     ) -> None:
         self.api = api
+        self.cache = cache
+        self._fresh: dict[str, Body] = {}
         self.objects = CustomObjects(api)
         self.namespaces: tuple[str | None, ...] = tuple(namespaces) if namespaces else (None,)
         self.clock = clock
@@ -307,10 +317,14 @@ class KubeRecordStore:
         except NotFound:
             raise JobNotFound(job) from None
         self._remember(job, body)
+        if self.cache:
+            self._fresh[job] = body
         return body
 
     async def get(self, job: str) -> Versioned:
-        body = await self.read(job)
+        body = self._fresh.get(job) if self.cache and job in self._subscribers else None
+        if body is None:
+            body = await self.read(job)
         return Versioned(record_from(body, clock=self.clock), str(body["metadata"]["resourceVersion"]))
 
     # -- writing
@@ -369,11 +383,14 @@ class KubeRecordStore:
         except Conflict:
             self.conflicts += 1
             self._seen.pop(job, None)
+            self._fresh.pop(job, None)
             raise VersionConflict(job, expected) from None
         except NotFound:
             raise JobNotFound(job) from None
         self.writes += 1
         self._remember(job, written)
+        if self.cache:
+            self._fresh[job] = written
         return str(written["metadata"]["resourceVersion"])
 
     def _remember(self, job: str, body: Body) -> None:
@@ -397,6 +414,8 @@ class KubeRecordStore:
                 wakes.remove(wake)
                 if not wakes:
                     del self._subscribers[job]
+                    self._fresh.pop(job, None)
+                    self._seen.pop(job, None)
 
         return unsubscribe
 
@@ -418,6 +437,11 @@ class KubeRecordStore:
         if "name" not in meta or "namespace" not in meta:
             return
         job = job_id(meta["namespace"], meta["name"])
+        fresh = self._fresh.get(job)
+        if fresh is not None and (
+            event.type == "DELETED" or fresh["metadata"].get("resourceVersion") != meta.get("resourceVersion")
+        ):
+            del self._fresh[job]
         if event.type == "DELETED":
             self._seen.pop(job, None)
         for wake in tuple(self._subscribers.get(job, ())):

@@ -459,7 +459,9 @@ def test_metrics_port_names_line_up(helm: str) -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     off = render(helm, "--set", "metrics.enabled=false")
-    assert [s["metadata"]["name"] for s in by_kind(off, "Service")] == [f"{RELEASE}-dispatch-operator-webhook"]
+    assert [s["metadata"]["name"] for s in by_kind(off, "Service")] == [
+        f"{RELEASE}-dispatch-operator-webhook"
+    ]
     assert "metrics" not in {p["name"] for p in operator_container(off).get("ports", [])}
     assert not [a for a in deployment_args(off) if a.startswith("--metrics-port")]
 
@@ -471,3 +473,314 @@ def test_selector_matches_the_pod_labels(helm: str) -> None:
     assert selector.items() <= labels.items()
     assert labels["team"] == "ml"
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-dispatch-operator"
+
+
+# ---- admission webhooks, metrics flags, probes -------------------------------------------
+
+FULLNAME = f"{RELEASE}-dispatch-operator"
+WEBHOOK_SERVICE = f"{FULLNAME}-webhook"
+WEBHOOK_SECRET = f"{FULLNAME}-webhook-tls"
+WEBHOOK_KINDS = {
+    "ValidatingWebhookConfiguration": k8s_names.WEBHOOK_VALIDATE_ID,
+    "MutatingWebhookConfiguration": k8s_names.WEBHOOK_MUTATE_ID,
+}
+
+
+def _webhook(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    config = one(docs, kind, FULLNAME)
+    webhooks: list[dict[str, Any]] = config["webhooks"]
+    assert len(webhooks) == 1
+    return webhooks[0]
+
+
+def _pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = one(docs, "Deployment")["spec"]["template"]["spec"]
+    return pod
+
+
+def test_webhook_configurations_are_the_documented_ones(helm: str) -> None:
+    """docs/observability.md: names, paths, rules, sideEffects, review versions, failure policy."""
+    docs = render(helm)
+    for kind, webhook_id in WEBHOOK_KINDS.items():
+        webhook = _webhook(docs, kind)
+        assert webhook["name"] == f"{webhook_id}.{k8s_names.GROUP}"
+        assert webhook["clientConfig"]["service"] == {
+            "name": WEBHOOK_SERVICE,
+            "namespace": NAMESPACE,
+            "path": f"/{webhook_id}",
+            "port": 443,
+        }
+        assert webhook["rules"] == [
+            {
+                "apiGroups": [k8s_names.GROUP],
+                "apiVersions": [k8s_names.VERSION],
+                "resources": [k8s_names.PLURAL],
+                "operations": ["CREATE", "UPDATE"],
+                "scope": "Namespaced",
+            }
+        ]
+        assert webhook["sideEffects"] == "None"
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        assert webhook["failurePolicy"] == "Fail"
+        assert webhook["timeoutSeconds"] == 10
+        assert "namespaceSelector" not in webhook  # every namespace: the operator watches them all
+        assert "objectSelector" not in webhook  # a label must not be a way around the webhooks
+
+
+def test_webhook_values_change_policy_timeout_namespaces_and_annotations(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set",
+        "webhook.failurePolicy=Ignore",
+        "--set",
+        "webhook.timeoutSeconds=5",
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+        "--set",
+        "webhook.annotations.cert-manager\\.io/inject-ca-from=dispatch-system/webhook",
+    )
+    for kind in WEBHOOK_KINDS:
+        webhook = _webhook(docs, kind)
+        assert webhook["failurePolicy"] == "Ignore"
+        assert webhook["timeoutSeconds"] == 5
+        # Only the namespaces this release supervises: another release may watch the others.
+        assert webhook["namespaceSelector"] == {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+            ]
+        }
+        annotations = one(docs, kind, FULLNAME)["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": "dispatch-system/webhook"}
+
+
+def _handshake(cert_pem: bytes, key_pem: bytes, ca_pem: bytes, hostname: str, tmp_path: Path) -> None:
+    """A TLS handshake as the API server makes it: trusting only the CA, checking the host name."""
+    import socket
+    import ssl
+    import threading
+
+    (tmp_path / "tls.crt").write_bytes(cert_pem)
+    (tmp_path / "tls.key").write_bytes(key_pem)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    left, right = socket.socketpair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with server_ctx.wrap_socket(left, server_side=True) as s:
+                s.sendall(b"ok")
+        except BaseException as error:  # reported by the client side's assertion
+            errors.append(error)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with client_ctx.wrap_socket(right, server_hostname=hostname) as c:
+        assert c.recv(2) == b"ok"
+    thread.join()
+    assert not errors, errors
+
+
+def test_generated_certificate_serves_the_service_and_the_ca_bundle_is_its_ca(
+    helm: str, tmp_path: Path
+) -> None:
+    import base64
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_private_key,
+    )
+
+    docs = render(helm)
+    secret = one(docs, "Secret", WEBHOOK_SECRET)
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    data = secret["data"]
+    assert set(data) == {"tls.crt", "tls.key", "ca.crt"}
+    for kind in WEBHOOK_KINDS:
+        assert _webhook(docs, kind)["clientConfig"]["caBundle"] == data["ca.crt"]
+    cert_pem, key_pem, ca_pem = (base64.b64decode(data[k]) for k in ("tls.crt", "tls.key", "ca.crt"))
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    dns = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    host = f"{WEBHOOK_SERVICE}.{NAMESPACE}.svc"
+    assert set(dns.get_values_for_type(x509.DNSName)) == {
+        WEBHOOK_SERVICE,
+        f"{WEBHOOK_SERVICE}.{NAMESPACE}",
+        host,
+        f"{host}.cluster.local",
+    }
+    key = load_pem_private_key(key_pem, password=None)
+    spki = (Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    assert key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
+    validity = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert validity.days >= 3649
+    _handshake(cert_pem, key_pem, ca_pem, host, tmp_path)
+
+
+def test_deployment_serves_the_webhook_with_the_mounted_certificate(
+    helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatch._kube import webhook as webhook_module
+
+    docs = render(helm)
+    pod = _pod(docs)
+    container = operator_container(docs)
+    assert f"--webhook-port={k8s_names.WEBHOOK_PORT}" in container["args"]
+    assert {"name": "webhook", "containerPort": k8s_names.WEBHOOK_PORT, "protocol": "TCP"} in container[
+        "ports"
+    ]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # a renewed certificate must reach the Pod
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == WEBHOOK_SECRET
+    assert "items" not in volume["secret"]  # tls.crt, tls.key and (optional) ca.crt
+    # main.py does not add webhook.add_arguments' flags: the cert dir goes through the environment
+    # variable dispatch._kube.webhook reads (it falls back to it when the flag is not given).
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[f"{webhook_module.ENV_PREFIX}CERT_DIR"] == mount["mountPath"]
+    for name, value in env.items():
+        if name.startswith(webhook_module.ENV_PREFIX):
+            assert value is not None
+            monkeypatch.setenv(name, value)
+    options = webhook_module.options(k8s_names.WEBHOOK_PORT)
+    assert options.cert_dir == Path(mount["mountPath"])
+    assert options.managed is None  # the chart installs the configurations: no RBAC for them
+    names = {(options.cert_dir / f).name for f in (webhook_module.CERT_FILE, webhook_module.KEY_FILE)}
+    assert names <= set(one(docs, "Secret", WEBHOOK_SECRET)["data"])
+
+
+def test_webhook_service_selects_the_operator_pod(helm: str) -> None:
+    docs = render(helm, "--set", "podLabels.team=ml")
+    service = one(docs, "Service", WEBHOOK_SERVICE)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert "webhook" in {p["name"] for p in operator_container(docs)["ports"]}
+    # A different container port still lines up (the Service targets the port by name).
+    other = render(helm, "--set", "webhook.port=10443")
+    assert "--webhook-port=10443" in deployment_args(other)
+    assert {"name": "webhook", "containerPort": 10443, "protocol": "TCP"} in operator_container(other)[
+        "ports"
+    ]
+
+
+def test_webhook_with_an_existing_secret(helm: str) -> None:
+    docs = render(helm, "--set", "webhook.certSecret=my-cert", "--set", "webhook.caBundle=Q0E=")
+    assert not [s for s in by_kind(docs, "Secret")], "the chart generates nothing"
+    volume = next(v for v in _pod(docs)["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-cert"
+    for kind in WEBHOOK_KINDS:
+        assert _webhook(docs, kind)["clientConfig"]["caBundle"] == "Q0E="
+    # No CA given and no cluster to read the Secret from (helm template): left to a CA injector.
+    injected = render(helm, "--set", "webhook.certSecret=my-cert")
+    for kind in WEBHOOK_KINDS:
+        assert "caBundle" not in _webhook(injected, kind)["clientConfig"]
+
+
+def test_webhook_disabled_installs_nothing_of_it(helm: str) -> None:
+    docs = render(helm, "--set", "webhook.enabled=false")
+    for kind in WEBHOOK_KINDS:
+        assert not by_kind(docs, kind)
+    assert not by_kind(docs, "Secret")
+    assert WEBHOOK_SERVICE not in {s["metadata"]["name"] for s in by_kind(docs, "Service")}
+    container = operator_container(docs)
+    assert not [a for a in container["args"] if a.startswith("--webhook")]
+    assert not [e for e in container["env"] if e["name"].startswith("DISPATCH_WEBHOOK_")]
+    assert "webhook" not in {p["name"] for p in container.get("ports", [])}
+    assert "webhook-tls" not in {v["name"] for v in _pod(docs)["volumes"]}
+    # Nothing at all to serve: no ports list.
+    bare = render(helm, "--set", "webhook.enabled=false", "--set", "metrics.enabled=false")
+    assert "ports" not in operator_container(bare)
+
+
+def test_webhook_needs_no_extra_rbac(helm: str) -> None:
+    """Not managed by the operator (no --webhook-managed): nothing on admissionregistration."""
+    on, off = render(helm), render(helm, "--set", "webhook.enabled=false")
+    assert _grants(_rules(on)) == _grants(_rules(off))
+    assert not [g for g in _grants(_rules(on)) if g[0] == "admissionregistration.k8s.io"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"webhook": {"enable": True}},
+        {"webhook": {"failurePolicy": "Maybe"}},
+        {"webhook": {"timeoutSeconds": 31}},
+        {"webhook": {"certSecret": "Not_A_Name"}},
+        {"webhook": {"caBundle": "not base64!"}},
+        {"webhook": {"annotations": {"a": 1}}},
+        {"webhook": {"service": {"port": 443}}},
+        {"probes": {"path": "/healthz"}},
+        {"probes": {"port": 0}},
+    ],
+)
+def test_schema_rejects_unknown_and_bad_webhook_and_probe_values(values: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(_schema()).validate({**_values(), **values})
+
+
+@pytest.mark.parametrize(
+    "value", ["webhook.bogus=1", "webhook.failurePolicy=Maybe", "probes.livenessPath=/x"]
+)
+def test_helm_rejects_unknown_webhook_keys(helm: str, value: str) -> None:
+    proc = template(helm, "--set", value, check=False)
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr
+
+
+@pytest.mark.parametrize("values_file", CI_VALUES, ids=[p.stem for p in CI_VALUES])
+def test_the_operator_accepts_every_flag_the_chart_passes(helm: str, values_file: Path) -> None:
+    """The Deployment's args parse with dispatch-operator's own parser (main.py), so a renamed or
+    missing flag fails here rather than in a crash-looping Pod."""
+    from dispatch._kube.main import parser
+
+    docs = render(helm, "-f", str(values_file))
+    args = parser().parse_args(deployment_args(docs))
+    values = yaml.safe_load(values_file.read_text()) or {}
+    metrics = {**_values()["metrics"], **values.get("metrics", {})}
+    webhook = {**_values()["webhook"], **values.get("webhook", {})}
+    assert args.metrics_port == (metrics["port"] if metrics["enabled"] else 0)
+    assert args.webhook_port == (webhook["port"] if webhook["enabled"] else 0)
+
+
+def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
+    from dispatch._kube.main import parser
+
+    docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true")
+    assert parser().parse_args(deployment_args(docs)).metrics_port == 8080
+    service = one(docs, "Service", f"{FULLNAME}-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in operator_container(docs)["ports"]
+    monitor = one(docs, "ServiceMonitor", FULLNAME)
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == k8s_names.METRICS_PATH
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    # The webhook Service carries the same labels but no `metrics` port: it yields no target.
+    assert "metrics" not in {p["name"] for p in one(docs, "Service", WEBHOOK_SERVICE)["spec"]["ports"]}
+    assert not by_kind(render(helm), "ServiceMonitor"), "off by default"
+
+
+def test_probes_are_off_by_default_and_use_the_health_port(helm: str) -> None:
+    off = operator_container(render(helm))
+    assert "livenessProbe" not in off
+    assert "readinessProbe" not in off
+    assert not [a for a in off["args"] if a.startswith("--health-port")]
+    docs = render(helm, "--set", "probes.enabled=true", "--set", "probes.port=8082")
+    container = operator_container(docs)
+    assert "--health-port=8082" in container["args"]
+    assert {"name": "health", "containerPort": 8082, "protocol": "TCP"} in container["ports"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
