@@ -72,21 +72,25 @@ def test_spec_is_immutable_except_cancel(crds: KubeCluster, namespace: str) -> N
     apply(crds, namespace, dispatch_job("fixed"))
     proc = apply(crds, namespace, dispatch_job("fixed", nodes=3), check=False)
     assert proc.returncode != 0
-    assert "spec.nodes" in proc.stderr and "immutable" in proc.stderr, proc.stderr
+    assert "spec.nodes" in proc.stderr, proc.stderr
+    assert "immutable" in proc.stderr, proc.stderr
     proc = apply(
         crds, namespace, dispatch_job("fixed", rules=[{"on": ["preempted"], "budget": 3}]), check=False
     )
-    assert "spec.recovery" in proc.stderr and "immutable" in proc.stderr, proc.stderr
+    assert "spec.recovery" in proc.stderr, proc.stderr
+    assert "immutable" in proc.stderr, proc.stderr
     # cancel is the one field that may change, from false to true only
     apply(crds, namespace, dispatch_job("fixed", extra_spec={"cancel": True}))
     proc = apply(crds, namespace, dispatch_job("fixed", extra_spec={"cancel": False}), check=False)
-    assert "spec.cancel" in proc.stderr and "cannot be undone" in proc.stderr, proc.stderr
+    assert "spec.cancel" in proc.stderr, proc.stderr
+    assert "cannot be undone" in proc.stderr, proc.stderr
 
 
 def test_long_name_is_rejected(crds: KubeCluster, namespace: str) -> None:
     proc = apply(crds, namespace, dispatch_job("x" * 49), check=False)
     assert proc.returncode != 0
-    assert "metadata.name" in proc.stderr and "48" in proc.stderr, proc.stderr
+    assert "metadata.name" in proc.stderr, proc.stderr
+    assert "48" in proc.stderr, proc.stderr
 
 
 # ---- refused by the operator ----------------------------------------------------------------------
@@ -110,7 +114,8 @@ async def test_unenforceable_rule_stalls_the_job_and_creates_nothing(
     assert ready is not None
     assert ready["status"] == "False"
     assert ready["reason"] == "UnenforceableRule"
-    assert "rules[1]" in ready["message"] and "restart" in ready["message"], ready["message"]
+    assert "rules[1]" in ready["message"], ready["message"]
+    assert "restart" in ready["message"], ready["message"]
     assert "plan" not in body["status"]
     assert "submissions" not in body["status"]
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]

@@ -52,14 +52,20 @@ succeeded with cause none
 """
 
 REFUSAL = (
-    "refused: rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] with budget 2 "
-    "natively (it enforces restart on exactly [preempted node-lost] with budget 5) and no supervisor will run\n"
+    "refused: rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] "
+    "with budget 2 natively (it enforces restart on exactly [preempted node-lost] with budget 5) "
+    "and no supervisor will run\n"
 )
 
 
 def run_example(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
+        [sys.executable, str(EXAMPLE), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
     )
 
 
@@ -179,7 +185,9 @@ async def test_submit_without_a_supervisor_refuses_and_records_nothing() -> None
 async def test_an_unsupervised_job_with_only_scheduler_rules_is_launched_by_submit() -> None:
     backend = MemoryBackend(Shape.SLURM, auto_run=True)
     cluster = compose(backend)
-    requeue = Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE)
+    requeue = Rule(
+        on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
+    )
     spec = JobSpec(name="native", command=("train",), recovery=RecoveryPolicy(rules=(requeue,)))
     plan = await cluster.operator.submit(spec, ADA, supervised=False)
     assert plan.rules[0].enforcer is Enforcer.SCHEDULER
@@ -219,8 +227,8 @@ async def test_open_finds_the_memory_adapter_by_entry_point() -> None:
     assert cluster.backend.name == "memory-kubeflow"
     assert isinstance(cluster.store, MemoryStore)
     plan = await cluster.operator.submit(seed_spec(), ADA, supervised=True)
-    record = await cluster.supervisor().drive(plan.job)
-    assert record.state is State.RUNNING
+    decision = await cluster.supervisor().drive(plan.job)
+    assert decision.state is State.RUNNING
     await cluster.aclose()
 
 

@@ -37,11 +37,11 @@ from dispatch._decide import (
     Create,
     Done,
     End,
-    Release,
     RecordCanonical,
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
+    Release,
     Wait,
     Write,
     apply,
@@ -56,10 +56,11 @@ PREEMPTED = Cause(kind=CauseKind.PREEMPTED, detail="preempted")
 NODE_LOST = Cause(kind=CauseKind.NODE_LOST, detail="node")
 OOM = Cause(kind=CauseKind.OUT_OF_MEMORY, exit_code=137)
 SUCCESS = Cause(kind=CauseKind.NONE)
+NOTHING_NATIVE = Capabilities()
 
 
 def new_record(
-    *rules: Rule, capabilities: Capabilities = Capabilities(), supervised: bool = True, name: str = "job"
+    *rules: Rule, capabilities: Capabilities = NOTHING_NATIVE, supervised: bool = True, name: str = "job"
 ) -> Record:
     spec = JobSpec(name=name, command=("train",), recovery=RecoveryPolicy(rules=rules))
     return Record(
@@ -96,7 +97,7 @@ def obj(
     )
 
 
-def started(*rules: Rule, capabilities: Capabilities = Capabilities()) -> Record:
+def started(*rules: Rule, capabilities: Capabilities = NOTHING_NATIVE) -> Record:
     """Submission 1 authorized, object "1" recorded canonical."""
     return step(new_record(*rules, capabilities=capabilities), Authorize(1), RecordCanonical(1, "1"))
 
@@ -131,7 +132,11 @@ def test_the_only_candidate_is_recorded_canonical() -> None:
 
 def test_candidate_choice_is_deterministic_live_first_then_by_id() -> None:
     r = step(new_record(PREEMPT_TWICE), Authorize(1))
-    objects = [obj("c", 1, Phase.HELD), obj("a", 1, Phase.ENDED, SUCCESS, cancelled=True), obj("b", 1, Phase.HELD)]
+    objects = [
+        obj("c", 1, Phase.HELD),
+        obj("a", 1, Phase.ENDED, SUCCESS, cancelled=True),
+        obj("b", 1, Phase.HELD),
+    ]
     assert decide(r, objects).step == RecordCanonical(1, "b")
     assert decide(r, list(reversed(objects))).step == RecordCanonical(1, "b")
     # only ended candidates: the smallest id
@@ -209,7 +214,7 @@ def test_recovering_twice_then_budget_exhausted_fails() -> None:
         d = decide(r, [obj(str(n), n, Phase.ENDED, PREEMPTED)])
         assert d.step == Authorize(n + 1, 0, PREEMPTED)
         assert d.state is State.RECOVERING
-        r = step(r, d.step, RecordCanonical(n + 1, str(n + 1)))  # type: ignore[arg-type]
+        r = step(r, d.step, RecordCanonical(n + 1, str(n + 1)))
     assert r.plan.rules[0].firings == 2
     assert [(t.from_, t.to, t.submission) for t in r.history] == [
         (State.PENDING, State.RECOVERING, 2),
@@ -234,7 +239,9 @@ def test_an_uncovered_cause_fails_with_that_cause(kind: CauseKind) -> None:
 
 
 def test_a_scheduler_enforced_rule_is_not_fired_by_the_supervisor() -> None:
-    native = Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE)
+    native = Rule(
+        on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
+    )
     r = started(native, capabilities=CAPABILITIES[Shape.SLURM])
     assert r.plan.rules[0].enforcer is Enforcer.SCHEDULER
     d = decide(r, [obj("1", 1, Phase.ENDED, PREEMPTED, restarts=0)])
@@ -307,6 +314,33 @@ def test_after_an_outcome_live_objects_are_ended_then_the_job_settles() -> None:
     d = decide(r, [obj("1", 1, Phase.ENDED, SUCCESS, cancelled=True)])
     assert d.step == Done()
     assert d.state is State.CANCELLED
+
+
+def test_an_object_created_after_the_job_settled_is_ended() -> None:
+    """A slow supervisor performed a Create it had decided before the job settled."""
+    r = step(started(PREEMPT_TWICE), RecordOutcome(State.SUCCEEDED, SUCCESS), RecordSettled())
+    late = obj("9", 1, Phase.HELD)
+    d = decide(r, [obj("1", 1, Phase.ENDED, SUCCESS), late])
+    assert d.step == End("9", orphan=True)
+    assert (d.state, d.cause) == (State.SUCCEEDED, SUCCESS)
+
+
+async def test_a_slow_creator_cleans_up_after_a_settled_job() -> None:
+    backend = MemoryBackend(Shape.SLURM)
+    store = MemoryStore()
+    await store.create(new_record(PREEMPT_TWICE))
+    slow, other = Supervisor(backend, store), Supervisor(backend, store)
+    await slow.step("job")  # authorize 1
+    intent = await slow.prepare("job")
+    assert intent.decision.step == Create(1)
+    record, version = await store.get("job")
+    await store.put(record.model_copy(update={"cancel": CancelRequest(actor=BOB, time=T0)}), version)
+    assert isinstance((await other.drive("job")).step, Done)
+    await slow.perform(intent)  # the stale Create lands after the job settled
+    assert [o.phase for o in await backend.list("job")] == [Phase.HELD]
+    assert isinstance((await slow.drive("job")).step, Done)
+    assert [o.phase for o in await backend.list("job")] == [Phase.ENDED]
+    assert backend.objects()[0].cancelled
 
 
 def test_a_succeeded_job_settles() -> None:
@@ -386,7 +420,7 @@ def test_scheduler_restarts_are_recorded_and_counted_as_firings() -> None:
     assert d.state is State.RUNNING
     d2 = decide(r, [obj("1", 1, Phase.QUEUED, restarts=2)])
     assert d2.state is State.PENDING
-    r = apply(r, d.step, actor=SUPERVISOR, now=T0)  # type: ignore[arg-type]
+    r = apply(r, d.step, actor=SUPERVISOR, now=T0)
     assert r.submissions[0].restarts == 2
     assert [p.firings for p in r.plan.rules] == [2, 0]
     assert r.history == ()  # restarts in place are not transitions
@@ -483,7 +517,10 @@ def test_status_joins_the_record_and_the_objects() -> None:
     objects = [obj("1", 1, Phase.ENDED, PREEMPTED)]
     s = status(r, objects)
     assert (s.state, s.cause) == (State.RECOVERING, PREEMPTED)
-    assert [(x.n, x.canonical, [o.id for o in x.objects]) for x in s.submissions] == [(1, "1", ["1"]), (2, None, [])]
+    assert [(x.n, x.canonical, [o.id for o in x.objects]) for x in s.submissions] == [
+        (1, "1", ["1"]),
+        (2, None, []),
+    ]
     assert s.message == "Create"
     assert not s.settled
     assert status(started(PREEMPT_TWICE), [obj("1", 1, Phase.RUNNING)]).message == "running"
@@ -522,7 +559,9 @@ async def _view(backend: MemoryBackend, object_id: str) -> ObjectView:
         ("requeue", CauseKind.REQUEUED, None),
     ],
 )
-async def test_env_classifies_causes(shape: Shape, event: str, kind: CauseKind, exit_code: int | None) -> None:
+async def test_env_classifies_causes(
+    shape: Shape, event: str, kind: CauseKind, exit_code: int | None
+) -> None:
     backend = MemoryBackend(shape)
     object_id = await _running(backend)
     env = backend.env
@@ -543,9 +582,13 @@ async def test_env_classifies_causes(shape: Shape, event: str, kind: CauseKind, 
 @pytest.mark.parametrize("shape", list(Shape))
 async def test_env_classifies_queued_only_causes(shape: Shape) -> None:
     backend = MemoryBackend(shape)
-    for n, (event, kind) in enumerate([("no_capacity", CauseKind.NO_CAPACITY), ("fail_launch", CauseKind.LAUNCH_FAILED)]):
+    for n, (event, kind) in enumerate(
+        [("no_capacity", CauseKind.NO_CAPACITY), ("fail_launch", CauseKind.LAUNCH_FAILED)]
+    ):
         spec = JobSpec(name="job", command=("train",))
-        object_id = await backend.create("job", n + 1, spec, make_plan("job", spec, backend.capabilities, supervised=True))
+        object_id = await backend.create(
+            "job", n + 1, spec, make_plan("job", spec, backend.capabilities, supervised=True)
+        )
         await backend.release(object_id)
         assert (await _view(backend, object_id)).phase is Phase.QUEUED
         getattr(backend.env, event)(object_id)
@@ -557,7 +600,9 @@ async def test_env_classifies_queued_only_causes(shape: Shape) -> None:
 async def test_env_refuses_impossible_transitions() -> None:
     backend = MemoryBackend(Shape.SLURM)
     spec = JobSpec(name="job", command=("train",))
-    object_id = await backend.create("job", 1, spec, make_plan("job", spec, backend.capabilities, supervised=True))
+    object_id = await backend.create(
+        "job", 1, spec, make_plan("job", spec, backend.capabilities, supervised=True)
+    )
     with pytest.raises(InvalidTransition):
         backend.env.run(object_id)  # held: not released
     with pytest.raises(InvalidTransition):
@@ -601,8 +646,12 @@ async def test_kubeflow_names_are_deterministic_and_a_second_creator_conflicts()
     assert [await slurm.create("job", 1, spec, plan) for _ in range(2)] == ["1", "2"]
 
 
-SLURM_REQUEUE = Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE)
-KUBEFLOW_RESTART = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2)
+SLURM_REQUEUE = Rule(
+    on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
+)
+KUBEFLOW_RESTART = Rule(
+    on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2
+)
 
 
 @pytest.mark.parametrize("auto_run", [True, False])

@@ -13,6 +13,7 @@ from dispatch import (
     Action,
     Actor,
     ActorKind,
+    Capabilities,
     CauseKind,
     JobSpec,
     Plan,
@@ -21,6 +22,7 @@ from dispatch import (
     Rule,
     State,
     Transition,
+    make_plan,
 )
 from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, apply
 from dispatch._model import MAX_BUDGET, MAX_NAME_LENGTH, NO_CAUSE, Cause
@@ -85,7 +87,9 @@ def test_negative_and_absurd_budgets_are_refused(budget: int) -> None:
 
 @pytest.mark.parametrize("budget", [0, 1, MAX_BUDGET])
 def test_budgets_in_range_are_accepted(budget: int) -> None:
-    assert spec(recovery={"rules": [{"on": ["preempted"], "budget": budget}]}).recovery.rules[0].budget == budget
+    assert (
+        spec(recovery={"rules": [{"on": ["preempted"], "budget": budget}]}).recovery.rules[0].budget == budget
+    )
 
 
 def test_an_unknown_cause_name_is_refused_naming_it() -> None:
@@ -169,7 +173,16 @@ def test_too_many_rules_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", "Finetune", "fine_tune", "-finetune", "finetune-", "fine tune", "fïnetune", "a" * (MAX_NAME_LENGTH + 1)],
+    [
+        "",
+        "Finetune",
+        "fine_tune",
+        "-finetune",
+        "finetune-",
+        "fine tune",
+        "fïnetune",
+        "a" * (MAX_NAME_LENGTH + 1),
+    ],
 )
 def test_bad_names_are_refused(name: str) -> None:
     with pytest.raises(ValidationError) as caught:
@@ -211,8 +224,6 @@ def test_running_is_never_recorded() -> None:
 
 def _a_recovered_record() -> Record:
     s = spec(recovery={"rules": [{"on": ["preempted"], "budget": 2}]})
-    from dispatch import Capabilities, make_plan
-
     record = Record(
         job=s.name,
         spec=s,
@@ -235,7 +246,9 @@ def test_record_json_round_trips_in_camel_case() -> None:
     record = _a_recovered_record()
     text = record.model_dump_json()
     data = json.loads(text)
-    assert {"job", "spec", "plan", "submittedBy", "submittedAt", "supervised", "state", "history"} <= set(data)
+    assert {"job", "spec", "plan", "submittedBy", "submittedAt", "supervised", "state", "history"} <= set(
+        data
+    )
     assert "submitted_by" not in data
     assert data["submissions"][0]["authorizedAt"] == "2025-01-02T03:04:05Z"
     assert data["submissions"][1]["authorizedBy"] == {"kind": "supervisor", "id": "supervisor"}

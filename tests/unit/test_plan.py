@@ -120,7 +120,8 @@ def test_the_seed_refusal_without_a_supervisor() -> None:
     assert caught.value.rule == 0
     assert str(caught.value) == (
         "rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] with budget 2 "
-        "natively (it enforces restart on exactly [preempted node-lost] with budget 5) and no supervisor will run"
+        "natively (it enforces restart on exactly [preempted node-lost] with budget 5) "
+        "and no supervisor will run"
     )
 
 
@@ -190,7 +191,9 @@ def policies(draw: st.DrawFn) -> tuple[Rule, ...]:
         if not kept:
             continue
         action = draw(st.sampled_from(list(Action)))
-        budget = draw(st.sampled_from([0, 1, 3, SLURM_MAX_REQUEUE, 7, MAX_BUDGET]) | st.integers(0, MAX_BUDGET))
+        budget = draw(
+            st.sampled_from([0, 1, 3, SLURM_MAX_REQUEUE, 7, MAX_BUDGET]) | st.integers(0, MAX_BUDGET)
+        )
         rules.append(Rule(on=tuple(group), action=action, budget=budget))
     return tuple(rules)
 
