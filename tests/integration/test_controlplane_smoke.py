@@ -231,3 +231,14 @@ async def test_controlplane_smoke(kube_cluster: KubeCluster, namespace: str, adm
         else:
             raise AssertionError("RoleBinding for the ServiceAccount never took effect")
         assert [item["metadata"]["name"] for item in seen["items"]] == [name]
+
+
+@pytest.mark.integration
+def test_serviceaccount_identity_with_a_long_name(kube_cluster: KubeCluster, namespace: str) -> None:
+    """A ServiceAccount whose user name outgrows a certificate's CN still gets its own identity."""
+    name = "an-operator-with-a-rather-long-service-account-name"
+    user = f"system:serviceaccount:{namespace}:{name}"
+    assert len(user) > 64
+    kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, name)
+    who = json.loads(kube_cluster.kubectl("auth", "whoami", "-o", "json", kubeconfig=kubeconfig))
+    assert who["status"]["userInfo"]["username"] == user

@@ -162,8 +162,14 @@ class KubeCluster:
         return self.control_plane.mint_user(name, groups)
 
     def serviceaccount_kubeconfig(self, namespace: str, name: str) -> Path:
-        """Kubeconfig acting as ``system:serviceaccount:NAMESPACE:NAME``."""
-        if self.control_plane is not None:
+        """Kubeconfig acting as ``system:serviceaccount:NAMESPACE:NAME``.
+
+        On the private control plane a client certificate stands in for the token, unless the
+        user name does not fit a certificate's common name (64 characters): then, as on an
+        existing cluster, a token from the TokenRequest API.
+        """
+        user = f"system:serviceaccount:{namespace}:{name}"
+        if self.control_plane is not None and len(user) <= 64:
             return self.control_plane.serviceaccount_kubeconfig(namespace, name)
         key = (namespace, name)
         if key not in self._token_kubeconfigs:
