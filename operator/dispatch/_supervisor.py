@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,39 +84,37 @@ class Supervisor:
 
     async def run(self, job: str) -> Record:
         """Supervise ``job`` until its record is settled; return the settled record."""
-        wake = asyncio.Event()
-        unsubscribe = (self.backend.subscribe(job, wake.set), self.store.subscribe(job, wake.set))
-        failures = 0
+        return (await self.run_all((job,), concurrency=1))[job]
+
+    async def run_all(self, jobs: Iterable[str], *, concurrency: int = 32) -> dict[str, Record]:
+        """Supervise many jobs concurrently in this event loop; return their settled records.
+
+        A work queue rather than a task per job: a job that may have something to do (it was
+        woken by its backend or its store, it just took a step, or the poll interval passed)
+        waits in one queue, and ``concurrency`` workers each take one job and do one step. A job
+        is never worked on by two workers at once, and a wake that arrives while it is being
+        worked on puts it back in the queue, so no change is missed. Waiting jobs cost no task,
+        no frames and no timer, which is what keeps a supervised job small.
+
+        A job whose step raises an error that is not transient (a bug, a vanished record) stops
+        being supervised; the first such error is raised once every other job has settled.
+        """
+        queue = _Queue(self, jobs)
+        unsubscribe: list[Callable[[], None]] = []
+        for job in queue.pending:
+            wake = functools.partial(queue.enqueue, job)
+            unsubscribe.append(self.backend.subscribe(job, wake))
+            unsubscribe.append(self.store.subscribe(job, wake))
         try:
-            while True:
-                wake.clear()  # before reading, so a change after the read wakes the wait below
-                try:
-                    intent = await self.prepare(job)
-                    step = intent.decision.step
-                    if isinstance(step, Done):
-                        return intent.record
-                    if isinstance(step, Wait):
-                        failures = 0
-                        await _wait(wake, self.poll_interval)
-                        continue
-                    await self.perform(intent)
-                    failures = 0
-                except VersionConflict:
-                    continue
-                except TransientBackendError as error:
-                    delay = self.retry_delays[min(failures, len(self.retry_delays) - 1)]
-                    failures += 1
-                    log.warning("job %s: %s; retrying in %.2fs", job, error, delay, extra={"job": job})
-                    await asyncio.sleep(delay)
+            async with asyncio.TaskGroup() as group:
+                for _ in range(max(min(concurrency, len(queue.pending)), 1)):
+                    group.create_task(queue.work())
         finally:
             for unsub in unsubscribe:
                 unsub()
-
-    async def run_all(self, jobs: Iterable[str]) -> dict[str, Record]:
-        """Supervise many jobs concurrently in this event loop; return their settled records."""
-        async with asyncio.TaskGroup() as group:
-            tasks = {job: group.create_task(self.run(job)) for job in jobs}
-        return {job: task.result() for job, task in tasks.items()}
+        if queue.errors:
+            raise next(iter(queue.errors.values()))
+        return queue.settled
 
     async def drive(self, job: str) -> Decision:
         """Take steps until there is nothing to do but wait; return that last decision."""
@@ -169,12 +169,81 @@ class Supervisor:
             self.listener.stepped(job, step, record, after)
 
 
-async def _wait(wake: asyncio.Event, seconds: float) -> None:
-    try:
-        async with asyncio.timeout(seconds):
-            await wake.wait()
-    except TimeoutError:
-        pass
+class _Queue:
+    """The work queue behind :meth:`Supervisor.run_all`."""
+
+    def __init__(self, supervisor: Supervisor, jobs: Iterable[str]) -> None:
+        self.supervisor = supervisor
+        self.pending: dict[str, None] = dict.fromkeys(jobs)  # ordered, unique
+        self.ready: deque[str] = deque(self.pending)
+        self.queued: set[str] = set(self.pending)
+        self.busy: set[str] = set()
+        self.dirty: set[str] = set()
+        self.failures: dict[str, int] = {}
+        self.settled: dict[str, Record] = {}
+        self.errors: dict[str, Exception] = {}
+        self.wake = asyncio.Event()
+
+    def enqueue(self, job: str) -> None:
+        if job not in self.pending:
+            return
+        if job in self.busy:
+            self.dirty.add(job)  # being worked on: look again when that step is done
+        elif job not in self.queued:
+            self.queued.add(job)
+            self.ready.append(job)
+            self.wake.set()
+
+    def finish(self, job: str) -> None:
+        del self.pending[job]
+        self.failures.pop(job, None)
+        if not self.pending:
+            self.wake.set()  # let idle workers see there is nothing left
+
+    async def work(self) -> None:
+        sup = self.supervisor
+        loop = asyncio.get_running_loop()
+        while self.pending:
+            if not self.ready:
+                self.wake.clear()
+                try:
+                    async with asyncio.timeout(sup.poll_interval):
+                        await self.wake.wait()
+                except TimeoutError:
+                    for job in list(self.pending):  # a periodic look, for backends that cannot wake us
+                        self.enqueue(job)
+                continue
+            job = self.ready.popleft()
+            self.queued.discard(job)
+            self.busy.add(job)
+            again = False
+            try:
+                intent = await sup.prepare(job)
+                step = intent.decision.step
+                if isinstance(step, Done):
+                    self.settled[job] = intent.record
+                    self.finish(job)
+                elif not isinstance(step, Wait):
+                    await sup.perform(intent)
+                    again = True
+                self.failures.pop(job, None)
+            except VersionConflict:
+                again = True
+            except TransientBackendError as error:
+                failures = self.failures.get(job, 0)
+                self.failures[job] = failures + 1
+                delay = sup.retry_delays[min(failures, len(sup.retry_delays) - 1)]
+                log.warning("job %s: %s; retrying in %.2fs", job, error, delay, extra={"job": job})
+                loop.call_later(delay, self.enqueue, job)
+            except Exception as error:  # not transient: stop supervising this job, keep the others
+                log.exception("job %s: supervision stopped", job, extra={"job": job})
+                self.errors[job] = error
+                self.finish(job)
+            finally:
+                self.busy.discard(job)
+                if again or job in self.dirty:
+                    self.dirty.discard(job)
+                    self.enqueue(job)
 
 
 def _log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
