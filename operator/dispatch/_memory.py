@@ -4,8 +4,9 @@ It is the embedded default (no cluster needed) and the scheduler of the core's t
 :class:`Env` plays the scheduler's part: run, complete, preempt, lose the node and so on. The two
 shapes differ where the real schedulers differ: object names (Slurm numbers its jobs; a
 PyTorchJob's name is chosen by its creator, so a second creator hits AlreadyExists) and what the
-scheduler enforces natively (Slurm requeues on preemption and node failure up to a cluster-wide
-limit; Kubeflow restarts failed pods in place up to ``backoffLimit``).
+scheduler enforces natively: Kubeflow restarts failed pods in place up to ``backoffLimit``, exactly
+as a rule says; Slurm enforces no recovery rule exactly (see :data:`CAPABILITIES`), so every rule of
+the slurm shape goes to the supervisor.
 """
 
 from __future__ import annotations
@@ -36,21 +37,14 @@ class Shape(StrEnum):
     KUBEFLOW = "kubeflow"
 
 
-SLURM_MAX_REQUEUE: Final = 5
-"""Slurm's MaxBatchRequeue default: the one budget Slurm's own requeue can enforce exactly."""
-
 CAPABILITIES: Final = {
-    Shape.SLURM: Capabilities(
-        native=(
-            NativeRule(
-                causes=frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST}),
-                action=Action.RESTART,
-                min_budget=SLURM_MAX_REQUEUE,
-                max_budget=SLURM_MAX_REQUEUE,
-                note="requeue in place on preemption and node failure, up to MaxBatchRequeue cluster-wide",
-            ),
-        )
-    ),
+    # Slurm enforces no recovery rule exactly, as the real adapter (dispatch._slurm) declares: its
+    # MaxBatchRequeue limit is checked on launch-failure and node-failure requeues but not on
+    # preemption requeues (PreemptMode=REQUEUE raises restart_cnt unchecked), so a budget is not
+    # exact for preemption; and a job's requeue flag allows node-failure requeues only together
+    # with preemption requeues, so [node-lost] alone is not exact either. Every rule goes to the
+    # supervisor, and a restart rule is refused by the plan.
+    Shape.SLURM: Capabilities(),
     Shape.KUBEFLOW: Capabilities(
         native=(
             NativeRule(

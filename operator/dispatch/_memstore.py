@@ -56,4 +56,3 @@ class MemoryStore:
 
     def _notify(self, job: str) -> None:
         self._subscribers.notify(job)
-

@@ -58,8 +58,8 @@ class Action(StrEnum):
     """What a rule does when it fires.
 
     ``resubmit`` starts the job again as a new submission with a new object; the supervisor can
-    always enforce it. ``restart`` restarts the same object in place (Slurm's requeue, Kubeflow's
-    restartPolicy); only a scheduler that does it natively can enforce it.
+    always enforce it. ``restart`` restarts the same object in place (Kubeflow's restartPolicy);
+    only a scheduler that does it natively and exactly can enforce it, so the supervisor never does.
     """
 
     RESUBMIT = "resubmit"

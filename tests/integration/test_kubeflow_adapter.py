@@ -6,6 +6,7 @@ Run: ``.venv/bin/pytest -p tests.support.kube tests/integration/test_kubeflow_ad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from dispatch import (
 from dispatch._kubeapi import new_client
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._kubeflow._http import request
+from dispatch._kubeflow._informer import Informer
 from tests.support.fake_training_operator import FakeTrainingOperator, install_crds, owner_manifest
 from tests.support.kube import KubeCluster
 
@@ -137,6 +139,20 @@ async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
 
 async def no_pods(api: ApiClient, object_id: str) -> bool:
     return not await pods_of(api, object_id)
+
+
+async def stopped_by_dispatch(api: ApiClient, object_id: str) -> bool:
+    pj = await get_pj(api, object_id)
+    assert pj is not None
+    annotations = pj["metadata"].get("annotations") or {}
+    return bool(pj["spec"]["runPolicy"]["suspend"]) and "dispatch.dev/ended" in annotations
+
+
+async def finished_or_stopped(api: ApiClient, object_id: str) -> bool:
+    pj = await get_pj(api, object_id)
+    assert pj is not None
+    conditions = {c["type"]: c["status"] for c in pj.get("status", {}).get("conditions", [])}
+    return conditions.get("Failed") == "True" or await stopped_by_dispatch(api, object_id)
 
 
 async def none_running(api: ApiClient, object_id: str) -> bool:
@@ -311,12 +327,9 @@ async def test_cause_is_classified(
     assert "cause-1-worker-0" in view.cause.detail
     assert not view.cancelled
 
-    # Nothing of it runs on: the training operator failed it, or the adapter stopped it.
-    pj = await get_pj(api, oid)
-    assert pj is not None
-    conditions = {c["type"]: c["status"] for c in pj.get("status", {}).get("conditions", [])}
-    stopped = "dispatch.dev/ended" in (pj["metadata"].get("annotations") or {})
-    assert stopped or conditions.get("Failed") == "True"
+    # Nothing of it runs on: the training operator failed it, or the adapter stopped it (in the
+    # background: the object is reported ended as soon as the evidence is seen).
+    await eventually(lambda: finished_or_stopped(api, oid))
     await eventually(lambda: none_running(api, oid))
     # The cause survives a restart of the adapter.
     async with await new_client(str(kube_cluster.kubeconfig)) as other_api:
@@ -345,10 +358,8 @@ async def test_no_capacity_after_the_configured_wait(
         (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cause is not None
     assert view.cause.kind is CauseKind.NO_CAPACITY, view.cause
-    pj = await get_pj(api, oid)
-    assert pj is not None
-    assert pj["spec"]["runPolicy"]["suspend"] is True
-    assert "dispatch.dev/ended" in pj["metadata"]["annotations"]
+    # The training operator would keep the pod waiting: the adapter stops the PyTorchJob itself.
+    await eventually(lambda: stopped_by_dispatch(api, oid))
 
 
 async def test_scheduler_enforced_restart_rule(
@@ -401,3 +412,60 @@ async def test_deleted_by_someone_is_cancelled(
     kube_cluster.kubectl("delete", "pytorchjob", "gone-1", f"--namespace={namespace}")
     (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cancelled
+
+
+async def test_release_stops_the_older_objects_of_the_job_first(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+) -> None:
+    """The fence: submission 1 still runs on the API server (a crash after the failure was seen
+    and the next submission authorized, before the stop landed; evidence lost). Releasing
+    submission 2 stops submission 1 first, in that order on the API server."""
+    job = await create_owner(kube_cluster, namespace, "fence")
+    spec = spec_of("fence")
+    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+    order: list[tuple[str, bool, bool]] = []
+    released = asyncio.Event()
+
+    def record(old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is not None:
+            name = new["metadata"]["name"]
+            stopped = "dispatch.dev/ended" in (new["metadata"].get("annotations") or {})
+            suspended = bool(new["spec"]["runPolicy"].get("suspend"))
+            order.append((name, suspended, stopped))
+            if name == "fence-2" and not suspended:
+                released.set()
+
+    watch = Informer(api, PJ.format(ns=namespace), label_selector="", on_change=record, what="test")
+    watching = asyncio.create_task(watch.run())
+    # A read-only adapter stops nothing by itself: only the fence can stop submission 1.
+    backend = KubeflowBackend(api, stop_ended=False)
+    try:
+        first = await backend.create(job, 1, spec, plan)
+        await backend.release(first)
+        await until(backend, job, phase_is(first, Phase.RUNNING))
+        second = await backend.create(job, 2, spec, plan)
+        await backend.release(second)
+        # When release returns, submission 1 is stopped on the API server for good.
+        pj = await get_pj(api, first)
+        assert pj is not None
+        assert pj["spec"]["runPolicy"]["suspend"] is True
+        ended = pj["metadata"]["annotations"]["dispatch.dev/ended"]
+        assert "stopped by dispatch before submission 2" in ended
+        views = await until(backend, job, phase_is(second, Phase.RUNNING))
+        assert [v.phase for v in views] == [Phase.ENDED, Phase.RUNNING]
+        async with asyncio.timeout(GUARD):
+            await released.wait()
+    finally:
+        await backend.aclose()
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+    # The watch shows the API server's order: fence-1 stopped before fence-2 was unsuspended.
+    stopped_at = next(i for i, (name, _, stopped) in enumerate(order) if name == "fence-1" and stopped)
+    released_at = next(
+        i for i, (name, suspended, _) in enumerate(order) if name == "fence-2" and not suspended
+    )
+    assert stopped_at < released_at, order

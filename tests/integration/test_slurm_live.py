@@ -8,8 +8,13 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from dispatch._cluster import compose
+from dispatch._errors import PlanError
 from dispatch._model import (
     Action,
+    Actor,
+    ActorKind,
+    Capabilities,
     CauseKind,
     Enforcer,
     JobSpec,
@@ -20,12 +25,15 @@ from dispatch._model import (
     RecoveryPolicy,
     Rule,
     SlurmOptions,
+    State,
 )
 from dispatch._plan import make_plan
 from dispatch._slurm import SlurmBackend, open_adapter
 from tests.support.slurmlab import SlurmLab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+ALICE = Actor(kind=ActorKind.HUMAN, id="alice")
 
 
 @pytest.fixture
@@ -145,46 +153,82 @@ async def test_preemption_cancel_mode(slurm: SlurmLab, backend: SlurmBackend) ->
     assert view.restarts == 0
 
 
-async def test_preemption_requeue_mode_without_restart_rule(slurm: SlurmLab, backend: SlurmBackend) -> None:
-    # REQUEUE partition, but the plan gives Slurm no restart rule: the job is no_requeue, so it ends.
-    oid = await start_whole_node_job(backend, "pr", "low")
+def test_capabilities_are_empty_and_a_restart_rule_is_refused(backend: SlurmBackend) -> None:
+    # Slurm enforces no rule exactly: MaxBatchRequeue (compiled in as 5 in 22.05) is not checked on
+    # preemption requeues, and the requeue flag cannot allow node-failure requeues alone.
+    assert backend.capabilities == Capabilities()
+    both = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+    for on in (both, (CauseKind.PREEMPTED,), (CauseKind.NODE_LOST,)):
+        s = JobSpec(
+            name="rs",
+            command=("true",),
+            recovery=RecoveryPolicy(rules=(Rule(on=on, action=Action.RESTART, budget=5),)),
+        )
+        with pytest.raises(PlanError) as caught:
+            make_plan("rs", s, backend.capabilities, supervised=True)
+        assert caught.value.rule == 0
+        assert "only a scheduler can restart in place" in str(caught.value)
+        assert "(it enforces nothing)" in str(caught.value)
+
+
+def requeue_rule_spec(name: str, command: tuple[str, ...]) -> JobSpec:
+    """What a Slurm user would write for preemption and node loss: the supervisor's rule."""
+    return JobSpec(
+        name=name,
+        command=command,
+        recovery=RecoveryPolicy(
+            rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESUBMIT, budget=5),)
+        ),
+        slurm=SlurmOptions(partition="low", cpus_per_task=2),
+    )
+
+
+async def test_preemption_requeue_mode_ends_preempted(slurm: SlurmLab, backend: SlurmBackend) -> None:
+    # REQUEUE partition, and a rule on preemption: still the supervisor's, so the job is submitted
+    # no_requeue and a REQUEUE-mode preemption ends it PREEMPTED instead of requeueing it in place.
+    s = requeue_rule_spec("pr", ("sleep", "300"))
+    p = make_plan("pr", s, backend.capabilities, supervised=True)
+    assert p.rules[0].enforcer is Enforcer.SUPERVISOR
+    oid = await backend.create("pr", 1, s, p)
+    assert slurm.job_state(oid).get("Requeue") == "0"
+    await backend.release(oid)
+    await wait_view(backend, "pr", oid, running, 60, "running")
     slurm.submit_blocker("high")
     view = await wait_view(backend, "pr", oid, ended, 60, "preemption")
     assert view.cause is not None, view
     assert view.cause.kind is CauseKind.PREEMPTED, view
+    assert (view.cancelled, view.restarts) == (False, 0), view
+    rec = slurm.job_state(oid)
+    assert (rec.get("JobState"), rec.get("Restarts")) == ("PREEMPTED", "0"), rec
 
 
-async def test_preemption_requeue_mode_restart_in_place(slurm: SlurmLab, backend: SlurmBackend) -> None:
-    rules = RecoveryPolicy(
-        rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=5),)
-    )
-    s = JobSpec(
-        name="rq",
-        command=("sleep", "3"),
-        recovery=rules,
-        slurm=SlurmOptions(partition="low", cpus_per_task=2),
-    )
-    p = make_plan("rq", s, backend.capabilities, supervised=True)
-    assert p.rules[0].enforcer is Enforcer.SCHEDULER
-    oid = await backend.create("rq", 1, s, p)
-    assert slurm.job_state(oid).get("Requeue") == "1"
-    await backend.release(oid)
-    await wait_view(backend, "rq", oid, running, 60, "running")
-    blocker = slurm.submit_blocker("high", seconds=300)
-    view = await wait_view(
-        backend, "rq", oid, lambda v: v.restarts == 1 and v.phase is Phase.QUEUED, 60, "requeue"
-    )
-    assert view.cause is None
-    # Slurm makes a requeued job wait ~120 s (BeginTime); end the blocker and let it start now.
-    # (Starting it at once makes slurmd refuse the relaunch with "Job credential revoked" and the job
-    # FAILS: wait until the blocker and the old batch step are gone first.)
-    slurm.scancel(blocker)
-    slurm.wait_for(lambda: slurm.job_state(blocker).get("JobState") == "CANCELLED", 30, "blocker gone")
-    await asyncio.sleep(3)
-    slurm.scontrol("update", f"jobid={oid}", "starttime=now")
-    view = await wait_view(backend, "rq", oid, ended, 60, "completion after requeue")
-    assert view.cause is not None, view
-    assert (view.cause.kind, view.restarts) == (CauseKind.NONE, 1), view
+async def test_preemption_requeue_mode_recovered_by_the_supervisor(slurm: SlurmLab) -> None:
+    backend = open_adapter(slurm.backend_config(poll_interval=0.25))
+    cluster = compose(backend)
+    try:
+        p = await cluster.operator.submit(requeue_rule_spec("rq", ("sleep", "3")), ALICE, supervised=True)
+        assert p.rules[0].enforcer is Enforcer.SUPERVISOR
+        run = asyncio.create_task(cluster.supervisor().run("rq"))
+        deadline = time.monotonic() + 60
+        while not any(v.phase is Phase.RUNNING for v in await backend.list("rq")):
+            assert time.monotonic() < deadline, "submission 1 never ran"
+            assert not run.done()
+            await asyncio.sleep(0.2)
+        slurm.submit_blocker("high", seconds=3)  # preempts submission 1 (PreemptMode=REQUEUE)
+        record = await asyncio.wait_for(run, 120)
+    finally:
+        await cluster.aclose()
+    history = [(t.from_, t.to, t.submission) for t in record.history]
+    assert history == [(State.PENDING, State.RECOVERING, 2), (State.RECOVERING, State.SUCCEEDED, 2)]
+    assert record.history[0].cause.kind is CauseKind.PREEMPTED
+    assert (record.state, record.settled, record.plan.rules[0].firings) == (State.SUCCEEDED, True, 1)
+    assert [(s.cause.kind if s.cause else None, s.restarts) for s in record.submissions] == [
+        (CauseKind.PREEMPTED, 0),
+        (CauseKind.NONE, 0),
+    ]
+    first, second = (str(s.canonical) for s in record.submissions)
+    assert first != second
+    assert slurm.job_state(first).get("Restarts") in ("0", None)
 
 
 async def test_node_down(slurm: SlurmLab, backend: SlurmBackend) -> None:

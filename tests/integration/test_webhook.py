@@ -106,8 +106,11 @@ def job(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def unenforceable(name: str) -> dict[str, Any]:
-    # Slurm requeues in place only on exactly [preempted node-lost] with its cluster budget (5).
-    return job(name, recovery={"rules": [{"on": ["preempted"], "action": "restart", "budget": 2}]})
+    # Slurm enforces no rule natively (its requeue limit does not bound preemption requeues), so even a
+    # restart on what Slurm requeues, at its compiled-in limit, is refused.
+    return job(
+        name, recovery={"rules": [{"on": ["preempted", "node-lost"], "action": "restart", "budget": 5}]}
+    )
 
 
 def apply_as(
@@ -188,6 +191,7 @@ def test_unenforceable_job_is_refused_with_the_rule_named(
         message = info.value.stderr
         assert f'admission webhook "{WEBHOOK_VALIDATE_ID}.{admission.managed}" denied the request' in message
         assert "rule 0 cannot be enforced: only a scheduler can restart in place" in message
+        assert "restart on [preempted node-lost] with budget 5 (it enforces nothing)" in message
         assert "(backend slurm)" in message
     assert kube_cluster.kubectl("get", "dispatchjobs", "-n", namespace, "-o", "name") == ""
 

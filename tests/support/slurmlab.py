@@ -96,8 +96,6 @@ class SlurmLab:
         self.min_job_age = min_job_age
         self.slurmd_timeout = slurmd_timeout
         self.return_to_service = return_to_service
-        # Slurm 22.05 has no MaxBatchRequeue key: the limit is the compiled-in MAX_BATCH_REQUEUE (5).
-        self.max_batch_requeue = 5
         self.kill_wait = kill_wait
         self.token_lifespan = token_lifespan
         self.root = Path()
@@ -138,7 +136,6 @@ class SlurmLab:
             "url": self.url,
             "user_name": self.user_name,
             "token": self.token,
-            "max_batch_requeue": self.max_batch_requeue,
             "working_directory": str(self.jobs_dir),
         }
         cfg.update(extra)

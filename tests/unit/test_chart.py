@@ -418,6 +418,8 @@ def test_slurm_config_is_a_valid_backend_config_with_the_token_as_a_file(helm: s
     assert config.token is None
     assert config.token_file == "/var/run/secrets/dispatch.dev/slurm/token"
     assert config.poll_interval == 5
+    # Relative to the job's working directory and without %x (the Slurm job name holds a "/").
+    assert config.standard_output == "dispatch-%j.out"
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert "--slurm-config=/etc/dispatch/slurm.yaml" in container["args"]
@@ -429,6 +431,15 @@ def test_slurm_config_is_a_valid_backend_config_with_the_token_as_a_file(helm: s
     assert secret["items"] == [{"key": "token", "path": "token"}]
     assert all("slurm" not in e["name"].lower() for e in container["env"]), "no token in the environment"
     assert "checksum/slurm-config" in one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    chosen = render(
+        helm,
+        "-f",
+        str(CHART / "ci" / "slurm-values.yaml"),
+        "--set",
+        "slurm.extraConfig.standard_output=/o/%j",
+    )
+    cm = one(chosen, "ConfigMap", f"{RELEASE}-dispatch-operator-slurm")
+    assert yaml.safe_load(cm["data"]["slurm.yaml"])["standard_output"] == "/o/%j"
 
 
 def test_slurm_token_never_goes_into_the_config_map(helm: str) -> None:
@@ -700,7 +711,15 @@ def test_webhook_disabled_installs_nothing_of_it(helm: str) -> None:
     assert "webhook" not in {p["name"] for p in container.get("ports", [])}
     assert "webhook-tls" not in {v["name"] for v in _pod(docs)["volumes"]}
     # Nothing at all to serve: no ports list.
-    bare = render(helm, "--set", "webhook.enabled=false", "--set", "metrics.enabled=false")
+    bare = render(
+        helm,
+        "--set",
+        "webhook.enabled=false",
+        "--set",
+        "metrics.enabled=false",
+        "--set",
+        "probes.enabled=false",
+    )
     assert "ports" not in operator_container(bare)
 
 
@@ -750,8 +769,10 @@ def test_the_operator_accepts_every_flag_the_chart_passes(helm: str, values_file
     values = yaml.safe_load(values_file.read_text()) or {}
     metrics = {**_values()["metrics"], **values.get("metrics", {})}
     webhook = {**_values()["webhook"], **values.get("webhook", {})}
+    probes = {**_values()["probes"], **values.get("probes", {})}
     assert args.metrics_port == (metrics["port"] if metrics["enabled"] else 0)
     assert args.webhook_port == (webhook["port"] if webhook["enabled"] else 0)
+    assert args.health_port == (probes["port"] if probes["enabled"] else 0)
 
 
 def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
@@ -773,14 +794,20 @@ def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
     assert not by_kind(render(helm), "ServiceMonitor"), "off by default"
 
 
-def test_probes_are_off_by_default_and_use_the_health_port(helm: str) -> None:
-    off = operator_container(render(helm))
+def test_probes_are_on_by_default_and_use_the_health_port(helm: str) -> None:
+    from dispatch._kube.main import parser
+
+    container = operator_container(render(helm))
+    assert "--health-port=8081" in container["args"]
+    assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    moved = operator_container(render(helm, "--set", "probes.port=8082"))
+    assert "--health-port=8082" in moved["args"]
+    assert {"name": "health", "containerPort": 8082, "protocol": "TCP"} in moved["ports"]
+    assert parser().parse_args(moved["args"]).health_port == 8082
+    off = operator_container(render(helm, "--set", "probes.enabled=false"))
     assert "livenessProbe" not in off
     assert "readinessProbe" not in off
     assert not [a for a in off["args"] if a.startswith("--health-port")]
-    docs = render(helm, "--set", "probes.enabled=true", "--set", "probes.port=8082")
-    container = operator_container(docs)
-    assert "--health-port=8082" in container["args"]
-    assert {"name": "health", "containerPort": 8082, "protocol": "TCP"} in container["ports"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "health" not in {p["name"] for p in off.get("ports", [])}

@@ -34,7 +34,6 @@ from dispatch import (
     Supervisor,
     compose,
 )
-from dispatch._memory import SLURM_MAX_REQUEUE
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "supervise_a_job.py"
@@ -53,8 +52,7 @@ succeeded with cause none
 
 REFUSAL = (
     "refused: rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] "
-    "with budget 2 natively (it enforces restart on exactly [preempted node-lost] with budget 5) "
-    "and no supervisor will run\n"
+    "with budget 2 natively (it enforces nothing) and no supervisor will run\n"
 )
 
 
@@ -183,12 +181,10 @@ async def test_submit_without_a_supervisor_refuses_and_records_nothing() -> None
 
 
 async def test_an_unsupervised_job_with_only_scheduler_rules_is_launched_by_submit() -> None:
-    backend = MemoryBackend(Shape.SLURM, auto_run=True)
+    backend = MemoryBackend(Shape.KUBEFLOW, auto_run=True)
     cluster = compose(backend)
-    requeue = Rule(
-        on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
-    )
-    spec = JobSpec(name="native", command=("train",), recovery=RecoveryPolicy(rules=(requeue,)))
+    restart = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=5)
+    spec = JobSpec(name="native", command=("train",), recovery=RecoveryPolicy(rules=(restart,)))
     plan = await cluster.operator.submit(spec, ADA, supervised=False)
     assert plan.rules[0].enforcer is Enforcer.SCHEDULER
     (view,) = await backend.list("native")
@@ -200,7 +196,7 @@ async def test_an_unsupervised_job_with_only_scheduler_rules_is_launched_by_subm
     record, _ = await cluster.store.get("native")
     assert record.submissions[0].authorized_by == ADA  # the submitter launched it
 
-    backend.env.preempt(view.id)  # requeued in place by the scheduler
+    backend.env.out_of_memory(view.id)  # restarted in place by the scheduler
     assert (await cluster.observer.get("native")).state is State.RUNNING
 
     # nobody supervises it, so the canceller drives it to settled

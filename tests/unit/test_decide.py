@@ -46,7 +46,7 @@ from dispatch._decide import (
     Write,
     apply,
 )
-from dispatch._memory import CAPABILITIES, SLURM_MAX_REQUEUE
+from dispatch._memory import CAPABILITIES
 from dispatch._model import NO_CAUSE, SCHEDULER, SUPERVISOR, CancelRequest
 
 ADA = Actor(kind=ActorKind.HUMAN, id="ada")
@@ -239,13 +239,11 @@ def test_an_uncovered_cause_fails_with_that_cause(kind: CauseKind) -> None:
 
 
 def test_a_scheduler_enforced_rule_is_not_fired_by_the_supervisor() -> None:
-    native = Rule(
-        on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
-    )
-    r = started(native, capabilities=CAPABILITIES[Shape.SLURM])
+    native = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=5)
+    r = started(native, capabilities=CAPABILITIES[Shape.KUBEFLOW])
     assert r.plan.rules[0].enforcer is Enforcer.SCHEDULER
-    d = decide(r, [obj("1", 1, Phase.ENDED, PREEMPTED, restarts=0)])
-    assert d.step == RecordOutcome(State.FAILED, PREEMPTED)
+    d = decide(r, [obj("1", 1, Phase.ENDED, OOM, restarts=0)])
+    assert d.step == RecordOutcome(State.FAILED, OOM)
 
 
 def test_an_ended_canonical_without_a_cause_is_unknown() -> None:
@@ -646,37 +644,51 @@ async def test_kubeflow_names_are_deterministic_and_a_second_creator_conflicts()
     assert [await slurm.create("job", 1, spec, plan) for _ in range(2)] == ["1", "2"]
 
 
-SLURM_REQUEUE = Rule(
-    on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=SLURM_MAX_REQUEUE
-)
 KUBEFLOW_RESTART = Rule(
     on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2
 )
 
 
+@pytest.mark.parametrize("budget", [0, 1, 5])
 @pytest.mark.parametrize("auto_run", [True, False])
-async def test_slurm_requeues_natively_on_exactly_its_causes_up_to_its_budget(auto_run: bool) -> None:
-    backend = MemoryBackend(Shape.SLURM, auto_run=auto_run)
-    object_id = await _running(backend, (SLURM_REQUEUE,))
-    for i in range(SLURM_MAX_REQUEUE):
-        (backend.env.preempt if i % 2 else backend.env.lose_node)(object_id)
+async def test_kubeflow_restarts_natively_on_exactly_its_causes_up_to_its_budget(
+    auto_run: bool, budget: int
+) -> None:
+    backend = MemoryBackend(Shape.KUBEFLOW, auto_run=auto_run)
+    object_id = await _running(backend, (KUBEFLOW_RESTART.model_copy(update={"budget": budget}),))
+    for i in range(budget):
+        if i % 2:
+            backend.env.out_of_memory(object_id)
+        else:
+            backend.env.exit(object_id, 3)
         view = await _view(backend, object_id)
         assert view.restarts == i + 1
         assert view.phase is (Phase.RUNNING if auto_run else Phase.QUEUED)
         if not auto_run:
             backend.env.run(object_id)
-    backend.env.preempt(object_id)
+    backend.env.out_of_memory(object_id)
     view = await _view(backend, object_id)
     assert view.phase is Phase.ENDED
     assert view.cause is not None
-    assert view.cause.kind is CauseKind.PREEMPTED
-    assert view.restarts == SLURM_MAX_REQUEUE
+    assert view.cause.kind is CauseKind.OUT_OF_MEMORY
+    assert view.restarts == budget
 
 
-@pytest.mark.parametrize("event", ["time_limit", "out_of_memory", "requeue"])
-async def test_slurm_requeue_does_not_cover_other_causes(event: str) -> None:
+@pytest.mark.parametrize("event", ["preempt", "lose_node", "time_limit", "requeue"])
+async def test_kubeflow_restart_does_not_cover_other_causes(event: str) -> None:
+    backend = MemoryBackend(Shape.KUBEFLOW, auto_run=True)
+    object_id = await _running(backend, (KUBEFLOW_RESTART,))
+    getattr(backend.env, event)(object_id)
+    view = await _view(backend, object_id)
+    assert (view.phase, view.restarts) == (Phase.ENDED, 0)
+
+
+@pytest.mark.parametrize("event", ["preempt", "lose_node", "out_of_memory", "time_limit", "requeue"])
+async def test_the_slurm_shape_never_restarts_in_place(event: str) -> None:
+    # Slurm enforces no rule exactly: every rule is the supervisor's, and nothing is requeued in place.
     backend = MemoryBackend(Shape.SLURM, auto_run=True)
-    object_id = await _running(backend, (SLURM_REQUEUE,))
+    rules = (Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), budget=5),)
+    object_id = await _running(backend, rules)
     getattr(backend.env, event)(object_id)
     view = await _view(backend, object_id)
     assert (view.phase, view.restarts) == (Phase.ENDED, 0)
@@ -694,13 +706,6 @@ async def test_kubeflow_restarts_natively_on_failure_up_to_its_budget() -> None:
     assert view.phase is Phase.ENDED
     assert view.cause is not None
     assert (view.cause.kind, view.cause.exit_code) == (CauseKind.NON_ZERO_EXIT, 2)
-
-
-async def test_kubeflow_restart_does_not_cover_preemption() -> None:
-    backend = MemoryBackend(Shape.KUBEFLOW, auto_run=True)
-    object_id = await _running(backend, (KUBEFLOW_RESTART,))
-    backend.env.preempt(object_id)
-    assert (await _view(backend, object_id)).phase is Phase.ENDED
 
 
 async def test_a_supervisor_records_native_restarts_then_fails_when_the_scheduler_gives_up() -> None:

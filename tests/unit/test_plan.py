@@ -20,12 +20,15 @@ from dispatch import (
     Shape,
     make_plan,
 )
-from dispatch._memory import CAPABILITIES, SLURM_MAX_REQUEUE
+from dispatch._memory import CAPABILITIES
 from dispatch._model import FAILURE_CAUSES, MAX_BUDGET
 
 SHAPES = [Shape.SLURM, Shape.KUBEFLOW]
-BUDGETS = [0, 1, 2, SLURM_MAX_REQUEUE, MAX_BUDGET]
-SLURM_NATIVE = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+SLURM_REQUEUE_LIMIT = 5
+"""Slurm's MaxBatchRequeue default: not a budget Slurm enforces exactly (preemption requeues skip it)."""
+BUDGETS = [0, 1, 2, SLURM_REQUEUE_LIMIT, MAX_BUDGET]
+SLURM_REQUEUE = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+"""What Slurm's own requeue covers: once a rule Slurm was given, now one it may not enforce."""
 KUBEFLOW_NATIVE = (CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY)
 
 
@@ -46,11 +49,16 @@ def natively_exact(shape: Shape, rule: Rule) -> bool:
     if rule.action is not Action.RESTART:
         return False
     if shape is Shape.SLURM:
-        return frozenset(rule.on) == frozenset(SLURM_NATIVE) and rule.budget == SLURM_MAX_REQUEUE
+        return False  # Slurm enforces no rule exactly (docs/slurm.md)
     return frozenset(rule.on) == frozenset(KUBEFLOW_NATIVE)
 
 
-CAUSE_SETS = [(c,) for c in FAILURE_CAUSES] + [SLURM_NATIVE, KUBEFLOW_NATIVE, tuple(reversed(SLURM_NATIVE))]
+CAUSE_SETS = [(c,) for c in FAILURE_CAUSES] + [
+    SLURM_REQUEUE,
+    KUBEFLOW_NATIVE,
+    tuple(reversed(SLURM_REQUEUE)),
+    tuple(reversed(KUBEFLOW_NATIVE)),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -120,23 +128,41 @@ def test_the_seed_refusal_without_a_supervisor() -> None:
     assert caught.value.rule == 0
     assert str(caught.value) == (
         "rule 0 cannot be enforced: the scheduler does not enforce resubmit on [preempted] with budget 2 "
-        "natively (it enforces restart on exactly [preempted node-lost] with budget 5) "
-        "and no supervisor will run"
+        "natively (it enforces nothing) and no supervisor will run"
     )
 
 
-@pytest.mark.parametrize("budget", [b for b in range(0, 11) if b != SLURM_MAX_REQUEUE])
-def test_slurm_requeue_enforces_only_its_one_budget(budget: int) -> None:
-    rule = Rule(on=SLURM_NATIVE, action=Action.RESTART, budget=budget)
-    with pytest.raises(PlanError, match=r"budget 5"):
-        make_plan("finetune", job(rule), CAPABILITIES[Shape.SLURM], supervised=True)
+def test_slurm_enforces_nothing_natively() -> None:
+    assert CAPABILITIES[Shape.SLURM] == Capabilities()
 
 
-@pytest.mark.parametrize("on", [(CauseKind.PREEMPTED,), (*SLURM_NATIVE, CauseKind.TIME_LIMIT)])
-def test_slurm_requeue_enforces_exactly_its_causes(on: tuple[CauseKind, ...]) -> None:
-    rule = Rule(on=on, action=Action.RESTART, budget=SLURM_MAX_REQUEUE)
-    with pytest.raises(PlanError):
-        make_plan("finetune", job(rule), CAPABILITIES[Shape.SLURM], supervised=True)
+@pytest.mark.parametrize("budget", range(0, 11))
+@pytest.mark.parametrize(
+    "on",
+    [SLURM_REQUEUE, (CauseKind.PREEMPTED,), (CauseKind.NODE_LOST,), (*SLURM_REQUEUE, CauseKind.TIME_LIMIT)],
+    ids=lambda on: "+".join(on),
+)
+def test_slurm_refuses_every_restart_rule(budget: int, on: tuple[CauseKind, ...]) -> None:
+    # Slurm's requeue limit does not bound preemption requeues, and its requeue flag cannot allow
+    # node-failure requeues without preemption ones: no restart rule is exact, even at its limit.
+    rule = Rule(on=on, action=Action.RESTART, budget=budget)
+    resubmit = Rule(on=(CauseKind.UNKNOWN,), budget=1)
+    with pytest.raises(PlanError) as caught:
+        make_plan("finetune", job(resubmit, rule), CAPABILITIES[Shape.SLURM], supervised=True)
+    assert caught.value.rule == 1
+    assert str(caught.value) == (
+        f"rule 1 cannot be enforced: only a scheduler can restart in place, and this one does not enforce "
+        f"restart on [{' '.join(on)}] with budget {budget} (it enforces nothing)"
+    )
+
+
+@pytest.mark.parametrize("budget", [0, 1, SLURM_REQUEUE_LIMIT, MAX_BUDGET])
+def test_slurm_rules_all_go_to_the_supervisor(budget: int) -> None:
+    rules = (Rule(on=SLURM_REQUEUE, budget=budget), Rule(on=(CauseKind.TIME_LIMIT,), budget=1))
+    plan = make_plan("finetune", job(*rules), CAPABILITIES[Shape.SLURM], supervised=True)
+    assert [r.enforcer for r in plan.rules] == [Enforcer.SUPERVISOR, Enforcer.SUPERVISOR]
+    with pytest.raises(PlanError, match=r"^rule 0 cannot be enforced: .*\(it enforces nothing\)"):
+        make_plan("finetune", job(*rules), CAPABILITIES[Shape.SLURM], supervised=False)
 
 
 def test_no_rules_means_everything_is_uncovered() -> None:
@@ -164,13 +190,12 @@ def test_the_error_names_the_first_rule_nobody_can_enforce() -> None:
 def test_a_mixed_plan() -> None:
     rules = (
         Rule(on=(CauseKind.TIME_LIMIT, CauseKind.UNKNOWN), budget=1),
-        Rule(on=(CauseKind.NODE_LOST, CauseKind.PREEMPTED), action=Action.RESTART, budget=SLURM_MAX_REQUEUE),
+        Rule(on=(CauseKind.OUT_OF_MEMORY, CauseKind.NON_ZERO_EXIT), action=Action.RESTART, budget=5),
+        Rule(on=SLURM_REQUEUE, budget=2),
     )
-    plan = make_plan("finetune", job(*rules), CAPABILITIES[Shape.SLURM], supervised=True)
-    assert [r.enforcer for r in plan.rules] == [Enforcer.SUPERVISOR, Enforcer.SCHEDULER]
+    plan = make_plan("finetune", job(*rules), CAPABILITIES[Shape.KUBEFLOW], supervised=True)
+    assert [r.enforcer for r in plan.rules] == [Enforcer.SUPERVISOR, Enforcer.SCHEDULER, Enforcer.SUPERVISOR]
     assert plan.uncovered == (
-        CauseKind.OUT_OF_MEMORY,
-        CauseKind.NON_ZERO_EXIT,
         CauseKind.LAUNCH_FAILED,
         CauseKind.NO_CAPACITY,
         CauseKind.REQUEUED,
@@ -192,7 +217,7 @@ def policies(draw: st.DrawFn) -> tuple[Rule, ...]:
             continue
         action = draw(st.sampled_from(list(Action)))
         budget = draw(
-            st.sampled_from([0, 1, 3, SLURM_MAX_REQUEUE, 7, MAX_BUDGET]) | st.integers(0, MAX_BUDGET)
+            st.sampled_from([0, 1, 3, SLURM_REQUEUE_LIMIT, 7, MAX_BUDGET]) | st.integers(0, MAX_BUDGET)
         )
         rules.append(Rule(on=tuple(group), action=action, budget=budget))
     return tuple(rules)

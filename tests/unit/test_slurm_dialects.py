@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from dispatch._errors import PlanError, TransientBackendError
 from dispatch._model import (
     Action,
+    Capabilities,
     CauseKind,
     Enforcer,
     JobSpec,
@@ -30,7 +32,7 @@ from dispatch._model import (
     SlurmOptions,
 )
 from dispatch._plan import make_plan
-from dispatch._slurm import SlurmBackend, SlurmConfig, open_adapter
+from dispatch._slurm import CAPABILITIES, SlurmBackend, SlurmConfig, open_adapter
 from dispatch._slurm._classify import classify
 from dispatch._slurm._dialects import V0038, V0040, V0041, Dialect, SlurmJob, dialect_for
 from dispatch._slurm._poller import parse_tag
@@ -265,42 +267,56 @@ async def test_submit_release_cancel_bodies(version: str) -> None:
         assert ("Authorization" in r.headers) == (version != "v0.0.38")
 
 
-async def test_requeue_allowed_only_for_a_scheduler_restart_rule() -> None:
-    rec = Recorder({("POST", "/slurm/v0.0.38/job/submit"): (200, load("v0.0.38-submit-held.json"))})
-    b = backend(rec)
-    rules = RecoveryPolicy(
-        rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=5),)
-    )
+@pytest.mark.parametrize("version", ["v0.0.38", "v0.0.40", "v0.0.41"])
+async def test_never_requeueable_even_with_a_rule_on_what_slurm_requeues(version: str) -> None:
+    # A rule on [preempted node-lost] is the supervisor's: Slurm must not requeue in place (a
+    # REQUEUE-mode preemption then ends the job PREEMPTED, and the supervisor resubmits it).
+    rec = Recorder({("POST", f"/slurm/{version}/job/submit"): (200, load(f"{version}-submit-held.json"))})
+    b = backend(rec, version)
+    rules = RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), budget=5),))
     spec = SPEC.model_copy(update={"recovery": rules})
     plan = make_plan("train", spec, b.capabilities, supervised=True)
-    assert plan.rules[0].enforcer is Enforcer.SCHEDULER
+    assert plan.rules[0].enforcer is Enforcer.SUPERVISOR
     try:
         await b.create("train", 1, spec, plan)
     finally:
         await b.aclose()
-    assert rec.body(0)["job"]["requeue"] is True
-    assert "no_requeue" not in rec.body(0)["job"]
+    job = rec.body(0)["job"]
+    if version == "v0.0.38":
+        assert job["no_requeue"] is True  # "requeue": false is ignored by v0.0.38
+        assert "requeue" not in job
+    else:
+        assert job["requeue"] is False
+        assert "no_requeue" not in job
 
 
-def test_capabilities_only_exact_restart_on_preemption_and_node_loss() -> None:
+def test_capabilities_are_empty_so_every_restart_rule_is_refused() -> None:
+    # Slurm's requeue limit does not bound preemption requeues, and a job's requeue flag cannot allow
+    # node-failure requeues without preemption ones: Slurm enforces no rule exactly (docs/slurm.md).
     b = open_adapter({"url": "http://slurm.test"})
-    native = b.capabilities.native
-    assert len(native) == 1
-    assert native[0].causes == {CauseKind.PREEMPTED, CauseKind.NODE_LOST}
-    assert native[0].action is Action.RESTART
-    assert native[0].min_budget == native[0].max_budget == 5
+    assert b.capabilities == Capabilities()
+    assert b.capabilities is CAPABILITIES
 
     def plan_for(*rules: Rule) -> Plan:
         spec = SPEC.model_copy(update={"recovery": RecoveryPolicy(rules=rules)})
         return make_plan("x", spec, b.capabilities, supervised=True)
 
-    assert plan_for(Rule(on=(CauseKind.PREEMPTED,), action=Action.RESUBMIT, budget=2)).rules[0].enforcer is (
-        Enforcer.SUPERVISOR
-    )
-    with pytest.raises(PlanError):  # PlanError: restart with another budget
-        plan_for(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), action=Action.RESTART, budget=3))
-    with pytest.raises(PlanError):  # restart on preemption alone: Slurm also requeues on node loss
-        plan_for(Rule(on=(CauseKind.PREEMPTED,), action=Action.RESTART, budget=5))
+    both = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
+    assert plan_for(Rule(on=both, budget=5)).rules[0].enforcer is Enforcer.SUPERVISOR
+    for on in (both, (CauseKind.PREEMPTED,), (CauseKind.NODE_LOST,)):
+        for budget in (0, 1, 5, 100):
+            with pytest.raises(PlanError) as caught:
+                plan_for(Rule(on=on, action=Action.RESTART, budget=budget))
+            assert caught.value.rule == 0
+            assert str(caught.value) == (
+                "rule 0 cannot be enforced: only a scheduler can restart in place, and this one does not "
+                f"enforce restart on [{' '.join(on)}] with budget {budget} (it enforces nothing)"
+            )
+
+
+def test_the_requeue_limit_is_no_longer_configuration() -> None:
+    with pytest.raises(ValidationError, match="max_batch_requeue"):
+        open_adapter({"url": "http://slurm.test", "max_batch_requeue": 5})
 
 
 async def test_multi_node_uses_srun_and_bulk_cancel_v0040() -> None:

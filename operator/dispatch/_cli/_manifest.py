@@ -33,9 +33,10 @@ class ManifestError(ValueError):
 def capabilities_for(backend: str) -> Capabilities:
     """What ``backend``'s scheduler enforces natively, with its default configuration.
 
-    Slurm requeues in place on preemption and node failure up to MaxBatchRequeue (5); Kubeflow's
-    restartPolicy OnFailure restarts failed pods in place. The memory adapter's shapes model exactly
-    these.
+    Kubeflow's restartPolicy OnFailure restarts failed pods in place (exactly [non-zero-exit
+    out-of-memory], budget 0..100); Slurm enforces no recovery rule exactly (its requeue limit does not
+    bound preemption requeues), so it has none and every Slurm rule goes to the supervisor. The memory
+    adapter's shapes model exactly these.
     """
     if backend not in BACKENDS:
         raise ManifestError(f"spec.backend must be one of {list(BACKENDS)}, not {backend!r}")

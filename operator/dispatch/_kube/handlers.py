@@ -8,6 +8,17 @@ record write never waits for kopf.
 
 Every handler returns None, so kopf writes nothing into ``.status``; the record is written only by
 :class:`~dispatch._kubestore.KubeRecordStore` (PUT of /status carrying the resourceVersion read).
+
+Leadership (``--leader-elect``): every replica runs kopf, so every replica serves the admission
+webhooks, but only the Lease holder supervises. ``Runtime.leading`` is an :class:`asyncio.Event` the
+elector sets once this process holds the Lease; the daemons wait for it before they read or write
+anything, and the deletion handler waits for it before it ends objects (which is what lets kopf
+remove the finalizer). A standby's deletion handler returns only once the job is gone or no longer
+carries the finalizer (the leader finished), so a standby never releases a DispatchJob itself.
+What kopf writes in a standby is idempotent: the finalizer (a JSON patch guarded by the
+resourceVersion, the same value in every replica) and the diff-base annotation (the same essence in
+every replica, so a second write is a no-op); progress annotations are only written for handlers
+that finished or failed, which a waiting handler never does.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import kopf
 from pydantic import ValidationError
 
 from .._constants import (
+    FINALIZER,
     GROUP,
     PLURAL,
     REASON_BACKEND_NOT_CONFIGURED,
@@ -46,6 +58,8 @@ FINAL_REFUSALS: Final = frozenset({REASON_UNENFORCEABLE, REASON_INVALID_SPEC})
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 END_POLL: Final = 0.5
 END_WAIT: Final = 30.0
+GONE_POLL: Final = 2.0
+"""How often a standby's deletion handler checks whether the leader has finished the deletion."""
 
 
 @dataclass
@@ -58,13 +72,69 @@ class Runtime:
     poll_interval: float = 5.0
     events: Any = None
     """An EventRecorder (dispatch._kube.events) or None."""
+    metrics: Any = None
+    """A Metrics (dispatch._kube.metrics) or None: told each record read and each job deleted."""
+    leading: asyncio.Event | None = None
+    """Set while this process may supervise (holds the Lease); None: always (no leader election)."""
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    @property
+    def is_leading(self) -> bool:
+        return self.leading is None or self.leading.is_set()
+
+    async def until_leading(self, stopped: Any = None) -> bool:
+        """Wait until this process leads; False when ``stopped`` (a kopf DaemonStopped) fires first."""
+        if self.leading is None or self.leading.is_set():
+            return True
+        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self.leading.wait())}
+        if stopped is not None:
+            waits.add(asyncio.ensure_future(_stopped(stopped)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            for w in waits:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w
+        return self.leading.is_set()
+
+    async def until_leading_or_released(self, job: str) -> bool:
+        """Wait until this process leads (True), or until the job is gone or no longer carries the
+        finalizer, i.e. the leader finished its deletion (False)."""
+        while not self.is_leading:
+            assert self.leading is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.leading.wait(), GONE_POLL)
+                return True
+            try:
+                body = await self.store.read(job)
+            except JobNotFound:
+                return False
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the API server is unreachable: keep waiting
+                log.debug("job %s: cannot read it while waiting for the Lease: %s", job, error)
+                continue
+            if FINALIZER not in ((body.get("metadata") or {}).get("finalizers") or ()):
+                return False
+        return True
+
+    def abandon(self) -> None:
+        """Cancel every supervisor of this process (the Lease was lost)."""
+        for task in list(self.tasks.values()):
+            task.cancel()
 
     def backend_of(self, body: Mapping[str, Any]) -> Backend | None:
         return self.backends.get(str((body.get("spec") or {}).get("backend", "")))
 
     async def supervise(self, job: str, stopped: Any) -> None:
-        """Run the job's supervision until it settles or the daemon is told to stop."""
+        """Run the job's supervision until it settles or the daemon is told to stop.
+
+        With leader election, nothing is read or written before this process holds the Lease.
+        """
+        if not await self.until_leading(stopped):
+            return
         task = asyncio.create_task(self._supervise(job), name=f"dispatch-supervise-{job}")
         self.tasks[job] = task
         stop = asyncio.create_task(_stopped(stopped), name=f"dispatch-stopped-{job}")
@@ -125,6 +195,9 @@ class Runtime:
         if backend is None:
             raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
         record = record_from(body) if has_record(body) else None
+        if record is not None and self.metrics is not None:
+            with contextlib.suppress(Exception):
+                self.metrics.observe(record)
         if record is not None and record.settled:
             return True
         settled = await Supervisor(
@@ -214,12 +287,23 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="end-objects", registry=registry)
     async def end_objects(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> None:
         job = job_id(namespace or "", name)
+        if not await runtime.until_leading_or_released(job):
+            # A standby: the leader ended the objects and let go of the object.
+            _forget(runtime, job)
+            log.info("job %s deleted by the leader", job, extra={"job": job})
+            return
         await runtime.stop(job)  # no create can land after the listing below
         backend = runtime.backend_of(body)
         if backend is None:
+            _forget(runtime, job)
             return  # refused for want of an adapter: nothing was created by this operator
         await runtime.end_objects(job, backend)
-        if runtime.events is not None:
-            with contextlib.suppress(Exception):
-                runtime.events.forget(job)
+        _forget(runtime, job)
         log.info("job %s deleted: every object has ended", job, extra={"job": job})
+
+
+def _forget(runtime: Runtime, job: str) -> None:
+    for keeper in (runtime.events, runtime.metrics):
+        if keeper is not None:
+            with contextlib.suppress(Exception):
+                keeper.forget(job)

@@ -7,6 +7,11 @@
 Without ``--kubeconfig`` the operator uses $KUBECONFIG or ~/.kube/config, else the pod's service
 account. The Kubeflow adapter is always configured; the Slurm adapter when ``--slurm-config`` names
 its YAML configuration.
+
+With ``--leader-elect`` every replica runs kopf (so every replica serves the admission webhooks
+and answers its health endpoint) while the elector campaigns for the Lease in the background; the
+handlers supervise only once this process holds it (``Runtime.leading``, see handlers.py). Losing
+the Lease stops the process (exit 1), as before.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from .._kubeapi import client_for, load_configuration
 from .._kubestore import KubeRecordStore
 from .._model import Record
 from .._protocols import Backend
+from . import webhook
 from .handlers import Runtime, register
 from .listeners import Fanout
 from .settings import operator_settings
@@ -95,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--webhook-port", type=int, default=0, help="serve the admission webhooks on this port (0: off)"
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve /healthz (liveness) and /readyz (readiness) on this port, leader or standby (0: off)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
@@ -104,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between reads of a job when no watch has woken its supervisor (default: 5)",
     )
     p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
+    webhook.add_arguments(p)
     return p
 
 
@@ -140,6 +153,76 @@ def _connection_info(configuration: Any) -> kopf.ConnectionInfo:
     )
 
 
+class Health:
+    """``/healthz`` and ``/readyz`` over plain HTTP (aiohttp), served from the start, before and
+    regardless of leader election, so a standby answers its probes too.
+
+    * ``/healthz``: 200 while the event loop runs (it answers) and the operator is not stopping.
+    * ``/readyz``: 200 once kopf has started and, with ``--webhook-port``, its webhook server accepts
+      connections (a standby is ready: it serves the webhooks); 503 before that and when stopping.
+
+    Both answer a small JSON object: ``status``, ``leader`` (does this process hold the Lease).
+    """
+
+    def __init__(self, leading: asyncio.Event, webhook_port: int = 0) -> None:
+        self.leading = leading
+        self.webhook_port = webhook_port
+        self.started = False
+        self.stopping = False
+        self._runner: Any = None
+
+    async def start(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Listen on ``addr:port`` (0: a free port); returns the port."""
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, addr, port)
+        await site.start()
+        addresses = [a for a in self._runner.addresses if isinstance(a, tuple)]
+        bound = int(addresses[0][1]) if addresses else port
+        log.info("health endpoint on %s:%d (/healthz, /readyz)", addr, bound)
+        return bound
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _answer(self, ok: bool, status: str) -> Any:
+        from aiohttp import web
+
+        body = {"status": status, "leader": self.leading.is_set()}
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def _healthz(self, _request: Any) -> Any:
+        return self._answer(not self.stopping, "stopping" if self.stopping else "ok")
+
+    async def _readyz(self, _request: Any) -> Any:
+        if self.stopping:
+            return self._answer(False, "stopping")
+        if not self.started:
+            return self._answer(False, "starting")
+        if self.webhook_port and not await _accepts(self.webhook_port):
+            return self._answer(False, "webhook server not listening")
+        return self._answer(True, "ready")
+
+
+async def _accepts(port: int) -> bool:
+    try:
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+    return True
+
+
 async def open_backends(
     api: Any, args: argparse.Namespace, namespaces: Sequence[str] | None
 ) -> dict[str, Backend]:
@@ -170,8 +253,24 @@ async def run(
 
     ``backends`` replaces the adapters the arguments would open (for embedding and tests).
     """
+    leading = asyncio.Event()
+    if not args.leader_elect:
+        leading.set()
+    health: Health | None = None
+    if getattr(args, "health_port", 0):
+        health = Health(leading, webhook_port=args.webhook_port)
+        await health.start(args.health_port)
+    metrics: Any = None
+    server: Any = None
+    if args.metrics_port:
+        from . import metrics as metrics_module
+
+        metrics = metrics_module.Metrics()
+        server = metrics_module.serve(metrics, args.metrics_port)
     configuration = await load_configuration(args.kubeconfig, context=args.context)
     api = client_for(configuration)
+    if metrics is not None:
+        metrics.instrument(api)  # every request of the store, the adapters, events and the elector
     namespaces: list[str] | None = list(args.namespace) or None
     store = KubeRecordStore(api, namespaces=namespaces)
     if backends is None:
@@ -180,7 +279,6 @@ async def run(
     if os.environ.get(CRASH_ENV):
         listener.add(CrashAfter(os.environ[CRASH_ENV]))
     events: Any = None
-    server: Any = None
     if not args.no_events:
         try:
             from .events import EventRecorder
@@ -189,11 +287,7 @@ async def run(
         else:
             events = EventRecorder.for_client(api)
             listener.add(events)
-    if args.metrics_port:
-        from . import metrics as metrics_module
-
-        metrics = metrics_module.Metrics()
-        server = metrics_module.serve(metrics, args.metrics_port)
+    if metrics is not None:
         listener.add(metrics)
         backends = {name: metrics.observe_backend(b) for name, b in backends.items()}
     runtime = Runtime(
@@ -202,6 +296,8 @@ async def run(
         listener=listener if listener.listeners else None,
         poll_interval=args.poll_interval,
         events=events,
+        metrics=metrics,
+        leading=leading,
     )
     registry = kopf.OperatorRegistry()
     settings = operator_settings()
@@ -210,15 +306,57 @@ async def run(
     def login(**_: Any) -> kopf.ConnectionInfo:
         return _connection_info(configuration)
 
+    @kopf.on.startup(registry=registry)
+    def started(**_: Any) -> None:
+        if health is not None:
+            health.started = True
+
     register(registry, runtime)
     if args.webhook_port:
-        webhook = importlib.import_module("dispatch._kube.webhook")
-        webhook.setup(registry=registry, settings=settings, port=args.webhook_port, runtime=runtime)
+        webhook.setup(
+            registry=registry, settings=settings, port=args.webhook_port, runtime=runtime, args=args
+        )
 
     stop_flag = stop_flag if stop_flag is not None else asyncio.Event()
     exit_code = 0
+    elector: Any = None
+    election: asyncio.Task[None] | None = None
 
-    async def operate() -> None:
+    if args.leader_elect:
+        leader = importlib.import_module("dispatch._kube.leader")
+        elector = leader.LeaderElector(api, args.lease_namespace, args.lease_name, leader.default_identity())
+
+        def stop(why: str) -> None:
+            nonlocal exit_code
+            log.error("%s; stopping", why)
+            exit_code = 1
+            leading.clear()
+            runtime.abandon()
+            stop_flag.set()
+
+        def lost() -> None:
+            stop(f"lost the Lease {args.lease_namespace}/{args.lease_name}")
+
+        async def elect() -> None:
+            log.info(
+                "waiting for the Lease %s/%s as %s (serving webhooks and health meanwhile)",
+                args.lease_namespace,
+                args.lease_name,
+                elector.identity,
+            )
+            try:
+                await elector.acquire()
+                log.info("holding the Lease %s/%s: supervising", args.lease_namespace, args.lease_name)
+                leading.set()
+                await elector.hold(lost)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                stop(f"leader election failed: {type(error).__name__}: {error}")
+
+        election = asyncio.create_task(elect(), name="dispatch-leader-election")
+
+    try:
         await kopf.operator(
             registry=registry,
             settings=settings,
@@ -227,25 +365,18 @@ async def run(
             namespaces=namespaces or (),
             stop_flag=stop_flag,
         )
-
-    try:
-        if args.leader_elect:
-            leader = importlib.import_module("dispatch._kube.leader")
-            elector = leader.LeaderElector(
-                api, args.lease_namespace, args.lease_name, leader.default_identity()
-            )
-
-            def lost() -> None:
-                nonlocal exit_code
-                log.error("lost the Lease %s/%s; stopping", args.lease_namespace, args.lease_name)
-                exit_code = 1
-                stop_flag.set()
-
-            log.info("waiting for the Lease %s/%s", args.lease_namespace, args.lease_name)
-            await leader.run_with_leader_election(elector, operate, lost)
-        else:
-            await operate()
     finally:
+        if health is not None:
+            health.stopping = True
+        leading.clear()
+        runtime.abandon()
+        if election is not None:
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await election
+        if elector is not None:
+            with contextlib.suppress(Exception):
+                await elector.release()
         for task in list(runtime.tasks.values()):
             task.cancel()
         if events is not None:
@@ -259,6 +390,9 @@ async def run(
         if server is not None:
             with contextlib.suppress(Exception):
                 server.shutdown()
+        if health is not None:
+            with contextlib.suppress(Exception):
+                await health.aclose()
     return exit_code
 
 

@@ -81,7 +81,11 @@ CapabilitiesOf = Callable[[str], Capabilities | None]
 
 
 def default_capabilities(backend: str) -> Capabilities | None:
-    """Each backend's capabilities with its default configuration (Slurm: MaxBatchRequeue 5)."""
+    """Each backend's capabilities with its default configuration.
+
+    Kubeflow restarts failed pods in place (exactly [non-zero-exit out-of-memory], budget 0..100);
+    Slurm enforces no rule exactly, so its capabilities are empty and a ``restart`` rule is refused.
+    """
     if backend == "kubeflow":
         try:
             from .._kubeflow import CAPABILITIES
@@ -90,7 +94,12 @@ def default_capabilities(backend: str) -> Capabilities | None:
         except ImportError:  # pragma: no cover - the adapter ships with the operator
             return MEMORY_CAPABILITIES[Shape.KUBEFLOW]
     if backend == "slurm":
-        return MEMORY_CAPABILITIES[Shape.SLURM]
+        try:
+            from .._slurm import CAPABILITIES as SLURM_CAPABILITIES
+
+            return SLURM_CAPABILITIES
+        except ImportError:  # pragma: no cover - the adapter ships with the operator
+            return MEMORY_CAPABILITIES[Shape.SLURM]
     return None
 
 

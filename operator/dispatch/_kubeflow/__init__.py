@@ -8,6 +8,13 @@ feeds an in-memory cache shared by every job; each event wakes the subscribers o
 to, so the path from a pod or PyTorchJob change to the supervisor's next decision never polls.
 :meth:`KubeflowBackend.list` answers from that cache once it has synced, completed by what this
 process wrote itself (an object it created is shown even before the watch brings it back).
+
+Stopping an object whose pods say it has ended (the suspend patch with ``dispatch.dev/ended``) is off
+the reaction path: the object is reported ended as soon as the evidence is seen, the stop runs in a
+background task per object, and :meth:`KubeflowBackend.release` first makes sure that every older
+object of the same job is stopped on the API server (the *fence*), so "at most one released object
+per job" holds without the supervisor waiting for the stop before it authorizes and creates the next
+submission. See docs/kubeflow.md, "Stopping what the scheduler would carry on".
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
@@ -42,6 +50,7 @@ from ._build import build, object_name
 from ._classify import (
     KUBELET_TERMINATION,
     Evidence,
+    Verdict,
     best,
     classify,
     ended_annotation,
@@ -68,6 +77,40 @@ CAPABILITIES: Final = Capabilities(
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
 NODE_CACHE_SECONDS: Final = 10.0
+STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(eq=False)
+class _Stop:
+    """A stop this process has decided on: the object is reported ended with ``cause`` from then on."""
+
+    oid: str
+    job: str
+    submission: int
+    cause: Cause
+    deferrable: bool
+    """The training operator finishes the object itself (a failed pod under restartPolicy Never):
+    the patch waits up to ``stop_grace`` for that, unless a release needs the object stopped now."""
+    now: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    landed: bool = False
+    """The object is stopped on the API server (by us or the training operator) or gone."""
+    reported: bool = False
+    """``list()`` has shown it ended: a later ``list()`` waits for a stop that cannot be deferred."""
+    error: Exception | None = None
+
+
+def stopped_body(body: Body) -> bool:
+    """The API server says this PyTorchJob can run nothing any more, for good: stopped by dispatch
+    (the annotation), finished (``Succeeded``/``Failed``: the training operator cleans its running pods
+    and creates none), or being deleted. None of these can be undone by dispatch or Kubeflow."""
+    meta = body.get("metadata", {})
+    if (meta.get("annotations") or {}).get(ANNOTATION_ENDED) or meta.get("deletionTimestamp"):
+        return True
+    return any(
+        c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+        for c in body.get("status", {}).get("conditions") or []
+    )
 
 
 def split_id(value: str, what: str = "job") -> tuple[str, str]:
@@ -87,15 +130,22 @@ class KubeflowBackend:
         namespaces: Sequence[str] | None = None,
         stop_ended: bool = True,
         sync_timeout: float = 30.0,
+        stop_grace: float = 2.0,
+        pod_cleanup_after: float = 30.0,
         owns_api: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``namespaces`` limits the watches (default: all namespaces). ``stop_ended=False`` makes a
-        read-only observer: it never stops an object whose pods say it has ended."""
+        read-only observer: it never stops an object whose pods say it has ended. ``stop_grace``: how
+        long a stop the training operator will make itself (a failed pod under ``Never``) waits for it
+        before dispatch writes it. ``pod_cleanup_after``: how long after a stop the pods the training
+        operator should have deleted may still run before dispatch deletes them itself."""
         self.api = api
         self.namespaces = tuple(namespaces) if namespaces else None
         self.stop_ended = stop_ended
         self.sync_timeout = sync_timeout
+        self.stop_grace = stop_grace
+        self.pod_cleanup_after = pod_cleanup_after
         self._owns_api = owns_api
         self._clock = clock
         self._subscribers: dict[str, list[Wake]] = {}
@@ -116,6 +166,10 @@ class KubeflowBackend:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._nodes: dict[str, tuple[bool, float]] = {}
         self._restarts: dict[str, int] = {}  # object id -> most restarts seen (pods are recreated)
+        self._stops: dict[str, _Stop] = {}  # object id -> the stop decided on (pending or landed)
+        self._background: set[asyncio.Task[None]] = set()
+        self._sweeping: set[str] = set()
+        self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
 
     # ---- Backend protocol ------------------------------------------------------------------
 
@@ -154,6 +208,18 @@ class KubeflowBackend:
     async def release(self, object_id: str) -> None:
         namespace, name = split_id(object_id, "object")
         body = self._current(object_id)
+        if body is None:
+            body = await self._get_pj(namespace, name)
+            if body is None:
+                log.info("release %s: it no longer exists", object_id)
+                return
+            self._remember(object_id, None, body)
+        owner = owner_of(body)
+        if owner is not None:
+            # Invariant 1 without waiting on the hot path: the older objects of the job are stopped
+            # on the API server before this one may start (usually the stop landed long ago).
+            await self._fence(owner[0], owner[1], object_id)
+            body = self._current(object_id)
         for _ in range(5):
             if body is None:
                 body = await self._get_pj(namespace, name)
@@ -189,6 +255,13 @@ class KubeflowBackend:
 
     async def end(self, object_id: str) -> None:
         namespace, name = split_id(object_id, "object")
+        stop = self._stops.get(object_id)
+        if stop is not None and stop.task is not None and not stop.task.done():
+            # Deleting supersedes the stop in flight: let it finish (or end its wait) first, so that
+            # its write cannot land on top of the deletion.
+            stop.now.set()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(stop.task)
         body = self._current(object_id)
         owner = owner_of(body) if body is not None else None
         try:
@@ -206,11 +279,16 @@ class KubeflowBackend:
     async def list(self, job: str) -> Sequence[ObjectView]:
         split_id(job)
         await self._synced()
-        ids = set(self._by_job.get(job, ()))
-        ids.update(oid for oid, j in self._overlay_job.items() if j == job)
-        ids.update(oid for oid, j in self._ended_by_us.items() if j == job)
+        # A stop that the training operator will not make itself, already reported ended by an
+        # earlier list(), must have landed before anything more is decided for the job: the step
+        # after an Authorize is a Create (the stop had the write's time to land), and a job must not
+        # record Settled while one of its objects could still run. Deferrable stops are made by
+        # the training operator itself; the fence in release() covers them.
+        for stop in [s for s in self._stops.values() if s.job == job]:
+            if stop.reported and not stop.deferrable and not stop.landed:
+                await self._await_stop(stop)
         views: list[ObjectView] = []
-        for oid in sorted(ids):
+        for oid in sorted(self._ids_of(job)):
             if oid in self._tombstones:
                 continue
             body = self._current(oid)
@@ -223,10 +301,7 @@ class KubeflowBackend:
                 view = view.model_copy(update={"restarts": seen})
             else:
                 self._restarts[oid] = view.restarts
-            if oid in self._ended_by_us:
-                view = vanished(view)
-            elif verdict.stop is not None and self.stop_ended:
-                await self._stop(oid, body, verdict.stop)
+            view = vanished(view) if oid in self._ended_by_us else self._stop_view(oid, body, verdict, view)
             self._last_views[oid] = view
             if verdict.recheck_at is not None:
                 self._wake_at(f"recheck:{oid}", job, verdict.recheck_at)
@@ -251,12 +326,14 @@ class KubeflowBackend:
         return unsubscribe
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._background.clear()
         await asyncio.sleep(0)  # let the aborted watch connections finish closing
         for handle in self._timers.values():
             handle.cancel()
@@ -332,6 +409,7 @@ class KubeflowBackend:
             if mine is not None and (resource_version(new) or 0) >= (resource_version(mine) or 0):
                 self._overlay.pop(oid, None)
                 self._overlay_job.pop(oid, None)
+            self._check_stop(oid)
         self._wake(job)
 
     def _pj_relisted(self, rv: str) -> None:
@@ -375,6 +453,8 @@ class KubeflowBackend:
                 )
                 if at is not None:
                     self._wake_at(f"pod:{pod_key}", job, at)
+        if pj is not None:
+            self._check_stop(oid)
         self._wake(job)
 
     def _retain(self, oid: str, pj: Body, pod: Body, *, only_restarts: bool = False) -> None:
@@ -402,9 +482,15 @@ class KubeflowBackend:
         self._last_restart.pop(oid, None)
         self._last_views.pop(oid, None)
         self._restarts.pop(oid, None)
-        timer = self._timers.pop(f"recheck:{oid}", None)
-        if timer is not None:
-            timer.cancel()
+        self._verdicts.pop(oid, None)
+        stop = self._stops.pop(oid, None)
+        if stop is not None:
+            stop.landed = True  # gone from the API server: nothing of it can run
+            stop.now.set()
+        for key in (f"recheck:{oid}", f"cleanup:{oid}"):
+            timer = self._timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
 
     def _tombstone(self, view: ObjectView) -> None:
         self._tombstones[view.id] = view
@@ -431,6 +517,12 @@ class KubeflowBackend:
             return mine
         return cached
 
+    def _ids_of(self, job: str) -> set[str]:
+        ids = set(self._by_job.get(job, ()))
+        ids.update(oid for oid, j in self._overlay_job.items() if j == job)
+        ids.update(oid for oid, j in self._ended_by_us.items() if j == job)
+        return ids
+
     def _wake(self, job: str | None) -> None:
         if job is None:
             return
@@ -453,35 +545,56 @@ class KubeflowBackend:
     # ---- classification ----------------------------------------------------------------------
 
     def _classify_now(self, oid: str, body: Body) -> ObjectView:
-        pods = list(self._pods.get(oid, {}).values())
+        return self._verdict_now(oid, body).view
+
+    def _verdict_now(self, oid: str, body: Body) -> Verdict:
+        """Without I/O: nodes are taken as present unless this process already found them gone."""
+        now = time.monotonic()
+        gone = {node for node, (is_gone, until) in self._nodes.items() if is_gone and until > now}
         return classify(
             body,
-            pods,
+            list(self._pods.get(oid, {}).values()),
             now=self._clock(),
+            gone_nodes=gone,
             retained=self._retained.get(oid),
             last_restart=self._last_restart.get(oid),
-        ).view
+        )
 
-    async def _classify(self, oid: str, body: Body) -> Any:
-        pods = list(self._pods.get(oid, {}).values())
+    async def _classify(self, oid: str, body: Body) -> Verdict:
+        """The verdict on one object; remembered while nothing it was computed from has changed
+        (a job's list() classifies every object it ever had, many times per recovery)."""
+        pods_by_key = self._pods.get(oid, {})
+        retained, last_restart = self._retained.get(oid), self._last_restart.get(oid)
+        key = (
+            resource_version(body),
+            tuple(sorted((k, resource_version(p)) for k, p in pods_by_key.items())),
+            retained,
+            last_restart,
+        )
+        known = self._verdicts.get(oid)
+        if known is not None and known[0] == key:
+            return known[1]
+        pods = list(pods_by_key.values())
         gone: set[str] = set()
+        uses_nodes = False
         for pod in pods:
             for condition in pod.get("status", {}).get("conditions") or []:
                 if (
                     condition.get("type") == "DisruptionTarget"
                     and condition.get("reason") == KUBELET_TERMINATION
                 ):
+                    uses_nodes = True
                     node = pod.get("spec", {}).get("nodeName")
                     if node and await self._node_gone(node):
                         gone.add(node)
-        return classify(
-            body,
-            pods,
-            now=self._clock(),
-            gone_nodes=gone,
-            retained=self._retained.get(oid),
-            last_restart=self._last_restart.get(oid),
+        verdict = classify(
+            body, pods, now=self._clock(), gone_nodes=gone, retained=retained, last_restart=last_restart
         )
+        if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
+            self._verdicts[oid] = (key, verdict)  # neither the clock nor a node lookup can change it
+        else:
+            self._verdicts.pop(oid, None)
+        return verdict
 
     async def _node_gone(self, node: str) -> bool:
         now = time.monotonic()
@@ -500,47 +613,235 @@ class KubeflowBackend:
 
     # ---- writes ------------------------------------------------------------------------------
 
-    async def _stop(self, oid: str, body: Body, cause: Cause) -> None:
-        """End an object the scheduler would carry on, keeping why on the object itself.
+    # ---- stopping what the scheduler would carry on ----------------------------------------------
 
-        One conditional merge patch records the cause in an annotation and suspends the PyTorchJob
-        (so the training operator deletes its pods and creates no more); then the pods are deleted.
+    def _stop_view(self, oid: str, body: Body, verdict: Verdict, view: ObjectView) -> ObjectView:
+        """The view of an object this process stops (or must stop): ended with the stop's cause."""
+        stop = self._stops.get(oid)
+        if stop is None:
+            if verdict.stop is None or not self.stop_ended:
+                return view
+            stop = self._register_stop(oid, body, verdict.stop)
+            if stop is None:
+                return view
+        stop.reported = True
+        if view.phase is not Phase.ENDED or verdict.stop is not None:
+            # Evidence seen once is final (a pod recreated before the stop lands does not revive
+            # the object), and the view keeps the cause the annotation will say.
+            view = view.model_copy(update={"phase": Phase.ENDED, "cause": stop.cause, "cancelled": False})
+        self._ensure_stop_task(stop)
+        return view
+
+    def _register_stop(self, oid: str, body: Body, cause: Cause) -> _Stop | None:
+        known = self._stops.get(oid)
+        if known is not None:
+            return known
+        owner = owner_of(body)
+        if owner is None:
+            return None
+        failed_pod = any(
+            p.get("status", {}).get("phase") == "Failed"
+            and not p.get("metadata", {}).get("deletionTimestamp")
+            for p in self._pods.get(oid, {}).values()
+        )
+        stop = _Stop(oid, owner[0], owner[1], cause, deferrable=failed_pod and not in_place(body))
+        self._stops[oid] = stop
+        return stop
+
+    def _ensure_stop_task(self, stop: _Stop) -> None:
+        if stop.landed or (stop.task is not None and not stop.task.done()):
+            return
+        stop.task = self._spawn(self._run_stop(stop), f"dispatch-kubeflow-stop-{stop.oid}")
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _run_stop(self, stop: _Stop) -> None:
+        """Write the stop (unless the API server already says it is stopped); never raises."""
+        try:
+            if stop.deferrable and self.stop_grace > 0 and not stop.now.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.stop_grace):
+                        await stop.now.wait()
+            failures = 0
+            while True:
+                body = self._current(stop.oid)
+                if body is None or stopped_body(body):
+                    break  # gone, or finished by the training operator: nothing to write
+                try:
+                    await self._patch_stop(stop.oid, stop.cause)
+                    break
+                except TransientBackendError as error:
+                    delay = STOP_RETRY[min(failures, len(STOP_RETRY) - 1)]
+                    failures += 1
+                    log.warning("stop %s: %s; again in %.2fs", stop.oid, error, delay)
+                    await asyncio.sleep(delay)
+            stop.landed = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("stop %s: %s", stop.oid, error)
+            stop.error = error
+
+    async def _await_stop(self, stop: _Stop, *, now: bool = False) -> None:
+        """Wait until ``stop`` has landed, starting (or restarting) it if needed."""
+        if now:
+            stop.now.set()
+        stop.error = None
+        self._ensure_stop_task(stop)
+        if stop.task is not None and not stop.landed:
+            await asyncio.shield(stop.task)
+        if not stop.landed:
+            error = stop.error
+            if isinstance(error, BackendError):
+                raise error
+            raise TransientBackendError(f"stop {stop.oid}: {error or 'not done yet'}")
+
+    async def _fence(self, job: str, submission: int, releasing: str) -> None:
+        """Make sure no object of ``job`` older than ``submission`` can run any more.
+
+        An object counts as stopped only by what the API server says for good (annotation,
+        finished, being deleted: :func:`stopped_body`), so a stale cache can only cause a redundant
+        write, never a second released object. Objects this process has never seen (deleted before
+        it started, or not yet in its watch) are looked up with one read.
         """
+        namespace, job_name = split_id(job)
+        seen: set[int] = set()
+        candidates = self._ids_of(job) | {s.oid for s in self._stops.values() if s.job == job}
+        for oid in sorted(candidates):
+            body = self._current(oid)
+            owner = owner_of(body) if body is not None else None
+            if body is None or owner is None or oid == releasing:
+                continue
+            seen.add(owner[1])
+            if owner[1] < submission and not stopped_body(body):
+                await self._stop_now(oid, body, submission)
+        missing = [
+            k
+            for k in range(1, submission)
+            if k not in seen and f"{namespace}/{object_name(job_name, k)}" not in self._tombstones
+        ]
+        if not missing:
+            return
+        listing = await self._call_query(
+            self._pj_path(namespace), {"labelSelector": f"{LABEL_JOB}={job_name},{SELECTOR}"}
+        )
+        for item in listing.get("items") or []:
+            owner = owner_of(item)
+            oid = key_of(item)
+            if owner is None or owner[0] != job or owner[1] >= submission or oid == releasing:
+                continue
+            if not stopped_body(item):
+                self._remember(oid, job, item)
+                await self._stop_now(oid, item, submission)
+
+    async def _stop_now(self, oid: str, body: Body, submission: int) -> None:
+        stop = self._stops.get(oid)
+        if stop is None:
+            verdict = await self._classify(oid, body)
+            cause = verdict.stop or Cause(
+                kind=CauseKind.UNKNOWN,
+                detail=f"stopped by dispatch before submission {submission} of the job was released",
+            )
+            stop = self._register_stop(oid, body, cause)
+            if stop is None:
+                return
+        if stop.landed and not stopped_body(self._current(oid) or body):
+            stop.landed = False  # it was gone from our cache, but the API server still has it
+        log.info("release of submission %d waits for the stop of %s", submission, oid)
+        await self._await_stop(stop, now=True)
+
+    async def _patch_stop(self, oid: str, cause: Cause) -> None:
+        """One merge patch: the cause into ``dispatch.dev/ended`` and ``suspend: true`` (the training
+        operator then deletes the pods and creates no more). No resourceVersion: it only ever moves
+        the object towards stopped, so it cannot undo anyone's write that matters, and a status
+        update by the training operator does not make it fail with 409. A release racing with it
+        is conditional (resourceVersion) and refuses once the annotation is there."""
         namespace, name = split_id(oid, "object")
-        current: Body | None = body
-        for _ in range(5):
-            if current is None:
-                current = await self._get_pj(namespace, name)
-                if current is None:
-                    return
-            meta = current.get("metadata", {})
-            if (meta.get("annotations") or {}).get(ANNOTATION_ENDED) or meta.get("deletionTimestamp"):
-                self._remember(oid, None, current)
-                break
-            patch = {
-                "metadata": {
-                    "resourceVersion": meta.get("resourceVersion"),
-                    "annotations": {ANNOTATION_ENDED: ended_annotation(cause)},
-                },
-                "spec": {"runPolicy": {"suspend": True}},
-            }
-            try:
-                patched = await request(
-                    self.api, "PATCH", self._pj_path(namespace, name), body=patch, content_type=MERGE_PATCH
-                )
-            except KubeError as error:
-                if error.status == 404:
-                    return
-                if error.status == 409:
-                    current = None
-                    continue
-                raise self._explain(error, f"stop PyTorchJob {oid}") from None
-            log.info("stopped %s: %s (%s)", oid, cause.kind, cause.detail)
-            self._remember(oid, None, patched)
-            break
-        else:
-            raise TransientBackendError(f"stop {oid}: it kept changing under us")
-        await self._delete_pods(namespace, name, body)
+        patch = {
+            "metadata": {"annotations": {ANNOTATION_ENDED: ended_annotation(cause)}},
+            "spec": {"runPolicy": {"suspend": True}},
+        }
+        try:
+            patched = await request(
+                self.api, "PATCH", self._pj_path(namespace, name), body=patch, content_type=MERGE_PATCH
+            )
+        except KubeError as error:
+            if error.status == 404:
+                return
+            raise self._explain(error, f"stop PyTorchJob {oid}") from None
+        log.info("stopped %s: %s (%s)", oid, cause.kind, cause.detail)
+        self._remember(oid, None, patched)
+        self._schedule_cleanup(oid)
+
+    def _schedule_cleanup(self, oid: str) -> None:
+        """The training operator deletes a suspended job's pods; if some still run after
+        ``pod_cleanup_after`` (no training operator, or a stuck one), delete them ourselves."""
+        key = f"cleanup:{oid}"
+        if key in self._timers:
+            return
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self._spawn(self._cleanup_pods(oid), f"dispatch-kubeflow-cleanup-{oid}")
+
+        self._timers[key] = asyncio.get_running_loop().call_later(self.pod_cleanup_after, fire)
+
+    async def _cleanup_pods(self, oid: str) -> None:
+        alive = [
+            p
+            for p in self._pods.get(oid, {}).values()
+            if not p.get("metadata", {}).get("deletionTimestamp")
+            and p.get("status", {}).get("phase") in ("Running", "Pending")
+        ]
+        if not alive:
+            return
+        namespace, name = split_id(oid, "object")
+        log.info("%d pod(s) of stopped %s still run: deleting them", len(alive), oid)
+        try:
+            await self._delete_pods(namespace, name, self._current(oid))
+        except BackendError as error:
+            log.warning("delete the pods of stopped %s: %s", oid, error)
+
+    def _check_stop(self, oid: str) -> None:
+        """From the watches: start a stop as soon as the evidence arrives, whether or not a
+        supervisor lists the job (a settled job, a restarted process)."""
+        if not self.stop_ended or not self._tasks:
+            return
+        body = self._current(oid)
+        if body is None:
+            return
+        stop = self._stops.get(oid)
+        if stop is not None:
+            if stopped_body(body):
+                stop.now.set()  # a deferred stop has nothing left to write
+            return
+        if stopped_body(body) or oid in self._ended_by_us or oid in self._sweeping:
+            return
+        if self._verdict_now(oid, body).stop is None:
+            return
+        self._sweeping.add(oid)
+        self._spawn(self._sweep(oid), f"dispatch-kubeflow-sweep-{oid}")
+
+    async def _sweep(self, oid: str) -> None:
+        try:
+            body = self._current(oid)
+            if body is None or oid in self._stops:
+                return
+            verdict = await self._classify(oid, body)
+            if verdict.stop is not None and oid not in self._stops:
+                stop = self._register_stop(oid, body, verdict.stop)
+                if stop is not None:
+                    self._ensure_stop_task(stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.debug("sweep %s: %s", oid, error)
+        finally:
+            self._sweeping.discard(oid)
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None
@@ -567,6 +868,12 @@ class KubeflowBackend:
             if error.status == 404:
                 return None
             raise self._explain(error, f"read PyTorchJob {namespace}/{name}") from None
+
+    async def _call_query(self, path: str, query: Mapping[str, object]) -> Body:
+        try:
+            return await request(self.api, "GET", path, query=query)
+        except KubeError as error:
+            raise self._explain(error, f"list {path}") from None
 
     async def _call(self, method: str, path: str, *, what: str) -> Body:
         try:

@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from .._errors import BackendError, TransientBackendError
-from .._model import Action, Capabilities, CauseKind, Enforcer, JobSpec, NativeRule, ObjectView, Plan
+from .._model import Capabilities, JobSpec, ObjectView, Plan
 from ._dialects import PROBE_ORDER, Dialect, SlurmJob, SubmitRequest, dialect_for
 from ._poller import Poller, make_tag
 from ._rest import (
@@ -33,7 +33,7 @@ from ._rest import (
     TokenSource,
 )
 
-__all__ = ["SlurmBackend", "SlurmConfig", "open_adapter"]
+__all__ = ["CAPABILITIES", "SlurmBackend", "SlurmConfig", "open_adapter"]
 
 log = logging.getLogger("dispatch.slurm")
 
@@ -71,8 +71,6 @@ class SlurmConfig(BaseModel):
     """Default working directory when the spec names none."""
     standard_output: str | None = None
     """Output path pattern; default ``<working directory>/%x-%j.out``."""
-    max_batch_requeue: Annotated[int, Field(ge=0, le=100)] = 5
-    """The cluster's requeue limit (MaxBatchRequeue; compiled in as 5 in Slurm 22.05)."""
     filter_user: bool = True
     """Only consider tagged jobs owned by ``user_name`` (when set)."""
 
@@ -85,21 +83,17 @@ class SlurmConfig(BaseModel):
         return self
 
 
-def _native(max_batch_requeue: int) -> Capabilities:
-    return Capabilities(
-        native=(
-            NativeRule(
-                causes=frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST}),
-                action=Action.RESTART,
-                min_budget=max_batch_requeue,
-                max_budget=max_batch_requeue,
-                note=(
-                    "Slurm requeues a requeueable batch job in place on preemption (PreemptMode=REQUEUE) "
-                    "and node failure, up to the cluster-wide MaxBatchRequeue"
-                ),
-            ),
-        )
-    )
+CAPABILITIES: Final = Capabilities()
+"""Slurm enforces no recovery rule exactly, so it is given none and every rule goes to the supervisor.
+
+MaxBatchRequeue (compiled in as 5 in 22.05, a slurm.conf key later) is checked on requeues after a
+failed launch or a node failure, but a preemption requeue (PreemptMode=REQUEUE) raises ``restart_cnt``
+without being checked against it: "restart on [preempted node-lost] with budget 5" would not hold for
+preemption. And a job's requeue flag allows node-failure requeues only together with preemption
+requeues, so "restart on [node-lost]" alone is not exact either. Jobs are therefore submitted
+``no_requeue`` (a REQUEUE-mode preemption ends them PREEMPTED) and a ``restart`` rule is refused by the
+plan. See docs/slurm.md.
+"""
 
 
 class SlurmBackend:
@@ -130,7 +124,6 @@ class SlurmBackend:
         )
         self.ended_by_dispatch: set[str] = set()
         """Object ids dispatch itself cancelled (ObjectView.cancelled is True for any cancel)."""
-        self._capabilities = _native(config.max_batch_requeue)
 
     # ------------------------------------------------------------------ Backend protocol
 
@@ -140,7 +133,7 @@ class SlurmBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._capabilities
+        return CAPABILITIES
 
     async def dialect(self) -> Dialect:
         if self._dialect is not None:
@@ -169,7 +162,7 @@ class SlurmBackend:
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         d = await self.dialect()
-        req = self.submit_request(job, submission, spec, plan)
+        req = self.submit_request(job, submission, spec)
         what = f"submit job {job} submission {submission}"
         resp = await self.rest.request(
             "POST",
@@ -186,9 +179,8 @@ class SlurmBackend:
         self.poller.note_created(job_id, job, submission)
         return str(job_id)
 
-    def submit_request(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> SubmitRequest:
+    def submit_request(self, job: str, submission: int, spec: JobSpec) -> SubmitRequest:
         opts = spec.slurm
-        requeue = any(r.enforcer is Enforcer.SCHEDULER and r.action is Action.RESTART for r in plan.rules)
         env: dict[str, str] = {"PATH": DEFAULT_PATH}
         if opts is not None:
             env.update(opts.environment)
@@ -203,7 +195,6 @@ class SlurmBackend:
             name=f"dispatch-{job}-{submission}",
             comment=make_tag(job, submission),
             environment=env,
-            requeue=requeue,
             hold=True,
             partition=(opts.partition if opts is not None else None) or self.config.partition,
             time_limit_minutes=opts.time_limit_minutes if opts is not None else None,

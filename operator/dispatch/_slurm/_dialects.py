@@ -59,13 +59,16 @@ class SlurmJob:
 
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
-    """A neutral job description; the dialect renders it."""
+    """A neutral job description; the dialect renders it.
+
+    There is no requeue field: every job is submitted not requeueable, because Slurm's requeue
+    enforces no recovery rule exactly (docs/slurm.md) and each recovery is dispatch's to decide.
+    """
 
     script: str
     name: str
     comment: str
     environment: Mapping[str, str]
-    requeue: bool
     hold: bool = True
     partition: str | None = None
     time_limit_minutes: int | None = None
@@ -190,11 +193,8 @@ class V0038(Dialect):
             "current_working_directory": req.working_directory,
             "nodes": str(req.nodes),
         }
-        # "requeue": false is silently ignored by v0.0.38; "no_requeue" is what works.
-        if req.requeue:
-            job["requeue"] = True
-        else:
-            job["no_requeue"] = True
+        # Never requeueable. "requeue": false is silently ignored by v0.0.38; "no_requeue" is what works.
+        job["no_requeue"] = True
         if req.standard_output:
             job["standard_output"] = req.standard_output
         if req.partition:
@@ -243,7 +243,7 @@ class V0040(Dialect):
             "name": req.name,
             "comment": req.comment,
             "hold": req.hold,
-            "requeue": req.requeue,  # a real boolean from v0.0.39 on; false is honoured
+            "requeue": False,  # never requeueable; a real boolean from v0.0.39 on, and false is honoured
             "environment": [f"{k}={v}" for k, v in req.environment.items()],
             "current_working_directory": req.working_directory,
             "minimum_nodes": req.nodes,
