@@ -242,3 +242,31 @@ def test_plugin_errors(crds: KubeCluster, namespace: str) -> None:
         check=False,
     )
     assert (empty.returncode, empty.stdout.strip()) == (0, f"No dispatchjobs found in namespace {namespace}.")
+
+
+async def test_cancel_through_the_plugin_keeps_the_record(crds: KubeCluster, namespace: str) -> None:
+    """``kubectl dispatch cancel`` sets spec.cancel; the supervisor ends the job cancelled, record kept."""
+    cluster = crds
+    cluster.kubectl("apply", "-n", namespace, "-f", str(SEED))
+    job = f"{namespace}/finetune"
+    api = await new_client(str(cluster.kubeconfig))
+    store = KubeRecordStore(api, namespaces=[namespace])
+    memory = dispatch.MemoryBackend(dispatch.Shape.SLURM, auto_run=True)
+    try:
+        body = await store.read(job)
+        spec = job_spec(body)
+        plan = dispatch.make_plan(job, spec, memory.capabilities, supervised=True)
+        await store.create(new_record(body, spec, plan))
+        done = asyncio.create_task(dispatch.Supervisor(memory, store, poll_interval=0.5).run(job))
+        first = await until("submission 1 running", lambda: running(memory, 1))
+
+        assert "cancel requested" in kubectl_dispatch(cluster, "cancel", "finetune", "-n", namespace)
+        settled = await asyncio.wait_for(done, 60)
+        assert settled.state is dispatch.State.CANCELLED
+        assert [s.canonical for s in settled.submissions] == [first]
+        assert [o.phase for o in memory.objects()] == [dispatch.Phase.ENDED]
+        assert settled.history[-1].to is dispatch.State.CANCELLED
+        assert settled.plan == plan
+    finally:
+        await store.aclose()
+        await api.close()

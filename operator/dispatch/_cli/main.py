@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final, TextIO
 
-from .._constants import GROUP, KIND, PLURAL, VERSION
+from .._constants import GROUP, KIND, PLURAL, SINGULAR, VERSION
 from .._errors import PlanError
 from . import _render as render
 from ._manifest import ManifestError, load
@@ -69,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
 
     p = sub.add_parser("history", parents=[common], help="the recorded transitions of a DispatchJob")
+    p.add_argument("name")
+
+    p = sub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a DispatchJob, keeping its record",
+        description="Set spec.cancel: the operator ends the job as cancelled, records who asked (from "
+        "the admission webhook, which takes the identity of the caller) and ends its objects. The "
+        "record is kept; delete the DispatchJob to remove it.",
+    )
     p.add_argument("name")
 
     p = sub.add_parser("watch", parents=[common], help="follow a DispatchJob's status as it changes")
@@ -184,6 +194,8 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
                 return await history(args, objects, namespace, out)
             if args.command == "watch":
                 return await watch(args, api, namespace, out)
+            if args.command == "cancel":
+                return await cancel(args, objects, namespace, out)
         except _kubeapi.NotFound:
             raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
         except _kubeapi.KubeError as error:
@@ -261,6 +273,15 @@ async def history(args: argparse.Namespace, objects: Any, namespace: str, out: T
         print(f"No transitions recorded yet (state: {state}).", file=out)
         return 0
     print(render.history_table(ts), file=out)
+    return 0
+
+
+async def cancel(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    obj = await objects.merge_patch(namespace, args.name, {"spec": {"cancel": True}})
+    if args.output:
+        print(render.dump(render.summary(obj), args.output), file=out)
+    else:
+        print(f"{SINGULAR}.{GROUP}/{args.name} cancel requested", file=out)
     return 0
 
 
