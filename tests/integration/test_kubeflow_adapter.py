@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -359,7 +360,9 @@ async def test_no_capacity_after_the_configured_wait(
     assert view.cause is not None
     assert view.cause.kind is CauseKind.NO_CAPACITY, view.cause
     # The training operator would keep the pod waiting: the adapter stops the PyTorchJob itself.
-    await eventually(lambda: stopped_by_dispatch(api, oid))
+    # No rule resubmits on no-capacity, so an outcome (then Settled) follows: list() reports the
+    # object ended only once the stop has landed.
+    assert await stopped_by_dispatch(api, oid)
 
 
 async def test_scheduler_enforced_restart_rule(
@@ -469,3 +472,31 @@ async def test_release_stops_the_older_objects_of_the_job_first(
         i for i, (name, suspended, _) in enumerate(order) if name == "fence-2" and not suspended
     )
     assert stopped_at < released_at, order
+
+
+async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    fake: FakeTrainingOperator,
+    backend: KubeflowBackend,
+) -> None:
+    """An image that never pulls, with a rule that resubmits on launch-failed: the object is
+    reported ended at once (the supervisor authorizes the next submission meanwhile); the next
+    list() (the one before the Create) returns only once the stop has landed."""
+    job = await create_owner(kube_cluster, namespace, "pull")
+    rule = Rule(on=(CauseKind.LAUNCH_FAILED,), action=Action.RESUBMIT, budget=1)
+    spec = spec_of("pull", rules=[rule])
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    await until(backend, job, phase_is(oid, Phase.RUNNING))
+    await fake.image_pull_error(namespace, "pull-1")
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.LAUNCH_FAILED
+    (again,) = await backend.list(job)
+    assert again.cause == view.cause
+    assert await stopped_by_dispatch(api, oid)
+    pj = await get_pj(api, oid)
+    assert pj is not None
+    assert json.loads(pj["metadata"]["annotations"]["dispatch.dev/ended"])["kind"] == "launch-failed"

@@ -44,7 +44,18 @@ from .._constants import (
     VERSION,
 )
 from .._errors import BackendError, ObjectExists, TransientBackendError
-from .._model import Action, Capabilities, Cause, CauseKind, JobSpec, NativeRule, ObjectView, Phase, Plan
+from .._model import (
+    Action,
+    Capabilities,
+    Cause,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    NativeRule,
+    ObjectView,
+    Phase,
+    Plan,
+)
 from .._protocols import Unsubscribe, Wake
 from ._build import build, object_name
 from ._classify import (
@@ -96,8 +107,23 @@ class _Stop:
     landed: bool = False
     """The object is stopped on the API server (by us or the training operator) or gone."""
     reported: bool = False
-    """``list()`` has shown it ended: a later ``list()`` waits for a stop that cannot be deferred."""
+    """``list()`` has shown it ended: every later ``list()`` waits for a stop that cannot be deferred."""
     error: Exception | None = None
+
+
+def resubmitted_causes(spec: JobSpec, plan: Plan) -> frozenset[CauseKind]:
+    """The causes whose end of this submission the supervisor answers with a new submission (the
+    same test as ``decide``). Firings of resubmit rules change only by authorizing a submission, so
+    the plan given to ``create`` still holds when the object ends."""
+    kinds: set[CauseKind] = set()
+    for kind in CauseKind:
+        index = spec.recovery.rule_for(kind)
+        if index is None or index >= len(plan.rules):
+            continue
+        rule = plan.rules[index]
+        if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
+            kinds.add(kind)
+    return frozenset(kinds)
 
 
 def stopped_body(body: Body) -> bool:
@@ -170,6 +196,7 @@ class KubeflowBackend:
         self._background: set[asyncio.Task[None]] = set()
         self._sweeping: set[str] = set()
         self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
+        self._resubmits: dict[str, frozenset[CauseKind]] = {}  # object id -> causes its plan resubmits
 
     # ---- Backend protocol ------------------------------------------------------------------
 
@@ -203,6 +230,7 @@ class KubeflowBackend:
                 raise ObjectExists(oid) from None
             raise self._explain(error, f"create PyTorchJob {oid}") from None
         self._remember(oid, job, created)
+        self._resubmits[oid] = resubmitted_causes(spec, plan)
         return oid
 
     async def release(self, object_id: str) -> None:
@@ -257,11 +285,10 @@ class KubeflowBackend:
         namespace, name = split_id(object_id, "object")
         stop = self._stops.get(object_id)
         if stop is not None and stop.task is not None and not stop.task.done():
-            # Deleting supersedes the stop in flight: let it finish (or end its wait) first, so that
-            # its write cannot land on top of the deletion.
-            stop.now.set()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(stop.task)
+            # Deleting supersedes a stop in flight (or waiting for the training operator).
+            stop.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stop.task
         body = self._current(object_id)
         owner = owner_of(body) if body is not None else None
         try:
@@ -273,20 +300,21 @@ class KubeflowBackend:
                 raise self._explain(error, f"delete PyTorchJob {object_id}") from None
         if owner is not None:
             self._ended_by_us[object_id] = owner[0]
+        if stop is not None:
+            stop.landed = True  # deleted: nothing of it can run any more
         await self._delete_pods(namespace, name, body)
         self._wake(owner[0] if owner is not None else None)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         split_id(job)
         await self._synced()
-        # A stop that the training operator will not make itself, already reported ended by an
-        # earlier list(), must have landed before anything more is decided for the job: the step
-        # after an Authorize is a Create (the stop had the write's time to land), and a job must not
-        # record Settled while one of its objects could still run. Deferrable stops are made by
-        # the training operator itself; the fence in release() covers them.
-        for stop in [s for s in self._stops.values() if s.job == job]:
-            if stop.reported and not stop.deferrable and not stop.landed:
-                await self._await_stop(stop)
+        # A job must not record Settled while one of its objects could still run, so a stop that
+        # the training operator will not make itself (not deferrable) is awaited by every list()
+        # but one: the first to report it, when this process created the object and its plan
+        # makes that cause a resubmission (the next step is an Authorize, not an outcome; the
+        # Create after it waits, the stop having had the write's time to land). Deferrable stops
+        # are made by the training operator itself; the fence in release() covers them all.
+        await self._await_stops(job)
         views: list[ObjectView] = []
         for oid in sorted(self._ids_of(job)):
             if oid in self._tombstones:
@@ -302,6 +330,11 @@ class KubeflowBackend:
             else:
                 self._restarts[oid] = view.restarts
             view = vanished(view) if oid in self._ended_by_us else self._stop_view(oid, body, verdict, view)
+            stop = self._stops.get(oid)
+            if stop is not None and not stop.landed and not stop.deferrable and not stop.reported:
+                stop.reported = True
+                if stop.cause.kind not in self._resubmits.get(oid, ()):
+                    await self._await_stop(stop)
             self._last_views[oid] = view
             if verdict.recheck_at is not None:
                 self._wake_at(f"recheck:{oid}", job, verdict.recheck_at)
@@ -483,6 +516,7 @@ class KubeflowBackend:
         self._last_views.pop(oid, None)
         self._restarts.pop(oid, None)
         self._verdicts.pop(oid, None)
+        self._resubmits.pop(oid, None)
         stop = self._stops.pop(oid, None)
         if stop is not None:
             stop.landed = True  # gone from the API server: nothing of it can run
@@ -611,8 +645,6 @@ class KubeflowBackend:
         self._nodes[node] = (gone, now + NODE_CACHE_SECONDS)
         return gone
 
-    # ---- writes ------------------------------------------------------------------------------
-
     # ---- stopping what the scheduler would carry on ----------------------------------------------
 
     def _stop_view(self, oid: str, body: Body, verdict: Verdict, view: ObjectView) -> ObjectView:
@@ -624,7 +656,6 @@ class KubeflowBackend:
             stop = self._register_stop(oid, body, verdict.stop)
             if stop is None:
                 return view
-        stop.reported = True
         if view.phase is not Phase.ENDED or verdict.stop is not None:
             # Evidence seen once is final (a pod recreated before the stop lands does not revive
             # the object), and the view keeps the cause the annotation will say.
@@ -685,6 +716,11 @@ class KubeflowBackend:
         except Exception as error:
             log.warning("stop %s: %s", stop.oid, error)
             stop.error = error
+
+    async def _await_stops(self, job: str) -> None:
+        for stop in [s for s in self._stops.values() if s.job == job]:
+            if stop.reported and not stop.deferrable and not stop.landed:
+                await self._await_stop(stop)
 
     async def _await_stop(self, stop: _Stop, *, now: bool = False) -> None:
         """Wait until ``stop`` has landed, starting (or restarting) it if needed."""
@@ -807,8 +843,8 @@ class KubeflowBackend:
             log.warning("delete the pods of stopped %s: %s", oid, error)
 
     def _check_stop(self, oid: str) -> None:
-        """From the watches: start a stop as soon as the evidence arrives, whether or not a
-        supervisor lists the job (a settled job, a restarted process)."""
+        """From the watches: start a stop as soon as the evidence arrives, for the jobs someone in
+        this process supervises (never for others: a standby operator writes nothing)."""
         if not self.stop_ended or not self._tasks:
             return
         body = self._current(oid)
@@ -818,6 +854,9 @@ class KubeflowBackend:
         if stop is not None:
             if stopped_body(body):
                 stop.now.set()  # a deferred stop has nothing left to write
+            return
+        owner = owner_of(body)
+        if owner is None or not self._subscribers.get(owner[0]):
             return
         if stopped_body(body) or oid in self._ended_by_us or oid in self._sweeping:
             return
@@ -842,6 +881,8 @@ class KubeflowBackend:
             log.debug("sweep %s: %s", oid, error)
         finally:
             self._sweeping.discard(oid)
+
+    # ---- writes ------------------------------------------------------------------------------
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None
