@@ -62,11 +62,7 @@ def slurm_config(slurm: SlurmLab, directory: Path) -> Path:
     token.chmod(0o600)
     config = {k: v for k, v in slurm.backend_config(poll_interval=1.0).items() if k != "token"}
     config["token_file"] = str(token)
-    # The adapter's default output path, <working directory>/%x-%j.out, names the file after the
-    # Slurm job name, dispatch-<namespace>/<name>-<n>: through the operator that is a directory
-    # that does not exist and the job fails to launch. A relative path (to the job's working
-    # directory) without %x avoids it (the chart sets the same default).
-    config["standard_output"] = "dispatch-%j.out"
+    # No standard_output: the adapter's default must work for the operator's job ids ("ns/name").
     path = directory / "slurm.yaml"
     path.write_text(yaml.safe_dump(config))
     assert slurm.token not in path.read_text()

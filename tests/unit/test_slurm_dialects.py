@@ -558,3 +558,12 @@ def test_planned_rule_shape() -> None:
         index=0, on=(CauseKind.PREEMPTED,), action=Action.RESTART, budget=5, enforcer=Enforcer.SCHEDULER
     )
     assert r.left == 5
+
+
+def test_default_output_path_does_not_use_the_job_name() -> None:
+    """The operator's job ids hold a "/": an output path made from the Slurm job name (%x) breaks."""
+    b = open_adapter({"url": "http://slurm.test", "working_directory": "/scratch"})
+    spec = JobSpec(name="finetune", command=("true",))
+    req = b.submit_request("team-a/finetune", 1, spec)
+    assert req.name == "dispatch-team-a/finetune-1"
+    assert req.standard_output == "/scratch/dispatch-%j.out"

@@ -70,7 +70,11 @@ class SlurmConfig(BaseModel):
     working_directory: str = "/tmp"
     """Default working directory when the spec names none."""
     standard_output: str | None = None
-    """Output path pattern; default ``<working directory>/%x-%j.out``."""
+    """Output path pattern; default ``<working directory>/dispatch-%j.out``.
+
+    Not ``%x`` (the job name): dispatch names jobs ``dispatch-<job>-<n>`` and a job id of the operator
+    is ``<namespace>/<name>``, whose ``/`` would make a path Slurm cannot open.
+    """
     filter_user: bool = True
     """Only consider tagged jobs owned by ``user_name`` (when set)."""
 
@@ -202,7 +206,7 @@ class SlurmBackend:
             memory_per_node_mb=opts.memory_per_node_mb if opts is not None else None,
             nodes=spec.nodes,
             working_directory=cwd,
-            standard_output=self.config.standard_output or f"{cwd.rstrip('/')}/%x-%j.out",
+            standard_output=self.config.standard_output or f"{cwd.rstrip('/')}/dispatch-%j.out",
         )
 
     async def release(self, object_id: str) -> None:
