@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -384,3 +385,45 @@ def released(pj: Mapping[str, Any]) -> bool:
 
 def pj_conditions(pj: Mapping[str, Any]) -> dict[str, str]:
     return {c["type"]: c["status"] for c in (pj.get("status") or {}).get("conditions") or ()}
+
+
+# ---- helpers shared by the webhook, HA and CLI tests ------------------------------------------------
+
+USERS_GROUP = "dispatch-users"
+"""The group of the test identities that may submit DispatchJobs (see ``users_may_submit``)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def users_may_submit(cluster: KubeCluster) -> None:
+    cluster.apply(
+        [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "dispatch-test-users"},
+                "rules": [
+                    {
+                        "apiGroups": ["dispatch.dev"],
+                        "resources": ["dispatchjobs"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch"],
+                    }
+                ],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "dispatch-test-users"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "dispatch-test-users",
+                },
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": USERS_GROUP}],
+            },
+        ]
+    )

@@ -38,11 +38,13 @@ from tests.integration.conftest import (
     OperatorProcess,
     ReleaseMonitor,
     await_for,
+    free_port,
     get_job,
     history,
     pytorchjobs,
+    users_may_submit,
 )
-from tests.integration.test_webhook_operator import free_port, scrape, seed_job, users_may_submit
+from tests.integration.test_webhook_operator import scrape, seed_job
 from tests.support.kube import KubeCluster, KubectlError
 
 pytestmark = pytest.mark.integration

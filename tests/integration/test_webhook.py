@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,19 +28,13 @@ from dispatch._kube import webhook
 from dispatch._kube.main import _connection_info
 from dispatch._kube.settings import operator_settings
 from dispatch._kubeapi import load_configuration
+from tests.integration.conftest import USERS_GROUP, free_port, users_may_submit
 from tests.support.kube import KubeCluster, KubectlError
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = yaml.safe_load((ROOT / "examples" / "seed-dispatchjob.yaml").read_text())
-USERS_GROUP = "dispatch-users"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class WebhookOperator:
@@ -124,33 +117,7 @@ def apply_as(
 @pytest.fixture(scope="module")
 def admission(crds: KubeCluster) -> Iterator[WebhookOperator]:
     kube_cluster = crds
-    kube_cluster.apply(
-        [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": "dispatch-test-users"},
-                "rules": [
-                    {
-                        "apiGroups": ["dispatch.dev"],
-                        "resources": ["dispatchjobs"],
-                        "verbs": ["get", "list", "watch", "create", "update", "patch"],
-                    }
-                ],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "dispatch-test-users"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "dispatch-test-users",
-                },
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": USERS_GROUP}],
-            },
-        ]
-    )
+    users_may_submit(kube_cluster)
     managed = f"t{secrets.token_hex(3)}.dispatch.dev"
     operator = WebhookOperator(kube_cluster.kubeconfig, managed)
     operator.start()

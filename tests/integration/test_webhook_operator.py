@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -24,11 +23,14 @@ import pytest
 import yaml
 
 from tests.integration.conftest import (
+    USERS_GROUP,
     OperatorProcess,
     await_for,
+    free_port,
     get_job,
     history,
     pytorchjobs,
+    users_may_submit,
 )
 from tests.support.kube import KubeCluster, KubectlError
 
@@ -37,13 +39,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
-USERS_GROUP = "dispatch-users"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def seed_job(name: str, **spec: Any) -> str:
@@ -51,36 +46,6 @@ def seed_job(name: str, **spec: Any) -> str:
     body["metadata"]["name"] = name
     body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
     return yaml.safe_dump(body)
-
-
-def users_may_submit(cluster: KubeCluster) -> None:
-    cluster.apply(
-        [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": "dispatch-test-users"},
-                "rules": [
-                    {
-                        "apiGroups": ["dispatch.dev"],
-                        "resources": ["dispatchjobs"],
-                        "verbs": ["get", "list", "watch", "create", "update", "patch"],
-                    }
-                ],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "dispatch-test-users"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "dispatch-test-users",
-                },
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": USERS_GROUP}],
-            },
-        ]
-    )
 
 
 def scrape(url: str) -> str:
