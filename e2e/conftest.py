@@ -17,9 +17,10 @@ import pytest
 # operator, the PyTorchJob watch. Their `crds` fixture is replaced below: here the chart
 # installs the DispatchJob CRD; only Kubeflow's PyTorchJob CRD is applied by hand.
 from tests.integration.conftest import PYTORCHJOB_CRD, api, fake, release_monitor
+from tests.support.helm import helm_binary
 from tests.support.kube import KubeCluster
 
-from .support import Helm, Release, helm_binary, short_name
+from .support import Helm, Release, short_name
 
 # kube_cluster and namespace come from tests.support.kube, registered by the root conftest.py.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,23 +22,6 @@ class HelmError(RuntimeError):
     def __init__(self, args: Sequence[str], proc: subprocess.CompletedProcess[str]) -> None:
         super().__init__(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr.strip()}")
         self.stderr = proc.stderr
-
-
-def helm_binary() -> str | None:
-    """helm from DISPATCH_HELM, then the build cache (hack/build-bins.sh), then PATH."""
-    env = os.environ.get("DISPATCH_HELM")
-    if env and os.access(env, os.X_OK):
-        return env
-    script = REPO / "hack" / "build-bins.sh"
-    if script.exists():
-        out = subprocess.run(
-            ["bash", str(script), "--print-env"], capture_output=True, text=True, check=False
-        ).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition("=")
-            if key == "DISPATCH_HELM" and os.access(value, os.X_OK):
-                return value
-    return shutil.which("helm")
 
 
 @dataclass

@@ -9,11 +9,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import yaml
 
 from dispatch import _constants as k8s_names
 from dispatch._slurm import SlurmConfig
+from tests.support.helm import helm_binary
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dispatch-operator"
@@ -51,24 +50,6 @@ RECOMMENDED_LABELS = (
 sys.path.insert(0, str(REPO / "hack"))
 chart_readme = importlib.import_module("chart_readme")
 gen_chart = importlib.import_module("gen_chart")
-
-
-@cache
-def helm_binary() -> str | None:
-    """helm from DISPATCH_HELM, then the build cache (hack/build-bins.sh), then PATH."""
-    env = os.environ.get("DISPATCH_HELM")
-    if env and os.access(env, os.X_OK):
-        return env
-    script = REPO / "hack" / "build-bins.sh"
-    if script.exists():
-        out = subprocess.run(
-            ["bash", str(script), "--print-env"], capture_output=True, text=True, check=False
-        ).stdout
-        for line in out.splitlines():
-            key, _, value = line.partition("=")
-            if key == "DISPATCH_HELM" and os.access(value, os.X_OK):
-                return value
-    return shutil.which("helm")
 
 
 @pytest.fixture(scope="module")

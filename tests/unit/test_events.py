@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from dispatch._constants import (
 from dispatch._decide import End, Step
 from dispatch._kube.events import EventRecorder, event_body
 from dispatch._model import Record
+from tests.support.observe import wait_for
 
 JOB = "team-a/finetune"
 
@@ -60,17 +60,6 @@ class Collect:
 
     def by_reason(self, reason: str) -> dict[str, Any]:
         return next(b for _, b in self.posted if b["reason"] == reason)
-
-
-async def wait_for(
-    observer: dispatch.Observer, job: str, ok: Callable[[dispatch.Status], bool]
-) -> dispatch.Status:
-    async with asyncio.timeout(10):
-        while True:
-            status = await observer.get(job)
-            if ok(status):
-                return status
-            await asyncio.sleep(0.005)
 
 
 async def record_job(

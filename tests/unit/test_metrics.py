@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +13,7 @@ import dispatch
 from dispatch._decide import Authorize, Step
 from dispatch._kube.metrics import Metrics, classify
 from dispatch._model import Record
+from tests.support.observe import wait_for
 
 JOB = "team-a/finetune"
 
@@ -29,17 +29,6 @@ def seed_spec() -> dispatch.JobSpec:
             )
         ),
     )
-
-
-async def wait_for(
-    observer: dispatch.Observer, job: str, ok: Callable[[dispatch.Status], bool]
-) -> dispatch.Status:
-    async with asyncio.timeout(10):
-        while True:
-            status = await observer.get(job)
-            if ok(status):
-                return status
-            await asyncio.sleep(0.005)
 
 
 async def seed_scenario(metrics: Metrics) -> None:
