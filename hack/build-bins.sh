@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build the test control-plane binaries (kube-apiserver, kubectl, etcd, helm) from
-# Go modules, without Docker and without downloading release tarballs.
+# Build the test cluster's binaries from Go modules, without Docker and without release tarballs:
+# etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kwok, Kubeflow's
+# training operator (with the project's own main, hack/training-operator-lab/main.go) and helm.
 #
 # Output (outside the repo, keyed by version, rebuilt only when missing):
-#   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/kube-apiserver-<KUBE_VERSION>/kube-apiserver
-#   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/kubectl-<KUBE_VERSION>/kubectl
-#   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/etcd-<ETCD_VERSION>/etcd
-#   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/helm-<HELM_VERSION>/helm
+#   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/<name>-<version>/<name>
+#   .../bin/training-operator-<TRAINING_OPERATOR_VERSION>/training-operator-lab
+#       (+ main.go.sha256: rebuilt when hack/training-operator-lab/main.go changes;
+#        + manifests/: the upstream CRD, RBAC and webhook manifests of that version)
 #
 # Go's module and build caches stay at their defaults (GOMODCACHE, GOCACHE), so a
 # second machine-local build is fast. The script is idempotent and safe to run
@@ -18,24 +19,34 @@
 #   hack/build-bins.sh --check         exit 1 if any binary is missing, build nothing
 #
 # Versions can be overridden with the environment variables of the same name.
-# kube-apiserver and kubectl are built from k8s.io/kubernetes with a throwaway
-# wrapper go.mod (k/k's own go.mod replaces its staging modules with ./staging/...,
-# which `go install pkg@version` refuses), so every staging module is replaced by
-# its published v0.X.Y. etcd is built the same way (its server/go.mod has replaces too).
+# The kube-* binaries are built from k8s.io/kubernetes with a throwaway wrapper go.mod (k/k's own
+# go.mod replaces its staging modules with ./staging/..., which `go install pkg@version` refuses),
+# so every staging module is replaced by its published v0.X.Y. etcd is built the same way (its
+# server/go.mod has replaces too). kwok and helm build with a plain `go install pkg@version`.
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.14}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.9.3}"
 
 DISPATCH_CACHE="${DISPATCH_CACHE:-${HOME}/.cache/dispatch}"
 BIN_DIR="${DISPATCH_CACHE}/bin"
 SRC_DIR="${DISPATCH_CACHE}/src"
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TO_MAIN="${HACK_DIR}/training-operator-lab/main.go"
 
 KUBE_APISERVER="${BIN_DIR}/kube-apiserver-${KUBE_VERSION}/kube-apiserver"
 KUBECTL="${BIN_DIR}/kubectl-${KUBE_VERSION}/kubectl"
+KUBE_SCHEDULER="${BIN_DIR}/kube-scheduler-${KUBE_VERSION}/kube-scheduler"
+KUBE_CONTROLLER_MANAGER="${BIN_DIR}/kube-controller-manager-${KUBE_VERSION}/kube-controller-manager"
 ETCD="${BIN_DIR}/etcd-${ETCD_VERSION}/etcd"
 HELM="${BIN_DIR}/helm-${HELM_VERSION}/helm"
+KWOK="${BIN_DIR}/kwok-${KWOK_VERSION}/kwok"
+TO_DIR="${BIN_DIR}/training-operator-${TRAINING_OPERATOR_VERSION}"
+TRAINING_OPERATOR="${TO_DIR}/training-operator-lab"
+TO_MANIFESTS="${TO_DIR}/manifests"
 
 print_env() {
   cat <<EOF
@@ -43,20 +54,35 @@ DISPATCH_CACHE=${DISPATCH_CACHE}
 KUBE_VERSION=${KUBE_VERSION}
 ETCD_VERSION=${ETCD_VERSION}
 HELM_VERSION=${HELM_VERSION}
+KWOK_VERSION=${KWOK_VERSION}
+TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION}
 DISPATCH_KUBE_APISERVER=${KUBE_APISERVER}
 DISPATCH_KUBECTL=${KUBECTL}
+DISPATCH_KUBE_SCHEDULER=${KUBE_SCHEDULER}
+DISPATCH_KUBE_CONTROLLER_MANAGER=${KUBE_CONTROLLER_MANAGER}
 DISPATCH_ETCD=${ETCD}
 DISPATCH_HELM=${HELM}
+DISPATCH_KWOK=${KWOK}
+DISPATCH_TRAINING_OPERATOR=${TRAINING_OPERATOR}
+DISPATCH_TRAINING_OPERATOR_MANIFESTS=${TO_MANIFESTS}
 EOF
+}
+
+# The training-operator binary is current when it was built from this main.go.
+to_main_sum() { sha256sum "${TO_MAIN}" | cut -d' ' -f1; }
+to_current() {
+  [[ -x "${TRAINING_OPERATOR}" && -f "${TO_MANIFESTS}/kubeflow.org_pytorchjobs.yaml" ]] &&
+    [[ "$(cat "${TO_DIR}/main.go.sha256" 2>/dev/null)" == "$(to_main_sum)" ]]
 }
 
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
   --check)
     rc=0
-    for b in "${KUBE_APISERVER}" "${KUBECTL}" "${ETCD}" "${HELM}"; do
+    for b in "${KUBE_APISERVER}" "${KUBECTL}" "${KUBE_SCHEDULER}" "${KUBE_CONTROLLER_MANAGER}" "${ETCD}" "${HELM}" "${KWOK}"; do
       [[ -x "$b" ]] || { echo "missing: $b" >&2; rc=1; }
     done
+    to_current || { echo "missing or stale: ${TRAINING_OPERATOR}" >&2; rc=1; }
     exit "$rc" ;;
   "") ;;
   *) echo "usage: $0 [--print-env|--check]" >&2; exit 2 ;;
@@ -88,10 +114,27 @@ install_atomically() {
   mv -f "$1" "$2"
 }
 
-# --- kube-apiserver and kubectl ---------------------------------------------------------
+# mod_dir MODULE@VERSION: the module's directory in the module cache (downloaded if needed).
+mod_dir() {
+  "${GO}" mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir":[[:space:]]*"\(.*\)",\{0,1\}$/\1/p'
+}
+
+# timed NAME CMD...: run CMD and log its wall time (the figures in docs/testing.md).
+timed() {
+  local name=$1 t0=$SECONDS; shift
+  "$@"
+  log "${name}: $((SECONDS - t0))s"
+}
+
+# --- kube-apiserver, kubectl, kube-scheduler, kube-controller-manager --------------------
+KUBE_CMDS=(kube-apiserver kubectl kube-scheduler kube-controller-manager)
+kube_bin() { echo "${BIN_DIR}/$1-${KUBE_VERSION}/$1"; }
+
 build_kube() {
-  if [[ -x "${KUBE_APISERVER}" && -x "${KUBECTL}" ]]; then
-    log "kube-apiserver and kubectl ${KUBE_VERSION}: cached"
+  local need=() c
+  for c in "${KUBE_CMDS[@]}"; do [[ -x "$(kube_bin "$c")" ]] || need+=("$c"); done
+  if ((${#need[@]} == 0)); then
+    log "kubernetes ${KUBE_VERSION} (${KUBE_CMDS[*]}): cached"
     return
   fi
   local ver="${KUBE_VERSION#v}"                    # 1.34.4
@@ -123,17 +166,16 @@ build_kube() {
     while read -r m; do echo "	${m} => ${m} ${staging_ver}"; done <<<"${staging}"
     echo ")"
   } >"${wd}/go.mod"
-  cat >"${wd}/tools.go" <<'EOF'
-//go:build tools
-
-// Package tools pins the commands this wrapper module builds.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-EOF
+  {
+    echo "//go:build tools"
+    echo
+    echo "// Package tools pins the commands this wrapper module builds."
+    echo "package tools"
+    echo
+    echo "import ("
+    for c in "${KUBE_CMDS[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/${c}\""; done
+    echo ")"
+  } >"${wd}/tools.go"
   rm -f "${wd}/go.sum"
   log "go mod tidy (kubernetes wrapper)"
   (cd "${wd}" && "${GO}" mod tidy)
@@ -149,18 +191,12 @@ EOF
     ldflags+=" -X ${pkg}.gitTreeState=clean"
   done
 
-  if [[ ! -x "${KUBE_APISERVER}" ]]; then
-    log "go build kube-apiserver ${KUBE_VERSION}"
-    (cd "${wd}" && "${GO}" build -p "${BUILD_JOBS}" -trimpath -ldflags "${ldflags}" \
-      -o "${wd}/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
-    install_atomically "${wd}/kube-apiserver.tmp" "${KUBE_APISERVER}"
-  fi
-  if [[ ! -x "${KUBECTL}" ]]; then
-    log "go build kubectl ${KUBE_VERSION}"
-    (cd "${wd}" && "${GO}" build -p "${BUILD_JOBS}" -trimpath -ldflags "${ldflags}" \
-      -o "${wd}/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl)
-    install_atomically "${wd}/kubectl.tmp" "${KUBECTL}"
-  fi
+  for c in "${need[@]}"; do
+    log "go build ${c} ${KUBE_VERSION}"
+    timed "${c}" bash -c 'cd "$1" && "$2" build -p "$3" -trimpath -ldflags "$4" -o "$1/$5.tmp" "k8s.io/kubernetes/cmd/$5"' \
+      _ "${wd}" "${GO}" "${BUILD_JOBS}" "${ldflags}" "${c}"
+    install_atomically "${wd}/${c}.tmp" "$(kube_bin "${c}")"
+  done
 }
 
 # --- etcd -------------------------------------------------------------------------------
@@ -195,6 +231,58 @@ EOF
   install_atomically "${wd}/etcd.tmp" "${ETCD}"
 }
 
+# --- kwok (the nodes and their kubelet, see tests/support/kwok.yaml) ----------------------
+build_kwok() {
+  if [[ -x "${KWOK}" ]]; then
+    log "kwok ${KWOK_VERSION}: cached"
+    return
+  fi
+  local gobin="${SRC_DIR}/kwok-${KWOK_VERSION}-gobin"
+  mkdir -p "${gobin}"
+  log "go install kwok ${KWOK_VERSION}"
+  timed kwok env GOBIN="${gobin}" "${GO}" install -p "${BUILD_JOBS}" -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
+  install_atomically "${gobin}/kwok" "${KWOK}"
+}
+
+# --- Kubeflow's training operator --------------------------------------------------------
+# Upstream's cmd/training-operator.v1 cannot run outside a Pod (webhook on all interfaces, certs
+# only through a kubelet-mounted Secret volume): hack/training-operator-lab/main.go is the
+# project's main over the same upstream packages. The upstream manifests of the same version are
+# copied next to the binary, so the test lab needs no Go toolchain.
+build_training_operator() {
+  if to_current; then
+    log "training-operator ${TRAINING_OPERATOR_VERSION}: cached"
+    return
+  fi
+  local wd="${SRC_DIR}/training-operator-${TRAINING_OPERATOR_VERSION}-dispatch"
+  mkdir -p "${wd}/cmd/training-operator-lab"
+  cat >"${wd}/go.mod" <<EOF
+module dispatch.local/training-operator-bin
+
+go 1.23
+
+require github.com/kubeflow/training-operator ${TRAINING_OPERATOR_VERSION}
+EOF
+  cp "${TO_MAIN}" "${wd}/cmd/training-operator-lab/main.go"
+  rm -f "${wd}/go.sum"
+  log "go mod tidy (training-operator wrapper)"
+  (cd "${wd}" && "${GO}" mod tidy)
+  log "go build training-operator-lab ${TRAINING_OPERATOR_VERSION}"
+  timed training-operator bash -c 'cd "$1" && "$2" build -p "$3" -trimpath -ldflags "-s -w" -o "$1/training-operator-lab.tmp" ./cmd/training-operator-lab' \
+    _ "${wd}" "${GO}" "${BUILD_JOBS}"
+  local mod
+  mod="$(mod_dir "github.com/kubeflow/training-operator@${TRAINING_OPERATOR_VERSION}")"
+  [[ -d "${mod}/manifests/base" ]] || { echo "build-bins: no manifests in ${mod}" >&2; exit 1; }
+  mkdir -p "${TO_MANIFESTS}"
+  local f
+  for f in crds/kubeflow.org_pytorchjobs.yaml rbac/role.yaml rbac/service-account.yaml webhook/manifests.yaml; do
+    install -m 0644 "${mod}/manifests/base/${f}" "${TO_MANIFESTS}/$(basename "${f}")"
+  done
+  install_atomically "${wd}/training-operator-lab.tmp" "${TRAINING_OPERATOR}"
+  to_main_sum >"${TO_DIR}/main.go.sha256"
+}
+
 # --- helm -------------------------------------------------------------------------------
 build_helm() {
   if [[ -x "${HELM}" ]]; then
@@ -214,6 +302,8 @@ build_helm() {
 start=$(date +%s)
 build_etcd
 build_kube
+build_kwok
+build_training_operator
 build_helm
 log "done in $(( $(date +%s) - start ))s"
 print_env

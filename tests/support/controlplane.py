@@ -546,7 +546,39 @@ class ControlPlane:
         }
         return yaml.safe_dump(cfg, sort_keys=False).encode()
 
-    def _spawn(self, name: str, binary: str, args: list[str], *, detach: bool) -> _Proc:
+    def spawn(
+        self,
+        name: str,
+        binary: str,
+        args: Sequence[str],
+        *,
+        detach: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> _Proc:
+        """Start another daemon that belongs to this control plane (stopped with it, before it)."""
+        proc = self._spawn(name, binary, list(args), detach=detach, env=env)
+        self._write_state()
+        return proc
+
+    def wait_http(
+        self, proc: _Proc, url: str, *, admin_tls: bool = False, timeout: float | None = None
+    ) -> None:
+        """Wait until URL answers 200 (with the admin client certificate when ``admin_tls``)."""
+        ctx: ssl.SSLContext | None = None
+        if admin_tls:
+            ctx = self._admin_ssl_context()
+        elif url.startswith("https://"):  # a component's self-signed serving cert: only liveness matters
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        self._wait_http(proc, url, ctx, time.monotonic() + (timeout or self.start_timeout))
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        return self._admin_ssl_context()
+
+    def _spawn(
+        self, name: str, binary: str, args: list[str], *, detach: bool, env: dict[str, str] | None = None
+    ) -> _Proc:
         log = self.dir / f"{name}.log"
         preexec = None
         if not detach and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
@@ -561,6 +593,7 @@ class ControlPlane:
                 cwd=self.dir,
                 start_new_session=True,
                 preexec_fn=preexec,
+                env=None if env is None else {**os.environ, **env},
             )
         proc = _Proc(name=name, binary=binary, pid=popen.pid, log=log, popen=popen)
         self._procs.append(proc)

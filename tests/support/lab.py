@@ -1,0 +1,1015 @@
+"""The test lab: a Kubernetes cluster made of the real parts, on loopback, without Docker or a kubelet.
+
+etcd + kube-apiserver (:mod:`tests.support.controlplane`, with an audit log) + kube-scheduler +
+kube-controller-manager (every default controller, each under its own ServiceAccount) + kwok
+(the nodes and their kubelet, stages in ``tests/support/kwok.yaml``) + Kubeflow's training
+operator v1.9.3 (its PyTorchJob controller and validating webhook, under its upstream RBAC, with
+the project's own ``main``: ``hack/training-operator-lab/main.go``). Binaries come from
+``make bins`` (``hack/build-bins.sh``). Every daemon listens on 127.0.0.1 on a free port, runs in
+its own process group and is stopped by PID (see :class:`ControlPlane`).
+
+The failure mechanisms are the real ones: preemption by kube-scheduler (a higher-priority pod and
+a full node), NoExecute taint eviction and node-lifecycle (kube-controller-manager), pod GC after a
+node is deleted, the Eviction API. Only what a kubelet itself reports is played by kwok: a
+container's exit (code and reason), an image that cannot be pulled, a deadline kill, a container
+waiting, and the termination of a deleted pod (see docs/testing.md).
+
+Python use::
+
+    with Lab(tmp_dir) as lab:
+        lab.kubeconfig
+        lab.preempt_pod("ns", "train-1-master-0")
+
+CLI use (the daemons keep running after the command returns)::
+
+    python -m tests.support.lab up --dir DIR     # writes DIR/kubeconfig, DIR/state.json
+    python -m tests.support.lab down --dir DIR   # stops them by PID
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import yaml
+
+from tests.support.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    _build_script_env,
+    _free_port,
+    _pid_runs,
+    down,
+    resolve_binaries,
+)
+
+HERE = Path(__file__).resolve().parent
+KWOK_CONFIG: Final = HERE / "kwok.yaml"
+
+NODE_PREFIX: Final = "kwok-node-"
+NODE_CPU: Final = "32"
+NODE_MEMORY: Final = "256Gi"
+NODE_GPU: Final = 8
+NODE_PODS: Final = "110"
+UNPULLABLE_IMAGE: Final = "unpullable.invalid/train:1"
+"""Any image under ``unpullable.invalid/`` never pulls (kwok stage ``lab-image-pull-error``)."""
+HIGH_PRIORITY: Final = "lab-high"
+LOW_PRIORITY: Final = "lab-low"
+TAINT_KEY: Final = "lab.dispatch.io/down"
+KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
+TRAINING_OPERATOR_NAMESPACE: Final = "kubeflow"
+TRAINING_OPERATOR_SA: Final = "training-operator"
+WEBHOOK_NAME: Final = "validator.training-operator.kubeflow.org"
+WRITE_VERBS: Final = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+# Faster than the defaults so that node loss shows within seconds (tests wait, never assert time).
+KCM_NODE_FLAGS: Final = ("--node-monitor-period=1s", "--node-monitor-grace-period=12s")
+APISERVER_TOLERATION_FLAGS: Final = (
+    "--default-not-ready-toleration-seconds=5",
+    "--default-unreachable-toleration-seconds=5",
+)
+
+AUDIT_POLICY: Final = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "Metadata"},
+    ],
+}
+
+
+class LabError(RuntimeError):
+    """The lab could not start, or a failure mechanism did not take effect."""
+
+
+@dataclass(frozen=True)
+class LabBinaries:
+    kube_scheduler: str
+    kube_controller_manager: str
+    kwok: str
+    training_operator: str
+    training_operator_manifests: Path
+
+
+def resolve_lab_binaries() -> LabBinaries:
+    """Find the lab's binaries (env vars first, then the paths ``hack/build-bins.sh`` prints)."""
+    keys = (
+        "DISPATCH_KUBE_SCHEDULER",
+        "DISPATCH_KUBE_CONTROLLER_MANAGER",
+        "DISPATCH_KWOK",
+        "DISPATCH_TRAINING_OPERATOR",
+        "DISPATCH_TRAINING_OPERATOR_MANIFESTS",
+    )
+    found = {k: os.environ.get(k, "") for k in keys}
+    if not all(found.values()):
+        script = _build_script_env()
+        for k in keys:
+            found[k] = found[k] or script.get(k, "")
+    missing = [
+        f"{k}={v or '?'}"
+        for k, v in found.items()
+        if not v or not (Path(v).is_dir() if k.endswith("MANIFESTS") else os.access(v, os.X_OK))
+    ]
+    if missing:
+        raise LabError("lab binaries not found: " + ", ".join(missing) + " (run `make bins`)")
+    return LabBinaries(
+        kube_scheduler=found["DISPATCH_KUBE_SCHEDULER"],
+        kube_controller_manager=found["DISPATCH_KUBE_CONTROLLER_MANAGER"],
+        kwok=found["DISPATCH_KWOK"],
+        training_operator=found["DISPATCH_TRAINING_OPERATOR"],
+        training_operator_manifests=Path(found["DISPATCH_TRAINING_OPERATOR_MANIFESTS"]),
+    )
+
+
+def node_manifest(
+    name: str,
+    *,
+    cpu: str = NODE_CPU,
+    memory: str = NODE_MEMORY,
+    gpu: int = NODE_GPU,
+    pods: str = NODE_PODS,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node that kwok manages (its annotation), with the capacity a GPU node would report."""
+    resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpu)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **(labels or {}),
+            },
+        },
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+class Lab:
+    """The whole lab. ``start()``/``stop()`` or a context manager; see the module docstring."""
+
+    def __init__(
+        self,
+        workdir: Path | str,
+        *,
+        nodes: int = 3,
+        start_timeout: float = 120.0,
+        training_operator: bool = True,
+    ) -> None:
+        self.dir = Path(workdir).resolve()
+        self.node_count = nodes
+        self.start_timeout = start_timeout
+        self.with_training_operator = training_operator
+        self.audit_log = self.dir / "audit.log"
+        self.cp = ControlPlane(
+            self.dir,
+            start_timeout=start_timeout,
+            extra_apiserver_args=[
+                f"--audit-policy-file={self.dir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=1024",
+                "--audit-log-format=json",
+                *APISERVER_TOLERATION_FLAGS,
+            ],
+        )
+        self.bins: LabBinaries | None = None
+        self.start_seconds = 0.0
+        self.ports: dict[str, int] = {}
+        self._to_kubeconfig: Path | None = None
+        self._ssl: Any = None
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cp.kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.cp.server
+
+    @property
+    def kubectl_bin(self) -> str:
+        assert self.cp.binaries is not None
+        return self.cp.binaries.kubectl
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"{NODE_PREFIX}{i}" for i in range(self.node_count)]
+
+    def __enter__(self) -> Lab:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self, *, detach: bool = False) -> None:
+        """Start everything and wait until each part is ready (nodes Ready, webhook serving)."""
+        t0 = time.monotonic()
+        self.bins = resolve_lab_binaries()
+        self.cp.binaries = self.cp.binaries or resolve_binaries()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        self.audit_log.unlink(missing_ok=True)
+        try:
+            self.cp.start(detach=detach)
+            self._start_components(detach=detach)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        self._write_lab_state()
+
+    def stop(self) -> None:
+        """Stop every process (components first, then the apiserver and etcd) by PID."""
+        self.cp.stop()
+
+    def _start_components(self, *, detach: bool) -> None:
+        assert self.bins is not None
+        cp = self.cp
+        deadline = time.monotonic() + self.start_timeout
+        sched_port, kcm_port = _free_port(), _free_port()
+        self.ports.update(kube_scheduler=sched_port, kube_controller_manager=kcm_port)
+        scheduler = cp.spawn(
+            "kube-scheduler",
+            self.bins.kube_scheduler,
+            [
+                f"--kubeconfig={cp.mint_user('system:kube-scheduler')}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                f"--cert-dir={self.dir / 'kube-scheduler'}",
+                "--leader-elect=false",
+            ],
+            detach=detach,
+        )
+        kcm = cp.spawn(
+            "kube-controller-manager",
+            self.bins.kube_controller_manager,
+            [
+                f"--kubeconfig={cp.mint_user('system:kube-controller-manager')}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={self.dir / 'kube-controller-manager'}",
+                "--leader-elect=false",
+                # Each controller under its own ServiceAccount and bootstrap role, as in a cluster.
+                "--use-service-account-credentials=true",
+                "--controllers=*",
+                f"--service-account-private-key-file={cp.pki / 'sa.key'}",
+                f"--root-ca-file={cp.pki / 'server-ca.crt'}",
+                *KCM_NODE_FLAGS,
+            ],
+            detach=detach,
+        )
+        kwok = cp.spawn(
+            "kwok",
+            self.bins.kwok,
+            [
+                f"--kubeconfig={cp.mint_user('kwok-controller', ['system:masters'])}",
+                f"--config={KWOK_CONFIG}",
+            ],
+            detach=detach,
+        )
+        self.kubectl("create", "-f", "-", input=self._bootstrap_manifests())
+        cp.wait_http(scheduler, f"https://127.0.0.1:{sched_port}/healthz")
+        cp.wait_http(kcm, f"https://127.0.0.1:{kcm_port}/healthz")
+        if self.with_training_operator:
+            self.start_training_operator(detach=detach)
+        while True:
+            ready = self._ready_nodes()
+            if all(n in ready for n in self.nodes):
+                break
+            if kwok.popen is not None and kwok.popen.poll() is not None:
+                raise LabError(f"kwok exited; log {kwok.log}")
+            if time.monotonic() > deadline:
+                raise LabError(f"kwok nodes not Ready ({sorted(ready)}); log {kwok.log}")
+            time.sleep(0.2)
+
+    def _bootstrap_manifests(self) -> str:
+        """Nodes, PriorityClasses and the training operator's upstream objects, in one create."""
+        assert self.bins is not None
+        docs: list[dict[str, Any]] = [node_manifest(n) for n in self.nodes]
+        docs += [
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+                "description": "the test lab: preemption by kube-scheduler",
+            }
+            for name, value in ((HIGH_PRIORITY, 1000000), (LOW_PRIORITY, 100))
+        ]
+        if self.with_training_operator:
+            m = self.bins.training_operator_manifests
+            crd = yaml.safe_load((m / "kubeflow.org_pytorchjobs.yaml").read_text())
+            role = yaml.safe_load((m / "role.yaml").read_text())
+            sa = yaml.safe_load((m / "service-account.yaml").read_text())
+            sa["metadata"]["namespace"] = TRAINING_OPERATOR_NAMESPACE
+            docs += [
+                crd,
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINING_OPERATOR_NAMESPACE}},
+                # As manifests/overlays/standalone's secretGenerator: the cert rotator fills it.
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {
+                        "name": "training-operator-webhook-cert",
+                        "namespace": TRAINING_OPERATOR_NAMESPACE,
+                    },
+                },
+                role,
+                sa,
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "training-operator"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": role["metadata"]["name"],
+                    },
+                    "subjects": [
+                        {
+                            "kind": "ServiceAccount",
+                            "name": TRAINING_OPERATOR_SA,
+                            "namespace": TRAINING_OPERATOR_NAMESPACE,
+                        }
+                    ],
+                },
+                self._webhook_configuration(m),
+            ]
+        return yaml.safe_dump_all(docs, sort_keys=False)
+
+    def _webhook_configuration(self, manifests: Path) -> dict[str, Any]:
+        """Upstream's pytorchjob entry of manifests/base/webhook/manifests.yaml, with a URL on
+        loopback instead of the Service (no Service DNS here); the rotator injects the CA."""
+        port = self.ports.setdefault("training_operator_webhook", _free_port())
+        upstream = yaml.safe_load((manifests / "manifests.yaml").read_text())
+        entry = next(w for w in upstream["webhooks"] if "pytorchjob" in w["name"])
+        path = entry["clientConfig"]["service"]["path"]
+        entry["clientConfig"] = {"url": f"https://localhost:{port}{path}"}
+        entry["failurePolicy"] = "Fail"
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK_NAME},
+            "webhooks": [entry],
+        }
+
+    # ---- the training operator -----------------------------------------------------
+
+    def start_training_operator(self, *, detach: bool = False) -> None:
+        """Start (or restart) the training operator and wait for /readyz (certs and webhook up)."""
+        assert self.bins is not None
+        if self.training_operator_running():
+            return
+        if self._to_kubeconfig is None:
+            self._to_kubeconfig = self.cp.serviceaccount_kubeconfig(
+                TRAINING_OPERATOR_NAMESPACE, TRAINING_OPERATOR_SA
+            )
+        webhook = self.ports.setdefault("training_operator_webhook", _free_port())
+        probe, metrics = _free_port(), _free_port()
+        self.ports.update(training_operator_probe=probe, training_operator_metrics=metrics)
+        self.cp._procs = [p for p in self.cp._procs if p.name != "training-operator"]
+        proc = self.cp.spawn(
+            "training-operator",
+            self.bins.training_operator,
+            [
+                "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{metrics}",
+                f"--health-probe-bind-address=127.0.0.1:{probe}",
+                "--webhook-host=127.0.0.1",
+                f"--webhook-server-port={webhook}",
+                f"--webhook-cert-dir={self.dir / 'training-operator' / 'certs'}",
+            ],
+            detach=detach,
+            env={"MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE, "KUBECONFIG": str(self._to_kubeconfig)},
+        )
+        self.cp.wait_http(proc, f"http://127.0.0.1:{probe}/readyz")
+
+    def _training_operator_proc(self) -> Any:
+        return next((p for p in self.cp._procs if p.name == "training-operator"), None)
+
+    def training_operator_running(self) -> bool:
+        proc = self._training_operator_proc()
+        if proc is None:
+            return False
+        if proc.popen is not None:
+            return bool(proc.popen.poll() is None)
+        return _pid_runs(proc.pid, proc.binary)
+
+    def stop_training_operator(self, *, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) the training operator and wait for it to exit."""
+        import signal
+
+        proc = self._training_operator_proc()
+        if proc is None or not self.training_operator_running():
+            return
+        os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while self.training_operator_running():
+            if time.monotonic() > deadline:
+                os.kill(proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    # ---- API access ----------------------------------------------------------------
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
+    ) -> str:
+        argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise LabError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """One API request as the admin (no kubectl process); raises ApiStatus on non-2xx."""
+        if self._ssl is None:
+            self._ssl = self.cp.admin_ssl_context()
+        url = self.server + path + (("?" + urllib.parse.urlencode(query)) if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self._ssl) as resp:
+                out: dict[str, Any] = json.loads(resp.read() or b"{}")
+                return out
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            e.close()
+            raise ApiStatus(e.code, f"{method} {path}: HTTP {e.code}: {text}") from None
+
+    def mint_user(self, name: str, groups: Sequence[str] = ()) -> Path:
+        return self.cp.mint_user(name, groups)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiStatus as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def pods(self, namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        out = self.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query)
+        return list(out.get("items") or [])
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", f"/api/v1/nodes/{name}")
+        except ApiStatus as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def _ready_nodes(self) -> set[str]:
+        items = self.request("GET", "/api/v1/nodes").get("items") or []
+        return {
+            n["metadata"]["name"]
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions") or ()
+            )
+        }
+
+    def wait(self, what: str, probe: Any, timeout: float = 90.0, interval: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = probe()
+            if last:
+                return last
+            time.sleep(interval)
+        raise LabError(f"timed out waiting for {what}; last: {last!r}")
+
+    def pod_node(self, namespace: str, name: str, timeout: float = 60.0) -> str:
+        """The node a pod is bound to (waits for the binding)."""
+
+        def bound() -> str:
+            pod = self.pod(namespace, name)
+            return str((pod or {}).get("spec", {}).get("nodeName") or "")
+
+        return str(self.wait(f"pod {namespace}/{name} bound to a node", bound, timeout))
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            {"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+
+    # ---- what a kubelet reports (kwok stages) --------------------------------------
+
+    def exit_pod(
+        self,
+        namespace: str,
+        name: str,
+        code: int,
+        *,
+        reason: str | None = None,
+        message: str | None = None,
+        container: str = "pytorch",
+    ) -> None:
+        """A container exits with CODE (kwok stage lab-container-exit; see kwok.yaml)."""
+        ann = {"lab.dispatch.io/exit-code": str(code), "lab.dispatch.io/exit-container": container}
+        if reason:
+            ann["lab.dispatch.io/exit-reason"] = reason
+        if message:
+            ann["lab.dispatch.io/exit-message"] = message
+        self._wait_running(namespace, name)
+        self.annotate_pod(namespace, name, ann)
+
+    def deadline_pod(self, namespace: str, name: str) -> None:
+        """The kubelet's activeDeadlineSeconds kill: Failed, reason DeadlineExceeded."""
+        self.annotate_pod(namespace, name, {"lab.dispatch.io/deadline": "true"})
+
+    def waiting_pod(
+        self, namespace: str, name: str, reason: str, message: str = "", container: str = "pytorch"
+    ) -> None:
+        """The container goes waiting with REASON (e.g. CreateContainerConfigError)."""
+        self.annotate_pod(
+            namespace,
+            name,
+            {
+                "lab.dispatch.io/waiting-reason": reason,
+                "lab.dispatch.io/waiting-message": message,
+                "lab.dispatch.io/waiting-container": container,
+            },
+        )
+
+    def _wait_running(self, namespace: str, name: str) -> None:
+        def running() -> bool:
+            pod = self.pod(namespace, name)
+            return bool(pod and pod.get("status", {}).get("phase") == "Running")
+
+        self.wait(f"pod {namespace}/{name} Running", running, 60)
+
+    # ---- what the control plane does (real mechanisms) -----------------------------
+
+    def preempt_pod(self, namespace: str, name: str, *, keep: bool = False, timeout: float = 60.0) -> str:
+        """Real preemption by kube-scheduler: a ``lab-high`` pod that needs the whole cpu of the
+        victim's node. Every lower-priority pod with a cpu request on that node is preempted.
+        Returns the preemptor's name; unless ``keep``, it is deleted once it is bound."""
+        node_name = self.pod_node(namespace, name)
+        node = self.node(node_name)
+        if node is None:
+            raise LabError(f"node {node_name} of pod {namespace}/{name} does not exist")
+        victim = self.pod(namespace, name)
+        uid = (victim or {}).get("metadata", {}).get("uid")
+        cpu = node["status"]["allocatable"]["cpu"]
+        preemptor = f"lab-preemptor-{secrets.token_hex(3)}"
+        self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": preemptor, "labels": {"lab.dispatch.io/preemptor": "true"}},
+                "spec": {
+                    "priorityClassName": HIGH_PRIORITY,
+                    "nodeSelector": {"kubernetes.io/hostname": node_name},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": cpu}}}
+                    ],
+                },
+            },
+        )
+
+        def disrupted() -> bool:
+            pod = self.pod(namespace, name)
+            if pod is None or pod["metadata"]["uid"] != uid:
+                return True
+            return any(
+                c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                for c in pod.get("status", {}).get("conditions") or ()
+            )
+
+        try:
+            self.wait(f"preemption of {namespace}/{name} on {node_name}", disrupted, timeout)
+            if not keep:
+                self.wait(
+                    f"preemptor {preemptor} bound",
+                    lambda: bool((self.pod(namespace, preemptor) or {}).get("spec", {}).get("nodeName")),
+                    timeout,
+                )
+        except LabError as e:
+            raise LabError(f"{e}; preemptor: {self.pod(namespace, preemptor)}") from None
+        if not keep:
+            self.delete_pod(namespace, preemptor, grace_seconds=0)
+        return preemptor
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """The Eviction API (what ``kubectl drain`` uses): DisruptionTarget EvictionByEvictionAPI."""
+        self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            },
+        )
+
+    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
+        query = {"gracePeriodSeconds": str(grace_seconds)} if grace_seconds is not None else None
+        with contextlib.suppress(ApiStatus):
+            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", query=query)
+
+    def _patch_node(self, name: str, change: Any) -> None:
+        for _ in range(20):
+            node = self.node(name)
+            if node is None:
+                raise LabError(f"node {name} does not exist")
+            patch = change(node)
+            if patch is None:
+                return
+            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+            try:
+                self.request(
+                    "PATCH", f"/api/v1/nodes/{name}", patch, content_type="application/merge-patch+json"
+                )
+                return
+            except ApiStatus as e:
+                if e.code != 409:
+                    raise
+        raise LabError(f"node {name} kept changing")
+
+    def taint_node(self, name: str, key: str = TAINT_KEY, effect: str = "NoExecute") -> None:
+        """A taint on the node; with NoExecute the taint-eviction controller deletes the pods
+        that do not tolerate it (DisruptionTarget DeletionByTaintManager)."""
+
+        def change(node: dict[str, Any]) -> dict[str, Any] | None:
+            taints = list(node.get("spec", {}).get("taints") or [])
+            if any(t["key"] == key and t["effect"] == effect for t in taints):
+                return None
+            return {"spec": {"taints": [*taints, {"key": key, "value": "true", "effect": effect}]}}
+
+        self._patch_node(name, change)
+
+    def untaint_node(self, name: str, key: str = TAINT_KEY) -> None:
+        def change(node: dict[str, Any]) -> dict[str, Any] | None:
+            taints = list(node.get("spec", {}).get("taints") or [])
+            kept = [t for t in taints if t["key"] != key]
+            return None if kept == taints else {"spec": {"taints": kept}}
+
+        if self.node(name) is not None:
+            self._patch_node(name, change)
+
+    def node_not_ready(self, name: str) -> None:
+        """kwok stops managing the node (as if its kubelet died): no lease renewals, its pods no
+        longer played. node-lifecycle marks it Ready=Unknown after the grace period and taints it
+        unreachable:NoExecute; its pods are evicted after their toleration (5 s in the lab)."""
+        self._patch_node(name, lambda node: {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
+
+    def node_ready(self, name: str) -> None:
+        """kwok manages the node again: Ready, lease renewed; node-lifecycle lifts its taints."""
+        if self.node(name) is None:
+            return
+        self._patch_node(name, lambda node: {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "fake"}}})
+
+    def delete_node(self, name: str) -> None:
+        """Delete the Node object: pod GC force-deletes its pods (after ~40-60 s, hard-coded)."""
+        with contextlib.suppress(ApiStatus):
+            self.request("DELETE", f"/api/v1/nodes/{name}")
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        cpu: str = NODE_CPU,
+        memory: str = NODE_MEMORY,
+        gpu: int = NODE_GPU,
+        pods: str = NODE_PODS,
+    ) -> str:
+        """A new kwok node (Ready within a second or so)."""
+        self.kubectl(
+            "create",
+            "-f",
+            "-",
+            input=yaml.safe_dump(node_manifest(name, cpu=cpu, memory=memory, gpu=gpu, pods=pods)),
+        )
+        self.wait(f"node {name} Ready", lambda: name in self._ready_nodes(), 60)
+        return name
+
+    def restore_nodes(self) -> None:
+        """Bring the base nodes back to their start state (after a test changed them)."""
+        for name in self.nodes:
+            node = self.node(name)
+            if node is None:
+                self.add_node(name)
+                continue
+            self.untaint_node(name)
+            self.node_ready(name)
+
+    # ---- the audit log -------------------------------------------------------------
+
+    def audit_mark(self) -> int:
+        """A position in the audit log: pass it as ``since`` to :meth:`audit_writes`."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit_writes(
+        self,
+        since: int = 0,
+        *,
+        user: str | None = None,
+        namespace: str | None = None,
+        resource: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The write requests (create/update/patch/delete) the apiserver audited after ``since``."""
+        out: list[dict[str, Any]] = []
+        with self.audit_log.open("rb") as f:
+            f.seek(since)
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if event.get("verb") not in WRITE_VERBS:
+                    continue
+                ref = event.get("objectRef") or {}
+                if user is not None and (event.get("user") or {}).get("username") != user:
+                    continue
+                if namespace is not None and ref.get("namespace") != namespace:
+                    continue
+                if resource is not None and ref.get("resource") != resource:
+                    continue
+                out.append(event)
+        return out
+
+    def _write_lab_state(self) -> None:
+        state_file = self.cp.state_file
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        state.update(
+            lab_start_seconds=round(self.start_seconds, 2),
+            ports=self.ports,
+            nodes=self.nodes,
+            audit_log=str(self.audit_log),
+        )
+        state_file.write_text(json.dumps(state, indent=2))
+
+
+class ApiStatus(LabError):
+    """The API server answered with an error status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---- the async facade for tests (the old fake's method names) ---------------------------
+
+
+def pod_name(job: str, replica: str = "master", index: int = 0) -> str:
+    """The training operator's pod naming: ``<job>-<replica type, lower case>-<index>``."""
+    return f"{job}-{replica.lower()}-{index}"
+
+
+class Kubeflow:
+    """Async access to the lab's mechanisms, addressed like the training operator's pods.
+
+    Everything it changes on nodes (taints, NotReady, deletion, added nodes) and the training
+    operator's state are restored by :meth:`restore` (the ``kubeflow`` fixture calls it).
+    """
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self._changed_nodes = False
+        self._added: list[str] = []
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = await self._run(
+            self.lab.pods, namespace, f"training.kubeflow.org/job-name={job}"
+        )
+        return out
+
+    async def wait_pods(self, namespace: str, job: str, count: int = 1) -> list[dict[str, Any]]:
+        """Until the job has ``count`` Running pods (bound the wait with asyncio.timeout)."""
+        while True:
+            pods = [
+                p for p in await self.pods(namespace, job) if p.get("status", {}).get("phase") == "Running"
+            ]
+            if len(pods) >= count:
+                return pods
+            await asyncio.sleep(0.1)
+
+    async def wait_pod_gone(self, namespace: str, name: str, uid: str | None = None) -> None:
+        while True:
+            pod = await self._run(self.lab.pod, namespace, name)
+            if pod is None or (uid is not None and pod["metadata"]["uid"] != uid):
+                return
+            await asyncio.sleep(0.1)
+
+    async def succeed(self, namespace: str, job: str) -> None:
+        """Every container exits 0, workers first, then the master."""
+        pods = await self.wait_pods(namespace, job, 1)
+        pods.sort(
+            key=lambda p: (
+                p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "master",
+                p["metadata"]["name"],
+            )
+        )
+        for pod in pods:
+            await self._run(self.lab.exit_pod, namespace, pod["metadata"]["name"], 0)
+
+    async def exit(
+        self,
+        namespace: str,
+        job: str,
+        code: int,
+        replica: str = "master",
+        index: int = 0,
+        *,
+        reason: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        await self._run(
+            self.lab.exit_pod, namespace, pod_name(job, replica, index), code, reason=reason, message=message
+        )
+
+    async def oom(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
+        await self.exit(namespace, job, 137, replica, index, reason="OOMKilled")
+
+    async def preempt(
+        self, namespace: str, job: str, replica: str = "master", index: int = 0, *, keep: bool = False
+    ) -> str:
+        out: str = await self._run(self.lab.preempt_pod, namespace, pod_name(job, replica, index), keep=keep)
+        return out
+
+    async def evict(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
+        await self._run(self.lab.evict_pod, namespace, pod_name(job, replica, index))
+
+    async def _node_of(self, namespace: str, job: str, replica: str, index: int) -> str:
+        out: str = await self._run(self.lab.pod_node, namespace, pod_name(job, replica, index))
+        return out
+
+    async def taint_evict(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> str:
+        node = await self._node_of(namespace, job, replica, index)
+        self._changed_nodes = True
+        await self._run(self.lab.taint_node, node)
+        return node
+
+    async def untaint(self, node: str) -> None:
+        await self._run(self.lab.untaint_node, node)
+
+    async def delete_node(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> str:
+        node = await self._node_of(namespace, job, replica, index)
+        self._changed_nodes = True
+        await self._run(self.lab.delete_node, node)
+        return node
+
+    async def node_not_ready(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> str:
+        node = await self._node_of(namespace, job, replica, index)
+        self._changed_nodes = True
+        await self._run(self.lab.node_not_ready, node)
+        return node
+
+    async def node_ready(self, node: str) -> None:
+        await self._run(self.lab.node_ready, node)
+
+    async def add_node(self, *, cpu: str = NODE_CPU, memory: str = NODE_MEMORY, gpu: int = NODE_GPU) -> str:
+        name = f"kwok-extra-{secrets.token_hex(3)}"
+        self._added.append(name)
+        out: str = await self._run(self.lab.add_node, name, cpu=cpu, memory=memory, gpu=gpu)
+        return out
+
+    async def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        await self._run(self.lab.delete_pod, namespace, name, grace_seconds=grace_seconds)
+
+    async def deadline(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
+        await self._run(self.lab.deadline_pod, namespace, pod_name(job, replica, index))
+
+    async def waiting(
+        self,
+        namespace: str,
+        job: str,
+        reason: str,
+        message: str = "",
+        replica: str = "master",
+        index: int = 0,
+    ) -> None:
+        await self._run(self.lab.waiting_pod, namespace, pod_name(job, replica, index), reason, message)
+
+    async def stop_training_operator(self) -> None:
+        await self._run(self.lab.stop_training_operator)
+
+    def kill_training_operator(self) -> None:
+        self.lab.stop_training_operator(kill=True)
+
+    async def start_training_operator(self) -> None:
+        await self._run(self.lab.start_training_operator)
+
+    def restore(self) -> None:
+        """Undo what this test changed in the shared lab."""
+        for name in self._added:
+            self.lab.delete_node(name)
+        if self._changed_nodes:
+            self.lab.restore_nodes()
+        if not self.lab.training_operator_running():
+            self.lab.start_training_operator()
+
+
+# ---- CLI --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def lab(workdir: Path | str, **kwargs: Any) -> Iterator[Lab]:
+    """``with lab(dir) as l: ...`` — starts and always stops."""
+    running = Lab(workdir, **kwargs)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def _cli(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.support.lab")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up_p = sub.add_parser("up", help="start the lab in the background")
+    up_p.add_argument("--dir", required=True, type=Path)
+    up_p.add_argument("--nodes", type=int, default=3)
+    up_p.add_argument("--timeout", type=float, default=120.0)
+    down_p = sub.add_parser("down", help="stop what `up` started (by PID)")
+    down_p.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+
+    if args.cmd == "up":
+        state_file = args.dir.resolve() / "state.json"
+        if state_file.exists():
+            state = json.loads(state_file.read_text())
+            if any(_pid_runs(int(p["pid"]), str(p["binary"])) for p in state.get("processes", [])):
+                print(
+                    f"already running (see {state_file}); run `down --dir {args.dir}` first", file=sys.stderr
+                )
+                return 1
+        running = Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout)
+        try:
+            running.start(detach=True)
+        except BaseException:
+            running.stop()
+            raise
+        for proc in running.cp._procs:  # deliberately abandoned: the daemons outlive this process
+            if proc.popen is not None:
+                proc.popen.returncode = 0  # keeps Popen.__del__ from warning "still running"
+                proc.popen = None
+        print(f"lab ready in {running.start_seconds:.1f}s: {running.server}")
+        print(f"pids: {running.cp.pids}")
+        print(f"export KUBECONFIG={running.kubeconfig}")
+        return 0
+
+    try:
+        pids = down(args.dir)
+    except ControlPlaneError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    print(f"stopped {pids}" if pids else f"nothing running in {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())
