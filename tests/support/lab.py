@@ -71,7 +71,7 @@ UNPULLABLE_IMAGE: Final = "unpullable.invalid/train:1"
 HIGH_PRIORITY: Final = "lab-high"
 LOW_PRIORITY: Final = "lab-low"
 TAINT_KEY: Final = "lab.dispatch.io/down"
-KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
+KWOK_NODE_LABEL: Final = "kwok.x-k8s.io/node"
 TRAINING_OPERATOR_NAMESPACE: Final = "kubeflow"
 TRAINING_OPERATOR_SA: Final = "training-operator"
 WEBHOOK_NAME: Final = "validator.training-operator.kubeflow.org"
@@ -108,15 +108,11 @@ class LabBinaries:
     training_operator_manifests: Path
 
 
-def resolve_lab_binaries() -> LabBinaries:
+def resolve_lab_binaries(*, training_operator: bool = True) -> LabBinaries:
     """Find the lab's binaries (env vars first, then the paths ``hack/build-bins.sh`` prints)."""
-    keys = (
-        "DISPATCH_KUBE_SCHEDULER",
-        "DISPATCH_KUBE_CONTROLLER_MANAGER",
-        "DISPATCH_KWOK",
-        "DISPATCH_TRAINING_OPERATOR",
-        "DISPATCH_TRAINING_OPERATOR_MANIFESTS",
-    )
+    keys: tuple[str, ...] = ("DISPATCH_KUBE_SCHEDULER", "DISPATCH_KUBE_CONTROLLER_MANAGER", "DISPATCH_KWOK")
+    if training_operator:
+        keys += ("DISPATCH_TRAINING_OPERATOR", "DISPATCH_TRAINING_OPERATOR_MANIFESTS")
     found = {k: os.environ.get(k, "") for k in keys}
     if not all(found.values()):
         script = _build_script_env()
@@ -133,8 +129,8 @@ def resolve_lab_binaries() -> LabBinaries:
         kube_scheduler=found["DISPATCH_KUBE_SCHEDULER"],
         kube_controller_manager=found["DISPATCH_KUBE_CONTROLLER_MANAGER"],
         kwok=found["DISPATCH_KWOK"],
-        training_operator=found["DISPATCH_TRAINING_OPERATOR"],
-        training_operator_manifests=Path(found["DISPATCH_TRAINING_OPERATOR_MANIFESTS"]),
+        training_operator=found.get("DISPATCH_TRAINING_OPERATOR", ""),
+        training_operator_manifests=Path(found.get("DISPATCH_TRAINING_OPERATOR_MANIFESTS", "")),
     )
 
 
@@ -147,15 +143,16 @@ def node_manifest(
     pods: str = NODE_PODS,
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Node that kwok manages (its annotation), with the capacity a GPU node would report."""
+    """A Node that kwok manages (its label), with the capacity a GPU node would report."""
     resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpu)}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
+                KWOK_NODE_LABEL: "fake",
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
@@ -235,7 +232,7 @@ class Lab:
     def start(self, *, detach: bool = False) -> None:
         """Start everything and wait until each part is ready (nodes Ready, webhook serving)."""
         t0 = time.monotonic()
-        self.bins = resolve_lab_binaries()
+        self.bins = resolve_lab_binaries(training_operator=self.with_training_operator)
         self.cp.binaries = self.cp.binaries or resolve_binaries()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -699,13 +696,13 @@ class Lab:
         """kwok stops managing the node (as if its kubelet died): no lease renewals, its pods no
         longer played. node-lifecycle marks it Ready=Unknown after the grace period and taints it
         unreachable:NoExecute; its pods are evicted after their toleration (5 s in the lab)."""
-        self._patch_node(name, lambda node: {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
+        self._patch_node(name, lambda node: {"metadata": {"labels": {KWOK_NODE_LABEL: None}}})
 
     def node_ready(self, name: str) -> None:
         """kwok manages the node again: Ready, lease renewed; node-lifecycle lifts its taints."""
         if self.node(name) is None:
             return
-        self._patch_node(name, lambda node: {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "fake"}}})
+        self._patch_node(name, lambda node: {"metadata": {"labels": {KWOK_NODE_LABEL: "fake"}}})
 
     def delete_node(self, name: str) -> None:
         """Delete the Node object: pod GC force-deletes its pods (after ~40-60 s, hard-coded)."""
