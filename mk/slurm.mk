@@ -24,3 +24,14 @@ slurm-deps:
 	@for u in $(SLURM_USERS); do \
 	  id -u $$u >/dev/null 2>&1 || useradd -r -M -s /usr/sbin/nologin $$u; \
 	done
+
+# Slurm 24.11 (Debian 13) and 26.05 (Debian unstable) for the live tests: each a debootstrap chroot,
+# built once (cold: ~2 min for both, in parallel) and cached outside the repo, keyed by suite.
+SLURM_CHROOT_SUITES := trixie sid
+SLURM_CHROOT_CACHE ?= $(or $(DISPATCH_CHROOT_CACHE),$(HOME)/.cache/dispatch/chroot)
+
+.PHONY: slurm-chroots
+slurm-chroots: ## Slurm 24.11 and 26.05 chroots (built in parallel, cached)
+	@pids=""; for s in $(SLURM_CHROOT_SUITES); do \
+	  bash hack/slurm-chroot.sh $$s $(SLURM_CHROOT_CACHE) & pids="$$pids $$!"; \
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc

@@ -125,10 +125,12 @@ def _pending(job: SlurmJob) -> Classified:
         return _ended(job, CauseKind.LAUNCH_FAILED, "launch failed, requeued and held by Slurm", stuck=True)
     if reason in ("JobHoldMaxRequeue", "MaxRequeue") or "JobHoldMaxRequeue" in desc:
         return _ended(job, CauseKind.REQUEUED, "held by Slurm after too many requeues", stuck=True)
-    if job.hold or reason.startswith(HELD_REASONS):
-        return Classified(phase=Phase.HELD, restarts=job.restart_cnt)
+    # Before the hold: a job that asks for more memory than a node has is left held by 24.11+ with
+    # reason BadConstraints after its release was accepted; releasing it again would never end.
     if reason in NEVER_FITS:
         return _ended(job, CauseKind.NO_CAPACITY, "can never run as submitted", stuck=True)
+    if job.hold or reason.startswith(HELD_REASONS):
+        return Classified(phase=Phase.HELD, restarts=job.restart_cnt)
     return Classified(phase=Phase.QUEUED, restarts=job.restart_cnt)
 
 

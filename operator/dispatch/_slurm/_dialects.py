@@ -1,9 +1,9 @@
 """The API dialects: what changes between slurmrestd's v0.0.38 and v0.0.40+ job APIs.
 
 Each dialect builds request paths and bodies, and turns a job record into a neutral
-:class:`SlurmJob`. v0.0.38 is what Slurm 22.05 (Debian 12) serves and is tested live; v0.0.40 and
-v0.0.41 (Slurm 23.11 to 25.05) are written from SchedMD's published OpenAPI descriptions and tested
-with recorded responses.
+:class:`SlurmJob`. Every one is tested live and with responses recorded from the real servers
+(``hack/slurm-record.py``): v0.0.38 from Slurm 22.05 (Debian 12), v0.0.40-42 from 24.11 (Debian 13),
+v0.0.42-45 from 26.05 (Debian unstable).
 """
 
 from __future__ import annotations
@@ -100,6 +100,14 @@ def _str(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
+def _state_words(raw: Any) -> tuple[str, frozenset[str]]:
+    """v0.0.40+'s ``job_state`` (a list: base state and flags) as (base, flags)."""
+    words = [raw] if isinstance(raw, str) else [w for w in (raw or []) if isinstance(w, str)]
+    words = [w.upper() for w in words]
+    base = next((w for w in words if w in BASE_STATES), "")
+    return base, frozenset(w for w in words if w != base)
+
+
 def _wait_status(raw: int | None) -> tuple[int | None, int | None]:
     """Split a raw wait status into (exit status, signal)."""
     if raw is None:
@@ -112,6 +120,8 @@ def _wait_status(raw: int | None) -> tuple[int | None, int | None]:
 
 class Dialect:
     version: ClassVar[str] = ""
+    update_time_accepted: ClassVar[bool] = True
+    """The job listing takes ``update_time`` (24.11's v0.0.40 and v0.0.41 answer it 422)."""
 
     @property
     def prefix(self) -> str:
@@ -129,6 +139,14 @@ class Dialect:
 
     def submit_path(self) -> str:
         return f"{self.prefix}/job/submit"
+
+    def lookup_path(self) -> str | None:
+        """The path of one request that asks about several jobs by id (``job_id`` CSV), if any."""
+        return None
+
+    def probe_path(self) -> str:
+        """A cheap request that slurmctld must authenticate (a ping succeeds with a bad token on 24.11+)."""
+        return f"{self.prefix}/licenses"
 
     # -- bodies
     def submit_body(self, req: SubmitRequest) -> dict[str, Any]:
@@ -237,6 +255,7 @@ class V0040(Dialect):
 
     version = "v0.0.40"
     script_in_job: ClassVar[bool] = False
+    update_time_accepted = False
 
     def submit_body(self, req: SubmitRequest) -> dict[str, Any]:
         job: dict[str, Any] = {
@@ -268,11 +287,24 @@ class V0040(Dialect):
     def bulk_cancel(self, job_ids: list[int]) -> tuple[str, dict[str, Any]] | None:
         return f"{self.prefix}/jobs", {"jobs": [str(j) for j in job_ids]}
 
+    def lookup_path(self) -> str | None:
+        return f"{self.prefix}/jobs/state/"
+
+    def parse_states(self, body: Mapping[str, Any]) -> dict[int, tuple[str, frozenset[str]]]:
+        """``GET /jobs/state``: job id -> (base state, flags)."""
+        jobs = body.get("jobs")
+        if not isinstance(jobs, list):
+            raise TransientBackendError(f"slurmrestd {self.version}: job states without a 'jobs' array")
+        out: dict[int, tuple[str, frozenset[str]]] = {}
+        for rec in jobs:
+            if not isinstance(rec, dict):
+                raise TransientBackendError(f"slurmrestd {self.version}: a job state is not an object")
+            base, flags = _state_words(rec.get("state", rec.get("job_state")))
+            out[self._job_id(rec, self.version)] = (base, flags)
+        return out
+
     def parse_job(self, rec: Mapping[str, Any]) -> SlurmJob:
-        raw = rec.get("job_state")
-        words = [raw] if isinstance(raw, str) else [w for w in (raw or []) if isinstance(w, str)]
-        words = [w.upper() for w in words]
-        base = next((w for w in words if w in BASE_STATES), "")
+        base, flags = _state_words(rec.get("job_state"))
         exit_status, sig = self._exit(rec.get("exit_code"))
         hold = rec.get("hold")
         return SlurmJob(
@@ -280,7 +312,7 @@ class V0040(Dialect):
             name=_str(rec.get("name")),
             comment=_str(rec.get("comment")),
             state=base,
-            flags=frozenset(w for w in words if w != base),
+            flags=flags,
             reason=_str(rec.get("state_reason")),
             description=_str(rec.get("state_description")),
             exit_status=exit_status,
@@ -325,26 +357,43 @@ class V0041(V0040):
     script_in_job = True
 
 
-DIALECTS: dict[str, type[Dialect]] = {"v0.0.38": V0038, "v0.0.40": V0040, "v0.0.41": V0041}
-PROBE_ORDER = ("v0.0.41", "v0.0.40", "v0.0.38")
+class V0042(V0041):
+    """Slurm 24.11 to 26.05: the submit answer loses its ``result`` object (job_id stays at the top);
+    "nothing changed since update_time" is a 200 with an empty ``jobs`` list, not a 304."""
+
+    version = "v0.0.42"
+    update_time_accepted = True
+
+
+class V0043(V0042):
+    version = "v0.0.43"
+
+
+class V0044(V0043):
+    version = "v0.0.44"
+
+
+class V0045(V0044):
+    """Slurm 26.05's newest: job records gain ten fields and lose ``power``; none read here changes."""
+
+    version = "v0.0.45"
+
+
+DIALECTS: dict[str, type[Dialect]] = {d.version: d for d in (V0038, V0040, V0041, V0042, V0043, V0044, V0045)}
+PROBE_ORDER = tuple(sorted(DIALECTS, key=lambda v: int(v.rsplit(".", 1)[1]), reverse=True))
 """Newest first: a server that serves several versions gets the newest one the adapter speaks."""
 
 _VERSION = re.compile(r"^v?0\.0\.(\d+)$")
 
 
 def dialect_for(version: str) -> Dialect:
-    """The dialect for an API version (``v0.0.38``, ``0.0.40``...); v0.0.42+ speak like v0.0.41."""
+    """The dialect for an API version (``v0.0.38``, ``0.0.42``...)."""
     m = _VERSION.match(version.strip())
     if not m:
         raise ValueError(f"not a slurmrestd API version: {version!r} (expected e.g. v0.0.38)")
-    minor = int(m.group(1))
-    if minor == 38:
-        return V0038()
-    if minor == 40:
-        return V0040()
-    if minor >= 41:
-        d = V0041()
-        if minor > 41:
-            d = type(f"V00{minor}", (V0041,), {"version": f"v0.0.{minor}"})()
-        return d
-    raise ValueError(f"slurmrestd API {version} is not supported (supported: v0.0.38, v0.0.40, v0.0.41)")
+    cls = DIALECTS.get(f"v0.0.{int(m.group(1))}")
+    if cls is None:
+        raise ValueError(
+            f"slurmrestd API {version} is not supported (supported: {', '.join(sorted(DIALECTS))})"
+        )
+    return cls()

@@ -1,10 +1,23 @@
 """One shared poller per backend: one ``GET /jobs`` per cycle for every job this process supervises.
 
 The cost of a cycle does not depend on how many jobs are supervised: slurmrestd has no server-side
-filter in v0.0.38, so the poller lists every job once (``update_time`` makes an unchanged list a
-304 with no body) and filters dispatch's tagged jobs on this side. It keeps the last view of every
-tagged job, remembers the final state of every job it saw end (Slurm forgets finished jobs after
-MinJobAge when there is no slurmdbd), and wakes the subscribers of the jobs whose objects changed.
+filter, so the poller lists every job once (``update_time`` makes an unchanged list a 304 on 22.05
+and an empty 200 on 24.11+) and filters dispatch's tagged jobs on this side. It keeps the last view
+of every tagged job, remembers the final state of every job it saw end (Slurm forgets finished jobs
+after MinJobAge when there is no slurmdbd), and wakes the subscribers of the jobs whose objects
+changed.
+
+What a listing may prove (docs/slurm.md, "What a listing proves"):
+
+* :meth:`Poller.list` answers from a listing that *started after it was called*, so the order
+  ``decide`` relies on (record read, then objects listed) holds for every caller sharing this cache;
+  concurrent callers share one such listing.
+* A job seen before and missing from a listing is not taken as gone: a direct lookup (``GET
+  /jobs/state`` on v0.0.40+, ``GET /job/{id}`` on v0.0.38) must confirm it first. A job the lookup
+  still finds keeps its view (the listing was empty or truncated).
+* A listing whose ``last_update`` is older than one already applied is refused as a whole.
+* A confirmed absence says whether Slurm forgot a job that ended (its ids have moved past it) or has
+  no memory of it at all (no job id that high: slurmctld lost its state).
 """
 
 from __future__ import annotations
@@ -26,13 +39,29 @@ log = logging.getLogger("dispatch.slurm")
 
 TAG = re.compile(r"^dispatch:job=(?P<job>[^;]+);submission=(?P<n>\d+)$")
 
-Fetch = Callable[[int | None], Awaitable[list[SlurmJob] | None]]
-"""fetch(update_time) -> every job Slurm shows, or None when nothing changed since update_time (304)."""
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One answer to a listing: every job Slurm shows, or ``jobs`` None when nothing changed."""
+
+    jobs: list[SlurmJob] | None
+    last_update: int | None = None
+    """slurmctld's time of its last job change, where the API says it (v0.0.40+)."""
+
+
+Fetch = Callable[[int | None], Awaitable[Listing]]
+"""fetch(update_time) -> the listing (update_time None: a full one)."""
+Lookup = Callable[[list[int]], Awaitable[dict[int, SlurmJob | None]]]
+"""lookup(ids) -> the ids Slurm still knows, each with its record when the lookup gives one."""
 Wake = Callable[[], None]
 
-VANISHED = (
-    "Slurm no longer shows job {id} and this process never saw it end: it ended more than MinJobAge "
-    "ago (outcome unknown without slurmdbd)"
+FORGOTTEN = (
+    "Slurm no longer shows job {id} (confirmed by a direct lookup) and this process never saw it end: "
+    "it ended more than MinJobAge ago and slurmctld forgot it (outcome unknown without slurmdbd)"
+)
+NEVER_HAD = (
+    "Slurm has no job {id} (confirmed by a direct lookup) and shows no job id that high: slurmctld "
+    "lost its state (restarted without it?), so it no longer knows this job ever existed"
 )
 
 
@@ -63,6 +92,7 @@ class Poller:
         update_time_margin: int = 1,
         user_name: str | None = None,
         cancel_stuck: Callable[[int], Awaitable[None]] | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         self._fetch = fetch
         self.interval = interval
@@ -72,6 +102,7 @@ class Poller:
         self.update_time_margin = update_time_margin
         self.user_name = user_name
         self._cancel_stuck = cancel_stuck
+        self._lookup = lookup
 
         self._views: dict[int, ObjectView] = {}
         self._by_job: dict[str, set[int]] = {}
@@ -81,6 +112,7 @@ class Poller:
         self._dirty: dict[str, float] = {}
         self._subs: dict[str, list[Wake]] = {}
 
+        self._last_update: int | None = None  # the newest last_update applied
         self._last_start: float | None = None  # monotonic start of the last successful cycle
         self._last_full_wall: float | None = None  # wall-clock start of the last full listing
         self._cycles_since_full = 0
@@ -98,7 +130,11 @@ class Poller:
         self.cycles = 0
         """Listings done (each one request)."""
         self.not_modified = 0
-        """Listings answered 304."""
+        """Listings answered "nothing changed" (304, or 24.11+'s empty list)."""
+        self.lookups = 0
+        """Direct lookups made to confirm an absence."""
+        self.contradicted = 0
+        """Jobs a listing left out that the direct lookup still found (empty or truncated listings)."""
 
     # ------------------------------------------------------------------ what the backend reads
 
@@ -111,14 +147,15 @@ class Poller:
         return self._views.get(job_id)
 
     async def list(self, job: str) -> list[ObjectView]:
-        """The objects of ``job``, no older than one cycle and never older than this process's own changes."""
-        now = time.monotonic()
-        dirty = self._dirty.get(job)
-        stale = self._last_start is None or now - self._last_start > self.interval * 1.5
-        if dirty is not None or stale:
-            if now < self._backoff_until and self._last_error is not None:
-                raise TransientBackendError(str(self._last_error))
-            await self.refresh(after=dirty if dirty is not None else now - self.interval)
+        """The objects of ``job`` from a listing that started after this call (shared with concurrent calls).
+
+        Never from an older cache: a caller that read its record before calling must not get a
+        listing taken before that read (it could miss an object the record names).
+        """
+        called = time.monotonic()
+        if called < self._backoff_until and self._last_error is not None:
+            raise TransientBackendError(str(self._last_error))
+        await self.refresh(after=called)
         return self.views(job)
 
     # ------------------------------------------------------------------ local knowledge
@@ -128,6 +165,14 @@ class Poller:
         view = ObjectView(id=str(job_id), job=job, submission=submission, phase=Phase.HELD)
         self._overrides[job_id] = _Override(view, time.monotonic())
         self._set(job_id, view)
+
+    def note_verdict(self, job_id: int, view: ObjectView) -> None:
+        """dispatch decided how ``job_id`` ended (a refused release): every later view says so."""
+        self._verdicts[job_id] = view
+        self._final[job_id] = (view, time.monotonic())
+        self._overrides[job_id] = _Override(view, time.monotonic())
+        self._set(job_id, view)
+        self.mark_dirty(job_id)
 
     def note_released(self, job_id: int) -> None:
         cur = self._views.get(job_id)
@@ -175,22 +220,30 @@ class Poller:
         self._loop_task = loop.create_task(self._run(), name="dispatch-slurm-poller")
 
     async def _run(self) -> None:
+        kicked = False
         while self._subs and not self._closed:
+            last = self._last_start
+            since = None if last is None else time.monotonic() - last
             delay = self.interval
-            try:
-                await self.refresh(after=time.monotonic())
-            except TransientBackendError as e:
-                delay = self._backoff_delay()
-                log.warning("slurm poll failed (%s); next try in %.1fs", e, delay)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a bug must not kill supervision; back off and go on
-                delay = self._backoff_delay()
-                log.exception("slurm poll crashed (%s); next try in %.1fs", type(e).__name__, delay)
+            if kicked or since is None or since >= self.interval or self._failures:
+                try:
+                    await self.refresh(after=time.monotonic())
+                except TransientBackendError as e:
+                    delay = self._backoff_delay()
+                    log.warning("slurm poll failed (%s); next try in %.1fs", e, delay)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # a bug must not kill supervision; back off and go on
+                    delay = self._backoff_delay()
+                    log.exception("slurm poll crashed (%s); next try in %.1fs", type(e).__name__, delay)
+            else:
+                delay = self.interval - since  # a caller's listing counts as this cycle's
             self._kick.clear()
+            kicked = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._kick.wait()
+                    kicked = True
                 # kicked: a local change wants a listing soon, but never more often than every 50 ms
                 await asyncio.sleep(0.05)
 
@@ -234,7 +287,18 @@ class Poller:
             else int(self._last_full_wall) - self.update_time_margin
         )
         try:
-            jobs = await self._fetch(update_time)
+            listing = await self._fetch(update_time)
+            if listing.jobs is not None:
+                if (
+                    listing.last_update is not None
+                    and self._last_update is not None
+                    and listing.last_update < self._last_update
+                ):
+                    raise TransientBackendError(
+                        f"slurmrestd answered a job list older than one already read (last_update "
+                        f"{listing.last_update} < {self._last_update}): not trusted"
+                    )
+                await self._apply(listing.jobs, start)
         except TransientBackendError as e:
             self._failures += 1
             self._last_error = e
@@ -244,50 +308,82 @@ class Poller:
         self._failures = 0
         self._last_error = None
         self._backoff_until = 0.0
-        if jobs is None:
+        if listing.jobs is None:
             self.not_modified += 1
             self._cycles_since_full += 1
         else:
+            if listing.last_update is not None:
+                self._last_update = listing.last_update
             self._cycles_since_full = 0
             self._last_full_wall = start_wall
-            self._apply(jobs, start)
         self._last_start = start
         for job, at in list(self._dirty.items()):
             if at <= start:
                 del self._dirty[job]
 
-    def _apply(self, jobs: Iterable[SlurmJob], start: float) -> None:
-        now = time.monotonic()
+    def _view_of(self, sj: SlurmJob, job: str, n: int) -> tuple[ObjectView, bool]:
+        c = classify(sj)
+        verdict = self._verdicts.get(sj.job_id)
+        if verdict is not None:
+            return verdict, c.stuck
+        view = ObjectView(
+            id=str(sj.job_id),
+            job=job,
+            submission=n,
+            phase=c.phase,
+            cause=c.cause,
+            cancelled=c.cancelled,
+            restarts=c.restarts,
+        )
+        if c.stuck:
+            self._verdicts[sj.job_id] = view
+        return view, c.stuck
+
+    async def _apply(self, jobs: Iterable[SlurmJob], start: float) -> None:
         seen: dict[int, ObjectView] = {}
+        highest = 0
         for sj in jobs:
+            highest = max(highest, sj.job_id)
             tag = parse_tag(sj.comment)
             if tag is None:
                 continue
             if self.user_name and sj.user_name and sj.user_name != self.user_name:
                 continue
-            job, n = tag
-            c = classify(sj)
-            verdict = self._verdicts.get(sj.job_id)
-            if verdict is not None:
-                view = verdict
-            else:
-                view = ObjectView(
-                    id=str(sj.job_id),
-                    job=job,
-                    submission=n,
-                    phase=c.phase,
-                    cause=c.cause,
-                    cancelled=c.cancelled,
-                    restarts=c.restarts,
-                )
-                if c.stuck:
-                    self._verdicts[sj.job_id] = view
-            if c.stuck:
+            view, stuck = self._view_of(sj, *tag)
+            if stuck:
                 self._cancel_later(sj.job_id)
             seen[sj.job_id] = view
-            if view.phase is Phase.ENDED:
-                self._final[sj.job_id] = (view, now)
 
+        # Seen before, not ended, and absent now: only a direct lookup may say it is gone.
+        missing = [
+            i
+            for i, v in self._views.items()
+            if i not in seen
+            and i not in self._final
+            and not (i in self._overrides and self._overrides[i].at >= start)
+        ]
+        gone: set[int] = set(missing)
+        if missing and self._lookup is not None:
+            self.lookups += 1
+            known = await self._lookup(missing)
+            for i, rec in known.items():
+                if i not in gone:
+                    continue
+                gone.discard(i)
+                self.contradicted += 1
+                old = self._views[i]
+                seen[i] = self._view_of(rec, old.job, old.submission)[0] if rec is not None else old
+            if known:
+                log.warning(
+                    "slurm listing left out %d job(s) Slurm still has (%s): an empty or truncated answer",
+                    len(known),
+                    ", ".join(str(i) for i in sorted(known)),
+                )
+
+        now = time.monotonic()
+        for i, v in seen.items():
+            if v.phase is Phase.ENDED:
+                self._final[i] = (v, now)
         for job_id in set(self._views) | set(seen):
             ov = self._overrides.get(job_id)
             if ov is not None and ov.at >= start:
@@ -300,18 +396,21 @@ class Poller:
             if final is not None:
                 self._set(job_id, final[0])
                 continue
+            if job_id not in gone:
+                continue
             old = self._views[job_id]
-            gone = ObjectView(
+            text = FORGOTTEN if highest >= job_id else NEVER_HAD
+            view = ObjectView(
                 id=old.id,
                 job=old.job,
                 submission=old.submission,
                 phase=Phase.ENDED,
-                cause=Cause(kind=CauseKind.UNKNOWN, detail=VANISHED.format(id=old.id)),
+                cause=Cause(kind=CauseKind.UNKNOWN, detail=text.format(id=old.id)),
                 cancelled=False,
                 restarts=old.restarts,
             )
-            self._final[job_id] = (gone, now)
-            self._set(job_id, gone)
+            self._final[job_id] = (view, now)
+            self._set(job_id, view)
         self._prune(seen, now)
 
     def _prune(self, seen: dict[int, ObjectView], now: float) -> None:

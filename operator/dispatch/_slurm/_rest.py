@@ -3,13 +3,16 @@
 Every failure that may pass (timeouts, refused connections, HTTP 5xx without a definite Slurm
 answer, malformed JSON, a rejected or expired token) becomes a
 :class:`~dispatch._errors.TransientBackendError`; a definite refusal by Slurm (an ``ESLURM_*``
-error number) becomes a :class:`~dispatch._errors.BackendError`. No message ever contains the token.
+error number) becomes a :class:`SlurmApiError`. No message ever contains the token: every message
+built here goes through :meth:`RestClient.scrub`, which also removes anything shaped like a JWT
+(an echoing proxy may show a token this process no longer holds).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +28,21 @@ ESLURM_ALREADY_DONE = 2021
 ESLURM_JOB_HELD = 2042
 ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE = 2015
 ESLURM_JOB_FINISHED = 2044
+ESLURM_ACCESS_DENIED = 2002
+ESLURM_INVALID_PARTITION_NAME = 2000
+SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
+AUTH_ERRORS = frozenset({SLURM_PROTOCOL_AUTHENTICATION_ERROR, *range(6000, 6100)})
+"""Slurm's authentication errors: SLURM_PROTOCOL_AUTHENTICATION_ERROR and the ESLURM_AUTH_* range."""
+AUTH_STATUSES = frozenset({401, 403, 511})
+"""HTTP statuses slurmrestd answers a missing, rejected or expired token with (24.11+: 511 + 1007)."""
+TOKEN_REJECTED = "token rejected or expired (check the token and that it belongs to the user name)"
+
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*")
+"""Anything shaped like a JWT (header.payload.signature, base64url, header starting '{"')."""
+
+
+class AuthenticationError(TransientBackendError):
+    """slurmrestd or slurmctld refused the credentials. Transient: a rotated token file fixes it."""
 
 
 class SlurmApiError(BackendError):
@@ -73,7 +91,8 @@ class TokenSource:
     """A JWT from configuration, or from a file (a mounted Secret) re-read when its mtime changes."""
 
     def __init__(self, token: SecretStr | str | None = None, token_file: str | None = None) -> None:
-        self._static = token.get_secret_value() if isinstance(token, SecretStr) else token
+        raw = token.get_secret_value() if isinstance(token, SecretStr) else token
+        self._static = _clean(raw) if raw is not None else None
         self._file = token_file
         self._mtime: float | None = None
         self._cached: str | None = None
@@ -97,10 +116,30 @@ class TokenSource:
                 raise TransientBackendError(
                     f"slurm token file {self._file} unreadable: {e.strerror}"
                 ) from None
-            if raw.startswith("SLURM_JWT="):
-                raw = raw.split("=", 1)[1].strip()
-            self._cached, self._mtime = raw, st.st_mtime
+            self._cached, self._mtime = _clean(raw), st.st_mtime
         return self._cached
+
+    def secrets(self) -> list[str]:
+        """Every form of the token that must never be shown (the token, its signature)."""
+        try:
+            tok = self.get()
+        except TransientBackendError:
+            tok = self._cached
+        if not tok:
+            return []
+        out = [tok]
+        sig = tok.rsplit(".", 1)[-1]
+        if len(sig) >= 8:
+            out.append(sig)
+        return out
+
+
+def _clean(raw: str) -> str:
+    """A token as files and variables carry it: ``SLURM_JWT=`` prefix, surrounding whitespace, newlines."""
+    raw = raw.strip()
+    if raw.startswith("SLURM_JWT="):
+        raw = raw.split("=", 1)[1]
+    return "".join(raw.split())
 
 
 class RestClient:
@@ -124,8 +163,6 @@ class RestClient:
         )
         self.user_name = user_name
         self.token = token or TokenSource()
-        self.bearer = False
-        """Also send ``Authorization: Bearer`` (slurmrestd 23.02+, API v0.0.40+)."""
         self.timeout = timeout
         self.requests = 0
         """How many HTTP requests this client has sent (for the polling-cost figures)."""
@@ -139,20 +176,16 @@ class RestClient:
         if self.user_name:
             headers["X-SLURM-USER-NAME"] = self.user_name
         if tok:
+            # Only this header: every slurmrestd from 22.05 to 26.05 takes it, and 24.11+ refuse it
+            # together with ``Authorization`` (401, "mutually exclusive headers").
             headers["X-SLURM-USER-TOKEN"] = tok
-            if self.bearer:
-                headers["Authorization"] = f"Bearer {tok}"
         return headers
 
     def scrub(self, text: str) -> str:
         """Remove the token from any text that may reach a log, a status or an event."""
-        try:
-            tok = self.token.get()
-        except TransientBackendError:
-            tok = None
-        if tok and tok in text:
-            text = text.replace(tok, "***")
-        return text
+        for secret in self.token.secrets():
+            text = text.replace(secret, "***")
+        return _JWT.sub("***", text)
 
     async def request(
         self,
@@ -185,10 +218,14 @@ class RestClient:
             ) from None
         if resp.status_code == 304:
             return RestResponse(304)
-        if resp.status_code == 404:
-            raise PathNotServed(f"slurmrestd: {what}: HTTP 404, {method} {path} is not served", frozenset())
+        if resp.status_code in AUTH_STATUSES:
+            raise AuthenticationError(
+                self.scrub(f"slurmrestd: {what}: HTTP {resp.status_code}, {TOKEN_REJECTED}")
+            )
         parsed = self._parse(resp, what, method, path)
         out = RestResponse(resp.status_code, parsed)
+        if resp.status_code == 404 and not out.error_numbers:
+            raise PathNotServed(f"slurmrestd: {what}: HTTP 404, {method} {path} is not served", frozenset())
         if 200 <= resp.status_code < 300 and not (out.error_numbers - accepted - {0}):
             return out
         if out.error_numbers & accepted:
@@ -204,10 +241,16 @@ class RestClient:
         try:
             data = json.loads(text)
         except ValueError:
+            if resp.status_code == 404:
+                raise PathNotServed(
+                    f"slurmrestd: {what}: HTTP 404, {method} {path} is not served", frozenset()
+                ) from None
             snippet = self.scrub(text[:120]).replace("\n", " ")
             raise TransientBackendError(
-                f"slurmrestd: {what}: HTTP {resp.status_code}, body is not JSON "
-                f"({method} {path}): {snippet!r}"
+                self.scrub(
+                    f"slurmrestd: {what}: HTTP {resp.status_code}, body is not JSON "
+                    f"({method} {path}): {snippet!r}"
+                )
             ) from None
         if not isinstance(data, dict):
             raise TransientBackendError(
@@ -219,22 +262,25 @@ class RestClient:
     def _error(self, out: RestResponse, what: str, method: str, path: str) -> BackendError:
         detail = self.scrub(out.error_text())
         nums = out.error_numbers
-        if out.status in (401, 403):
-            return TransientBackendError(
-                f"slurmrestd: {what}: HTTP {out.status} authentication failed "
-                f"(check user name and token): {detail}"
+        if nums & AUTH_ERRORS:
+            return AuthenticationError(
+                self.scrub(f"slurmrestd: {what}: HTTP {out.status}, {TOKEN_REJECTED}: {detail}")
             )
-        # slurmrestd 22.05 answers a bad/expired token with 500 and error -1 ("unable to load").
         definite = {n for n in nums if 2000 <= n < 3000 or 9000 <= n < 10000}
         if definite:
             return SlurmApiError(
-                f"slurmrestd: {what}: Slurm refused (HTTP {out.status}): {detail}", frozenset(nums)
+                self.scrub(f"slurmrestd: {what}: Slurm refused (HTTP {out.status}): {detail}"),
+                frozenset(nums),
             )
-        if out.status >= 500 and (-1 in nums or not nums):
-            hint = " (a rejected or expired token also looks like this)" if -1 in nums else ""
-            return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}{hint}: {detail}")
-        if out.status >= 500:
-            return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}: {detail}")
-        if 400 <= out.status < 500:
-            return SlurmApiError(f"slurmrestd: {what}: HTTP {out.status}: {detail}", frozenset(nums))
-        return TransientBackendError(f"slurmrestd: {what}: HTTP {out.status}: {detail}")
+        if out.status >= 500 and -1 in nums:
+            # Slurm 22.05 answers a rejected or expired token with 500 and error -1 ("unable to
+            # load"), exactly as it answers when slurmctld does not answer it.
+            return AuthenticationError(
+                self.scrub(
+                    f"slurmrestd: {what}: HTTP {out.status}: {detail} (slurmctld did not answer, or the "
+                    f"{TOKEN_REJECTED}: Slurm 22.05 says both this way)"
+                )
+            )
+        if out.status >= 500 or not 400 <= out.status < 500:
+            return TransientBackendError(self.scrub(f"slurmrestd: {what}: HTTP {out.status}: {detail}"))
+        return SlurmApiError(self.scrub(f"slurmrestd: {what}: HTTP {out.status}: {detail}"), frozenset(nums))
