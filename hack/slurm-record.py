@@ -25,8 +25,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispatch._slurm._dialects import SubmitRequest, dialect_for  # noqa: E402
-from tests.support.slurmlab import FLAVORS, SlurmLab  # noqa: E402
+from dispatch._slurm._dialects import SubmitRequest, dialect_for
+from tests.support.slurmlab import FLAVORS, SlurmLab
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "slurm"
 GARBAGE = "eyJhbGciOiJIUzI1NiJ9.Z2FyYmFnZQ.bm90LWEtc2lnbmF0dXJl"
@@ -196,8 +196,9 @@ class Recorder:
             r = self.call(api, "jobs", "GET", "/jobs")
             last = r.json().get("last_update")
             self.index.setdefault("last_update", {})[api] = last
-            self.call(api, "jobs-since-future", "GET", "/jobs", params={"update_time": int(time.time()) + 3600})
-            self.call(api, "jobs-since-minute", "GET", "/jobs", params={"update_time": int(time.time()) - 60})
+            now = int(time.time())
+            self.call(api, "jobs-since-future", "GET", "/jobs", params={"update_time": now + 3600})
+            self.call(api, "jobs-since-minute", "GET", "/jobs", params={"update_time": now - 60})
             if api != "v0.0.38":
                 self.call(api, "jobs-state", "GET", "/jobs/state/")
                 csv = ",".join(str(i) for i in [*ids[:3], MISSING])
