@@ -24,7 +24,9 @@ PODMAN_LIMITS := --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
 IMAGE_PIP_CERT ?= $(firstword $(PIP_CERT) $(wildcard $(SSL_CERT_FILE)))
 
 GITOPS_DIR := hack/gitops
-GITOPS_VERSION := $(shell cat $(GITOPS_DIR)/go.mod $(GITOPS_DIR)/go.sum $(GITOPS_DIR)/*/*.go 2>/dev/null | sha256sum | cut -c1-12)
+# The tools' version: a hash of their sources (e2e/test_gitops.py computes the same to find them).
+GITOPS_SOURCES := $(shell find $(GITOPS_DIR) -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort)
+GITOPS_VERSION := $(shell cat $(GITOPS_SOURCES) | sha256sum | cut -c1-12)
 KSTATUS_BIN = $(BINS_DIR)/kstatus-verdict-$(GITOPS_VERSION)/kstatus-verdict
 ARGOCD_HEALTH_BIN = $(BINS_DIR)/argocd-health-$(GITOPS_VERSION)/argocd-health
 
@@ -64,10 +66,15 @@ image-size: ## the image's size and its largest parts
 
 , := ,
 
-$(KSTATUS_BIN) $(ARGOCD_HEALTH_BIN) &: $(GITOPS_DIR)/go.mod $(wildcard $(GITOPS_DIR)/*/*.go)
+$(KSTATUS_BIN) $(ARGOCD_HEALTH_BIN) &: $(GITOPS_SOURCES) hack/build-gitops-tools.sh
 	@bash hack/build-gitops-tools.sh $(KSTATUS_BIN) $(ARGOCD_HEALTH_BIN)
 
 gitops-tools: $(KSTATUS_BIN) $(ARGOCD_HEALTH_BIN) ## Flux's kstatus and Argo CD's Lua health, built from Go modules
+
+# The unit tier runs the Argo CD and kstatus checks on statuses the operator's code builds; the
+# e2e tier runs the image and both tools on the lab's DispatchJobs.
+unit: gitops-tools
+e2e: image gitops-tools
 
 image-test: image gitops-tools bins $(STAMP) ## the built image as the operator, the chart's pod spec run by podman, GitOps health
 	DISPATCH_HELM=$(HELM) $(PYTEST) -m e2e e2e/test_image.py e2e/test_gitops.py

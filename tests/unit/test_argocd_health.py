@@ -1,11 +1,14 @@
-"""The Argo CD health check (docs/argocd/dispatchjob-health.lua), run by a real Lua runtime (lupa).
+"""The Argo CD health check (docs/argocd/dispatchjob-health.lua) run by the Lua interpreter Argo CD
+embeds (gopher-lua, hack/gitops/argocd-health), and Flux's verdict computed by kstatus
+(hack/gitops/kstatus-verdict), on every status the operator writes.
 
 The DispatchJob statuses are built by the operator's own code: records moved through the protocol
 by :func:`dispatch._decide.apply`, turned into ``.status`` by :func:`dispatch._kubestore.record_status`
 and :func:`~dispatch._kubestore.conditions_for`/:func:`~dispatch._kubestore.render_conditions`, as
 :meth:`KubeRecordStore.put` writes them (and :func:`~dispatch._kubestore.refusal_conditions` for a
-refused job). The Lua runs with only the libraries Argo CD opens by default (base, table, package,
-a safe os): no string, math or io library.
+refused job). The Lua runs with only the libraries Argo CD opens by default for a custom check
+(base, table, package): no string, math or io library. Real objects from the lab, in every state,
+are checked by e2e/test_gitops.py.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import lupa
 import pytest
 
 from dispatch import Actor, ActorKind, Cause, CauseKind, JobSpec, Record, RecoveryPolicy, Rule, State
@@ -24,6 +26,7 @@ from dispatch._kubeflow import CAPABILITIES
 from dispatch._kubestore import conditions_for, record_status, refusal_conditions, render_conditions
 from dispatch._model import SUPERVISOR, CancelRequest
 from dispatch._plan import make_plan
+from tests.support import gitops
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = (REPO / "docs" / "argocd" / "dispatchjob-health.lua").read_text()
@@ -32,22 +35,19 @@ ADA = Actor(kind=ActorKind.HUMAN, id="ada")
 PREEMPTED = Cause(kind=CauseKind.PREEMPTED, detail="preempted by a higher-priority job")
 OOM = Cause(kind=CauseKind.OUT_OF_MEMORY, exit_code=137)
 SUCCESS = Cause(kind=CauseKind.NONE)
-# What Argo CD does not open (util/lua/lua.go opens package, base, table and a safe os only).
-ARGO_CLOSED_LIBS = ("string", "math", "io", "debug", "utf8", "coroutine")
 
 
 def health(obj: Mapping[str, Any]) -> dict[str, str]:
-    """Run the health script as Argo CD does: the object in the global ``obj``, a table returned."""
-    lua = lupa.LuaRuntime(unpack_returned_tuples=True, register_eval=False, register_builtins=False)
-    g = lua.globals()
-    for lib in ARGO_CLOSED_LIBS:
-        g[lib] = None
-    g.obj = lua.table_from(dict(obj), recursive=True)
-    result = lua.execute(SCRIPT)
-    out = dict(result.items())
-    assert set(out) == {"status", "message"}, out
-    assert out["status"] in {"Healthy", "Progressing", "Degraded", "Suspended"}
-    return {k: str(v) for k, v in out.items()}
+    """The health script's verdict, run as Argo CD runs it (one object)."""
+    (out,) = gitops.argocd([obj])
+    assert out["status"] in {"Healthy", "Progressing", "Degraded", "Suspended"}, out
+    return {"status": out["status"], "message": out["message"]}
+
+
+def flux(obj: Mapping[str, Any]) -> str:
+    """kstatus' verdict (what a Flux Kustomization's health check concludes)."""
+    (out,) = gitops.kstatus([obj])
+    return str(out["status"])
 
 
 def new_record() -> Record:
@@ -114,22 +114,25 @@ CANCELLED = step(_CANCEL_ASKED, _CANCEL_STEP, RecordSettled())
 
 
 @pytest.mark.parametrize(
-    ("record", "expected", "words"),
+    ("record", "expected", "words", "kstatus"),
     [
-        (PENDING, "Progressing", "no submission authorized yet"),
-        (AUTHORIZED, "Progressing", "submission 1 authorized"),
-        (RECOVERING, "Progressing", "recovering from preempted"),
-        (SUCCEEDED_ENDING, "Progressing", "ending the job's objects"),
-        (SUCCEEDED, "Healthy", "succeeded in submission 2"),
-        (FAILED, "Degraded", "out-of-memory"),
-        (CANCELLED, "Degraded", "cancelled by human:ada"),
+        (PENDING, "Progressing", "no submission authorized yet", "InProgress"),
+        (AUTHORIZED, "Progressing", "submission 1 authorized", "InProgress"),
+        (RECOVERING, "Progressing", "recovering from preempted", "InProgress"),
+        (SUCCEEDED_ENDING, "Progressing", "ending the job's objects", "InProgress"),
+        (SUCCEEDED, "Healthy", "succeeded in submission 2", "Current"),
+        (FAILED, "Degraded", "out-of-memory", "Failed"),
+        (CANCELLED, "Degraded", "cancelled by human:ada", "Failed"),
     ],
     ids=["pending", "authorized", "recovering", "succeeded-ending", "succeeded", "failed", "cancelled"],
 )
-def test_health_of_every_state_the_operator_writes(record: Record, expected: str, words: str) -> None:
+def test_health_of_every_state_the_operator_writes(
+    record: Record, expected: str, words: str, kstatus: str
+) -> None:
     result = health(dispatch_job(record))
     assert result["status"] == expected, result
     assert words in result["message"], result
+    assert flux(dispatch_job(record)) == kstatus
 
 
 def test_the_states_are_what_the_cases_say() -> None:
@@ -144,12 +147,20 @@ def test_the_states_are_what_the_cases_say() -> None:
 
 
 def test_a_refused_job_is_degraded_with_the_reason() -> None:
-    result = health(dispatch_job(None, refused=("UnenforceableRule", "rule 0: no enforcer for node-lost")))
-    assert result == {"status": "Degraded", "message": "UnenforceableRule: rule 0: no enforcer for node-lost"}
+    body = dispatch_job(None, refused=("UnenforceableRule", "rule 0: no enforcer for node-lost"))
+    assert health(body) == {
+        "status": "Degraded",
+        "message": "UnenforceableRule: rule 0: no enforcer for node-lost",
+    }
+    assert flux(body) == "Failed"
 
 
-def test_no_status_yet_is_progressing() -> None:
+def test_no_status_yet_is_progressing_for_argo_but_current_for_kstatus() -> None:
+    """kstatus takes an object without conditions or observedGeneration to be reconciled: until the
+    operator's first write, Flux's default health check calls a new DispatchJob Current
+    (docs/gitops.md says so and gives the healthCheckExprs that close that window)."""
     assert health(dispatch_job(None))["status"] == "Progressing"
+    assert flux(dispatch_job(None)) == "Current"
 
 
 def test_a_generation_the_operator_has_not_observed_is_progressing() -> None:
@@ -158,6 +169,7 @@ def test_a_generation_the_operator_has_not_observed_is_progressing() -> None:
         result = health(dispatch_job(record, generation=2, observed=1))
         assert result["status"] == "Progressing", result
         assert "generation 2" in result["message"]
+        assert flux(dispatch_job(record, generation=2, observed=1)) == "InProgress"
     assert health(dispatch_job(SUCCEEDED, generation=2, observed=2))["status"] == "Healthy"
 
 
@@ -174,6 +186,7 @@ def test_a_job_being_deleted_is_progressing() -> None:
     body = dispatch_job(AUTHORIZED)
     body["metadata"]["deletionTimestamp"] = "2025-01-02T03:04:05Z"
     assert health(body)["status"] == "Progressing"
+    assert flux(body) == "Terminating"
 
 
 def test_suspended_is_never_returned() -> None:

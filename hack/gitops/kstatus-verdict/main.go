@@ -52,4 +52,3 @@ func main() {
 		os.Exit(1)
 	}
 }
-
