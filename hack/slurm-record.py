@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispatch._slurm._dialects import SubmitRequest, dialect_for
+from dispatch._slurm._dialects import PROBE_ORDER, SubmitRequest, dialect_for
 from tests.support.slurmlab import FLAVORS, SlurmLab
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "slurm"
@@ -111,6 +111,10 @@ class Recorder:
         served = [a for a in apis if a in ("v0.0.38",) or int(a.rsplit(".", 1)[1]) >= 40]
         new = served[-1]
         t0 = time.monotonic()
+        # -- what the adapter's probe sees of a version the server does not serve
+        for api in PROBE_ORDER:
+            if api not in served:
+                self.call(api, "licenses-not-served", "GET", "/licenses")
         # -- authentication, on every served version
         for api in served:
             self.call(api, "ping", "GET", "/ping")

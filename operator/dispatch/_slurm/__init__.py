@@ -272,9 +272,12 @@ class SlurmBackend:
         never_fits = bool(error.numbers & NEVER_FITS)
         kind = CauseKind.NO_CAPACITY if never_fits else CauseKind.LAUNCH_FAILED
         why = "can never run as submitted" if never_fits else "Slurm refused to release it"
-        await self.rest.request(
-            "DELETE", self._d().job_path(job_id), what=f"cancel refused Slurm job {job_id}", accept=GONE
-        )
+        try:
+            await self.rest.request(
+                "DELETE", self._d().job_path(job_id), what=f"cancel refused Slurm job {job_id}", accept=GONE
+            )
+        except SlurmApiError as e:
+            raise TransientBackendError(str(e)) from None  # not cancelled yet: the release is retried
         cur = self.poller.view(job_id)
         if cur is None:
             raise TransientBackendError(f"release Slurm job {job_id}: refused, and the job is not known here")
@@ -364,7 +367,7 @@ class SlurmBackend:
             return Listing(None)  # v0.0.42+: "no job changes since update_time" is an empty 200
         return Listing(jobs, last)
 
-    async def _lookup(self, ids: builtins.list[int]) -> dict[int, SlurmJob | None]:
+    async def _lookup(self, ids: builtins.list[int]) -> tuple[dict[int, SlurmJob | None], int]:
         """Which of ``ids`` Slurm still knows: one ``GET /jobs/state`` (v0.0.40+: ids and states
         only, the cheapest call that answers it), or ``GET /job/{id}`` each on v0.0.38."""
         d = await self.dialect()
@@ -375,7 +378,8 @@ class SlurmBackend:
                 resp = await self.rest.request("GET", path, what="look up job states")
             except SlurmApiError as e:
                 raise TransientBackendError(str(e)) from None
-            return {i: None for i in d.parse_states(resp.body) if i in wanted}
+            states = d.parse_states(resp.body)
+            return {i: None for i in states if i in wanted}, max(states, default=0)
         out: dict[int, SlurmJob | None] = {}
         for i in sorted(wanted):
             try:
@@ -385,10 +389,9 @@ class SlurmBackend:
                     continue
                 raise TransientBackendError(str(e)) from None
             found = [j for j in d.parse_jobs(resp.body) if j.job_id == i]
-            out[i] = found[0] if found else None
-            if not found:
-                del out[i]
-        return out
+            if found:
+                out[i] = found[0]
+        return out, 0
 
     async def _cancel_stuck(self, job_id: int) -> None:
         d = await self.dialect()

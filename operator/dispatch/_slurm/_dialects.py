@@ -55,6 +55,8 @@ class SlurmJob:
     hold: bool = False
     user_name: str = ""
     requeue: bool | None = None
+    submit_time: int | None = None
+    """When slurmctld took the submission (epoch seconds, its clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,7 @@ class V0038(Dialect):
             hold=state == "PENDING" and prio == 0 and reason.startswith("JobHeld"),
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
+            submit_time=_int(rec.get("submit_time")) or None,
         )
 
 
@@ -300,7 +303,10 @@ class V0040(Dialect):
             if not isinstance(rec, dict):
                 raise TransientBackendError(f"slurmrestd {self.version}: a job state is not an object")
             base, flags = _state_words(rec.get("state", rec.get("job_state")))
-            out[self._job_id(rec, self.version)] = (base, flags)
+            jid = rec.get("job_id")
+            if isinstance(jid, str) and jid.isdigit():
+                jid = int(jid)  # /jobs/state writes the id as a string (recorded on 24.11 and 26.05)
+            out[self._job_id({"job_id": jid}, self.version)] = (base, flags)
         return out
 
     def parse_job(self, rec: Mapping[str, Any]) -> SlurmJob:
@@ -321,6 +327,7 @@ class V0040(Dialect):
             hold=hold if isinstance(hold, bool) else (base == "PENDING" and _int(rec.get("priority")) == 0),
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
+            submit_time=_int(rec.get("submit_time")) or None,
         )
 
     @staticmethod

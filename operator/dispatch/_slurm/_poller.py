@@ -9,9 +9,15 @@ changed.
 
 What a listing may prove (docs/slurm.md, "What a listing proves"):
 
-* :meth:`Poller.list` answers from a listing that *started after it was called*, so the order
-  ``decide`` relies on (record read, then objects listed) holds for every caller sharing this cache;
-  concurrent callers share one such listing.
+* ``decide`` needs the objects listed after the record was read, or a canonical another process
+  just created could be missing and read as gone. A cache shared by many supervisors keeps that
+  rule with two bounds of the same length ``max_age`` (the poll interval): :meth:`Poller.list`
+  answers from a listing that started at most ``max_age`` before the call, and never returns an
+  object until ``max_age`` has passed since it was created (its ``submit_time``, or this process's
+  own create). A record naming an object is written only after some process listed it, so at least
+  ``max_age`` after its creation; whoever reads that record calls ``list`` later still, and gets a
+  listing that started after the creation: the object is in it. So the cost stays one listing per
+  cycle for every supervised job, and a new object waits at most one interval before it is used.
 * A job seen before and missing from a listing is not taken as gone: a direct lookup (``GET
   /jobs/state`` on v0.0.40+, ``GET /job/{id}`` on v0.0.38) must confirm it first. A job the lookup
   still finds keeps its view (the listing was empty or truncated).
@@ -51,8 +57,9 @@ class Listing:
 
 Fetch = Callable[[int | None], Awaitable[Listing]]
 """fetch(update_time) -> the listing (update_time None: a full one)."""
-Lookup = Callable[[list[int]], Awaitable[dict[int, SlurmJob | None]]]
-"""lookup(ids) -> the ids Slurm still knows, each with its record when the lookup gives one."""
+Lookup = Callable[[list[int]], Awaitable[tuple[dict[int, SlurmJob | None], int]]]
+"""lookup(ids) -> (the ids Slurm still knows, each with its record when the lookup gives one; the
+highest job id the lookup showed, 0 when it shows only the ids asked about)."""
 Wake = Callable[[], None]
 
 FORGOTTEN = (
@@ -62,6 +69,10 @@ FORGOTTEN = (
 NEVER_HAD = (
     "Slurm has no job {id} (confirmed by a direct lookup) and shows no job id that high: slurmctld "
     "lost its state (restarted without it?), so it no longer knows this job ever existed"
+)
+NO_JOBS = (
+    "Slurm has no job {id} (confirmed by a direct lookup) and shows no job at all: either it ended "
+    "more than MinJobAge ago and was forgotten, or slurmctld lost its state; the outcome is unknown"
 )
 
 
@@ -113,6 +124,7 @@ class Poller:
         self._subs: dict[str, list[Wake]] = {}
 
         self._last_update: int | None = None  # the newest last_update applied
+        self._usable_at: dict[int, float] = {}  # monotonic time from which list() may return a job
         self._last_start: float | None = None  # monotonic start of the last successful cycle
         self._last_full_wall: float | None = None  # wall-clock start of the last full listing
         self._cycles_since_full = 0
@@ -146,24 +158,41 @@ class Poller:
     def view(self, job_id: int) -> ObjectView | None:
         return self._views.get(job_id)
 
-    async def list(self, job: str) -> list[ObjectView]:
-        """The objects of ``job`` from a listing that started after this call (shared with concurrent calls).
+    @property
+    def max_age(self) -> float:
+        """How old a listing list() may answer from, and how long a new object waits to be returned."""
+        return self.interval
 
-        Never from an older cache: a caller that read its record before calling must not get a
-        listing taken before that read (it could miss an object the record names).
+    async def list(self, job: str) -> list[ObjectView]:
+        """The objects of ``job`` from a listing that started at most :attr:`max_age` before this call.
+
+        Also never older than this process's own changes to the job, and never with an object
+        created less than :attr:`max_age` ago (the module's docstring says why both bounds make a
+        shared cache keep ``decide``'s ordering rule).
         """
         called = time.monotonic()
-        if called < self._backoff_until and self._last_error is not None:
-            raise TransientBackendError(str(self._last_error))
-        await self.refresh(after=called)
-        return self.views(job)
+        dirty = self._dirty.get(job)
+        stale = self._last_start is None or called - self._last_start > self.max_age
+        if dirty is not None or stale:
+            if called < self._backoff_until and self._last_error is not None:
+                raise TransientBackendError(str(self._last_error))
+            await self.refresh(after=called if stale or dirty is None else dirty)
+        while True:
+            views = self.views(job)
+            now = time.monotonic()
+            wait = max((self._usable_at.get(int(v.id), 0.0) - now for v in views), default=0.0)
+            if wait <= 0:
+                return views
+            await asyncio.sleep(wait)
 
     # ------------------------------------------------------------------ local knowledge
 
     def note_created(self, job_id: int, job: str, submission: int) -> None:
         """The backend created ``job_id`` held: show it before the next listing does."""
         view = ObjectView(id=str(job_id), job=job, submission=submission, phase=Phase.HELD)
-        self._overrides[job_id] = _Override(view, time.monotonic())
+        now = time.monotonic()
+        self._usable_at[job_id] = now + self.max_age
+        self._overrides[job_id] = _Override(view, now)
         self._set(job_id, view)
 
     def note_verdict(self, job_id: int, view: ObjectView) -> None:
@@ -342,6 +371,7 @@ class Poller:
     async def _apply(self, jobs: Iterable[SlurmJob], start: float) -> None:
         seen: dict[int, ObjectView] = {}
         highest = 0
+        wall, mono = time.time(), time.monotonic()
         for sj in jobs:
             highest = max(highest, sj.job_id)
             tag = parse_tag(sj.comment)
@@ -349,6 +379,13 @@ class Poller:
                 continue
             if self.user_name and sj.user_name and sj.user_name != self.user_name:
                 continue
+            if sj.job_id not in self._usable_at:
+                # Created before this listing started; by its submit_time (+1 s: whole seconds, and
+                # a little clock skew) when Slurm gives one, else from the listing's start.
+                created = (
+                    start if sj.submit_time is None else min(start, mono - (wall - sj.submit_time) + 1.0)
+                )
+                self._usable_at[sj.job_id] = created + self.max_age
             view, stuck = self._view_of(sj, *tag)
             if stuck:
                 self._cancel_later(sj.job_id)
@@ -365,7 +402,8 @@ class Poller:
         gone: set[int] = set(missing)
         if missing and self._lookup is not None:
             self.lookups += 1
-            known = await self._lookup(missing)
+            known, shown = await self._lookup(missing)
+            highest = max(highest, shown)
             for i, rec in known.items():
                 if i not in gone:
                     continue
@@ -399,7 +437,7 @@ class Poller:
             if job_id not in gone:
                 continue
             old = self._views[job_id]
-            text = FORGOTTEN if highest >= job_id else NEVER_HAD
+            text = FORGOTTEN if highest >= job_id else NEVER_HAD if highest else NO_JOBS
             view = ObjectView(
                 id=old.id,
                 job=old.job,
@@ -418,6 +456,7 @@ class Poller:
             if job_id not in seen and now - at > self.remember_seconds:
                 del self._final[job_id]
                 self._verdicts.pop(job_id, None)
+                self._usable_at.pop(job_id, None)
                 view = self._views.pop(job_id, None)
                 if view is not None:
                     ids = self._by_job.get(view.job)

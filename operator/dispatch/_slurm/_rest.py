@@ -237,6 +237,10 @@ class RestClient:
         if not text.strip():
             if 200 <= resp.status_code < 300:
                 return {}
+            if resp.status_code == 404:
+                raise PathNotServed(
+                    f"slurmrestd: {what}: HTTP 404, {method} {path} is not served", frozenset()
+                )
             raise TransientBackendError(f"slurmrestd: {what}: HTTP {resp.status_code} with an empty body")
         try:
             data = json.loads(text)
