@@ -5,14 +5,23 @@ AlreadyExists. It is created suspended (``runPolicy.suspend: true``): the traini
 no pods until dispatch releases it. It is built to enforce exactly the rules the plan gives the
 scheduler, and nothing else:
 
-- a scheduler-enforced ``restart`` rule on {non-zero-exit, out-of-memory} with budget B becomes
-  ``restartPolicy: OnFailure`` and ``runPolicy.backoffLimit: B + 1``. The training operator fails
-  the job as soon as the containers' restartCounts reach ``backoffLimit``
+- a scheduler-enforced ``restart`` rule on {non-zero-exit, out-of-memory} with L restarts left
+  (its budget minus the firings of earlier submissions: the budget belongs to the job, not to each
+  object) becomes ``restartPolicy: OnFailure`` and ``runPolicy.backoffLimit: L + 1``. The training
+  operator fails the job as soon as the containers' restartCounts reach ``backoffLimit``
   (``PastBackoffLimit``: ``sum >= backoffLimit``), which kills the restart that reached it at once;
-  B whole restarts therefore need a limit of B + 1 (and B = 0 behaves as the operator's 0: the first
-  failure ends the job);
-- otherwise ``restartPolicy: Never`` and ``backoffLimit: 0``: the training operator never retries
-  what dispatch supervises.
+  L whole restarts therefore need a limit of L + 1;
+- otherwise (no such rule, or nothing left of it) ``restartPolicy: Never`` and no ``backoffLimit``:
+  the training operator restarts nothing in place, and keeps the failed pod (see below).
+
+Under ``OnFailure`` the training operator also deletes and recreates a pod that failed for any other
+reason (preempted, evicted, its node lost) without counting it toward ``backoffLimit``: that is
+not part of the rule, so the adapter stops the PyTorchJob as soon as it sees such a cause (see
+docs/kubeflow.md, "What the training operator does by itself").
+
+What Kubernetes would refuse only later, and forever (the pods of a PyTorchJob the API server
+accepted), is refused here with :class:`Refused`, naming the field: the job ends ``launch-failed``
+at once instead of waiting for pods that can never be created.
 
 ``cleanPodPolicy: Running`` deletes the pods still running once the job has finished, and keeps the
 failed ones, whose status is the evidence of the cause.
@@ -20,6 +29,7 @@ failed ones, whose status is the evidence of the cause.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 from .._constants import (
@@ -45,6 +55,29 @@ Body = dict[str, Any]
 RESTART_ON_FAILURE: Final = "OnFailure"
 RESTART_NEVER: Final = "Never"
 CLEAN_POD_POLICY: Final = "Running"
+MAX_OBJECT_BYTES: Final = 1_500_000
+"""Below etcd's default request limit (1.5 MiB) with room for the status the training operator adds:
+a bigger PyTorchJob is refused by the API server, and its pods (each a copy of a template) too."""
+
+
+class Refused(BackendError):
+    """This submission can never become a running PyTorchJob; ``field`` names what to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why Kubernetes refuses ``name`` as a container env name (its relaxed rule, the default since
+    1.32: printable ASCII, no '='), or None."""
+    if not name:
+        return "must not be empty"
+    if "=" in name:
+        return "must not contain '='"
+    if any(not (32 <= ord(ch) <= 126) for ch in name):
+        return "must be printable ASCII"
+    return None
 
 
 def object_name(job_name: str, submission: int) -> str:
@@ -56,9 +89,10 @@ def labels(job_name: str, submission: int) -> dict[str, str]:
 
 
 def restart_budget(plan: Plan) -> int | None:
-    """The budget of the plan's scheduler-enforced restart rule, or None when it has none."""
+    """What is left of the plan's scheduler-enforced restart rule (budget minus firings so far), or
+    None when it has none."""
     budgets = [
-        rule.budget
+        rule.left
         for rule in plan.rules
         if rule.enforcer is Enforcer.SCHEDULER and rule.action is Action.RESTART
     ]
@@ -82,18 +116,29 @@ def build(
         raise BackendError(
             f"job {namespace}/{job_name}: the kubeflow backend needs spec.kubeflow (the image)"
         )
+    for key in sorted(options.env):
+        problem = env_name_problem(key)
+        if problem is not None:
+            raise Refused(f"spec.kubeflow.env[{key!r}]", f"Kubernetes refuses this env name: it {problem}")
     budget = restart_budget(plan)
     tags = labels(job_name, submission)
     annotations = {ANNOTATION_NO_CAPACITY_AFTER: str(options.no_capacity_after_seconds)}
     if budget is not None:
         annotations[ANNOTATION_RESTART_BUDGET] = str(budget)
-        restart_policy, backoff_limit = RESTART_ON_FAILURE, budget + 1
+    run_policy: Body = {"suspend": True, "cleanPodPolicy": CLEAN_POD_POLICY}
+    if budget:
+        restart_policy = RESTART_ON_FAILURE
+        run_policy["backoffLimit"] = budget + 1
     else:
-        restart_policy, backoff_limit = RESTART_NEVER, 0
+        # No backoffLimit at all: with one (even 0) the training operator fails the job on its
+        # first failed pod by its requeue count ("reached the specified backoff limit") and deletes
+        # every pod, the failed one too; without, it fails it by replica accounting ("N replica(s)
+        # failed") and cleanPodPolicy Running keeps the failed pod, whose status says why.
+        restart_policy = RESTART_NEVER
     replicas: Body = {"Master": _replica(1, restart_policy, tags, spec, options)}
     if spec.nodes > 1:
         replicas["Worker"] = _replica(spec.nodes - 1, restart_policy, tags, spec, options)
-    return {
+    body: Body = {
         "apiVersion": f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}",
         "kind": PYTORCHJOB_KIND,
         "metadata": {
@@ -112,14 +157,18 @@ def build(
             ],
         },
         "spec": {
-            "runPolicy": {
-                "suspend": True,
-                "backoffLimit": backoff_limit,
-                "cleanPodPolicy": CLEAN_POD_POLICY,
-            },
+            "runPolicy": run_policy,
             "pytorchReplicaSpecs": replicas,
         },
     }
+    size = len(json.dumps(body, separators=(",", ":")))
+    if size > MAX_OBJECT_BYTES:
+        raise Refused(
+            "spec",
+            f"the PyTorchJob would be {size} bytes, over the API server's limit of about "
+            f"{MAX_OBJECT_BYTES} bytes (command and env are copied into each replica's template)",
+        )
+    return body
 
 
 def _replica(

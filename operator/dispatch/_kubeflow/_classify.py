@@ -55,6 +55,19 @@ LAUNCH_ERRORS: Final = frozenset(
 LAUNCH_TERMINATIONS: Final = frozenset({"ContainerCannotRun", "StartError"})
 POD_NODE_LOST_REASONS: Final = frozenset({"NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
 
+EVIDENCE_EVENTS: Final = (
+    ("Pod", "Preempted"),
+    ("Pod", "TaintManagerEviction"),
+    ("Pod", "Evicted"),
+    ("PyTorchJob", "FailedCreatePod"),
+)
+"""(involvedObject.kind, reason) of the events that outlive a pod and say why it ended: kube-scheduler's
+``Preempted by pod <uid> on node <node>``, the taint-eviction controller's ``Marking for deletion Pod
+<ns>/<name>``, the kubelet's node-pressure ``Evicted``, and the training operator's ``Error creating:
+...`` when the API server refuses its pods."""
+_REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the request")
+"""FailedCreatePod messages that will never change (quota or a missing ServiceAccount might)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
@@ -140,6 +153,11 @@ def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return dict(statuses[0]) if statuses else {}
 
 
+def container_restarts(pod: Mapping[str, Any]) -> int:
+    """The ``pytorch`` container's restartCount: the in-place restarts of this pod."""
+    return int(_container(pod).get("restartCount") or 0)
+
+
 def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or []}
 
@@ -210,6 +228,11 @@ def pod_evidence(
         detail = _detail(f"pod {name}", reason, message, f"node {node}" if node else "")
         return Evidence(Cause(kind=kind, detail=detail, exit_code=exit_code), terminal=True), None
 
+    node = pod.get("spec", {}).get("nodeName") or ""
+    if node and node in gone_nodes and needs_node(pod):
+        detail = _detail(f"pod {name}", "deleted while its node is lost (NotReady or gone)", f"node {node}")
+        return Evidence(Cause(kind=CauseKind.NODE_LOST, detail=detail, exit_code=exit_code), True), None
+
     pod_reason = status.get("reason") or ""
     pod_message = status.get("message") or ""
     if pod_reason == "Evicted":
@@ -240,9 +263,14 @@ def pod_evidence(
             True,
         ), None
 
+    # A pod being deleted is stopped by its deletion (SIGTERM, then SIGKILL: 143 or 137 "Error"):
+    # that exit says who deleted it, not why the object ended. The training operator deletes every
+    # pod at its backoff limit or on suspend, cleanPodPolicy deletes the running ones once the job
+    # failed; a disruption, a lost node or a specific reason (OOMKilled) still count.
+    deleting = bool(meta.get("deletionTimestamp"))
     if term is not None and phase != "Succeeded":
         cause = _termination_cause(name, term)
-        if cause is not None:
+        if cause is not None and not (deleting and cause.kind is CauseKind.NON_ZERO_EXIT):
             # Under OnFailure the kubelet restarts the container; the pod fails only for pod-level reasons.
             return Evidence(cause, terminal=not restarts_in_place or phase == "Failed"), None
     last = (container.get("lastState") or {}).get("terminated")
@@ -260,7 +288,7 @@ def pod_evidence(
             Cause(kind=CauseKind.LAUNCH_FAILED, detail=_detail(f"pod {name}", pod_reason, pod_message)), True
         ), None
 
-    if phase == "Failed":
+    if phase == "Failed" and not deleting:
         detail = _detail(f"pod {name}", "failed", pod_reason, pod_message)
         return Evidence(
             Cause(kind=CauseKind.UNKNOWN, detail=detail, exit_code=exit_code), terminal=True
@@ -284,6 +312,84 @@ def pod_evidence(
             return Evidence(Cause(kind=CauseKind.NO_CAPACITY, detail=detail), terminal=True), None
         return None, deadline
     return None, None
+
+
+def node_ready(node: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in node.get("status", {}).get("conditions") or []
+    )
+
+
+def needs_node(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's cause depends on its node being lost: a kubelet-initiated termination, or a
+    deletion nobody explains (no ``DisruptionTarget``), which on a NotReady node no kubelet confirms."""
+    if not pod.get("spec", {}).get("nodeName"):
+        return False
+    disruption = _conditions(pod).get("DisruptionTarget")
+    if disruption is not None and disruption.get("status") == "True":
+        return disruption.get("reason") == KUBELET_TERMINATION
+    return bool(pod.get("metadata", {}).get("deletionTimestamp")) and pod.get("status", {}).get("phase") in (
+        "Running",
+        "Pending",
+        "Unknown",
+    )
+
+
+def _event_time(event: Mapping[str, Any]) -> float | None:
+    for value in (
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        at = parse_time(value)
+        if at is not None:
+            return at
+    return None
+
+
+def event_evidence(pytorchjob: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> Evidence | None:
+    """What Kubernetes' events say about why the pods of ``pytorchjob`` ended (pods that may be gone).
+
+    Only events at or after the object's creation count: the events of an older object of the same
+    name cannot explain this one. (Not ``status.startTime``: when its pods are refused the training
+    operator never writes a status after the resume.)"""
+    meta = pytorchjob.get("metadata", {})
+    name = meta.get("name", "")
+    start = parse_time(meta.get("creationTimestamp"))
+    if not name or start is None:
+        return None
+    prefixes = (f"{name}-master-", f"{name}-worker-")
+    found: list[Evidence] = []
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        at = _event_time(event)
+        if at is None or at < start:
+            continue
+        reason = event.get("reason") or ""
+        message = event.get("message") or ""
+        target = involved.get("name") or ""
+        if involved.get("kind") == "Pod" and target.startswith(prefixes):
+            if reason == "Preempted":
+                kind = CauseKind.PREEMPTED
+            elif reason == "TaintManagerEviction" and message.startswith("Marking for deletion"):
+                kind = CauseKind.NODE_LOST
+            elif reason == "Evicted":
+                kind = CauseKind.PREEMPTED
+            else:
+                continue
+            detail = _detail(f"pod {target}", reason, message, "from its event")
+            found.append(Evidence(Cause(kind=kind, detail=detail), terminal=True))
+        elif (
+            involved.get("kind") == "PyTorchJob"
+            and target == name
+            and reason == "FailedCreatePod"
+            and any(mark in message for mark in _REFUSED_POD_MARKS)
+        ):
+            detail = _detail("the training operator cannot create its pods", message)
+            found.append(Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail), terminal=True))
+    return best(found)
 
 
 def best(evidence: Iterable[Evidence]) -> Evidence | None:
@@ -356,7 +462,8 @@ def classify(
         ):
             running = True
     evidence = best(terminal)
-    restart_cause = restart_causes[-1] if restart_causes else None
+    # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
+    restart_cause = last_restart or (restart_causes[-1] if restart_causes else None)
 
     def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False) -> ObjectView:
         return ObjectView(

@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""Record what the real stack says about PyTorchJobs, for tests/unit/test_kubeflow_*.py.
+
+Against a running lab (the project's ``python -m tests.support.lab up``, or any cluster with the
+real training operator, kube-scheduler, kube-controller-manager and kwok with the lab's stages), each
+scenario creates a PyTorchJob built by dispatch's own builder, releases it, makes Kubernetes fail it
+through its real mechanism (kwok's container-exit stage, a real kube-scheduler preemption, a
+NoExecute taint, ...) and records, in arrival order, every watch event of the PyTorchJob and of its
+pods, then the events Kubernetes wrote in the namespace. Nothing is written by hand: re-record with
+
+    KUBECONFIG=<lab>/kubeconfig .venv/bin/python hack/kubeflow-record.py [--only NAME ...]
+
+Output: tests/unit/data/kubeflow/<scenario>.json. ``metadata.managedFields`` is dropped (size); the
+PyTorchJob's ownerReferences are dropped before creation (the recorder has no DispatchJob, and the
+garbage collector would delete a PyTorchJob whose owner does not exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "operator"))
+
+from dispatch._kubeflow._build import build  # noqa: E402
+from dispatch._model import (  # noqa: E402
+    Action,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    KubeflowOptions,
+    Plan,
+    PlannedRule,
+    Resources,
+)
+
+Body = dict[str, Any]
+OUT = ROOT / "tests" / "unit" / "data" / "kubeflow"
+NAMESPACE = "kubeflow-record"
+IMAGE = "example.invalid/train:1"
+UNPULLABLE = "unpullable.invalid/train:1"
+
+
+def kubectl_binary() -> str:
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    cache = Path(os.environ.get("DISPATCH_CACHE", Path.home() / ".cache" / "dispatch")) / "bin"
+    for candidate in sorted(cache.glob("kubectl-*/kubectl"), reverse=True):
+        return str(candidate)
+    raise SystemExit("kubectl not found (PATH or ~/.cache/dispatch/bin/kubectl-*)")
+
+
+KUBECTL = kubectl_binary()
+
+
+def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
+    done = subprocess.run(
+        [KUBECTL, *args], input=input, capture_output=True, text=True, check=False, timeout=120
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout + (done.stderr if not check else "")
+
+
+def get(kind: str, name: str = "", *, ns: str | None = NAMESPACE, selector: str = "") -> Body:
+    args = ["get", kind, *([name] if name else []), "-o", "json"]
+    if ns:
+        args += ["-n", ns]
+    if selector:
+        args += ["-l", selector]
+    return json.loads(kubectl(*args))  # type: ignore[no-any-return]
+
+
+def trim(obj: Body) -> Body:
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+@dataclass
+class Recording:
+    name: str
+    what: str
+    stream: list[Body] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    def watch(self, resource: str, selector: str) -> None:
+        proc = subprocess.Popen(
+            [
+                KUBECTL,
+                "get",
+                resource,
+                "-n",
+                NAMESPACE,
+                "-l",
+                selector,
+                "-w",
+                "--output-watch-events",
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.procs.append(proc)
+
+        def pump() -> None:
+            decoder = json.JSONDecoder()
+            buf = ""
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                buf += line
+                while buf.strip():
+                    try:
+                        event, end = decoder.raw_decode(buf.lstrip())
+                    except ValueError:
+                        break
+                    buf = buf.lstrip()[end:]
+                    with self.lock:
+                        self.stream.append(
+                            {
+                                "at": round(time.monotonic() - self.t0, 3),
+                                "resource": resource,
+                                "type": event.get("type"),
+                                "object": trim(event.get("object") or {}),
+                            }
+                        )
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def stop(self) -> None:
+        time.sleep(1.0)  # let the last events arrive
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def spec(
+    name: str, *, nodes: int = 2, image: str = IMAGE, env: dict[str, str] | None = None, gpu: int = 0
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        command=("python", "train.py"),
+        nodes=nodes,
+        kubeflow=KubeflowOptions(
+            image=image,
+            resources=Resources(cpu="1", memory="1Gi", gpu=gpu),
+            env=env or {},
+            no_capacity_after_seconds=5,
+        ),
+    )
+
+
+def plan(name: str, restart_left: int | None) -> Plan:
+    if restart_left is None:
+        return Plan(
+            job=f"{NAMESPACE}/{name}",
+            rules=(
+                PlannedRule(
+                    index=0,
+                    on=(CauseKind.PREEMPTED,),
+                    action=Action.RESUBMIT,
+                    budget=3,
+                    enforcer=Enforcer.SUPERVISOR,
+                ),
+            ),
+        )
+    return Plan(
+        job=f"{NAMESPACE}/{name}",
+        rules=(
+            PlannedRule(
+                index=0,
+                on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY),
+                action=Action.RESTART,
+                budget=restart_left,
+                enforcer=Enforcer.SCHEDULER,
+            ),
+        ),
+    )
+
+
+def create(job: str, *, restart_left: int | None = None, **kw: Any) -> tuple[str, Body]:
+    body = build(
+        namespace=NAMESPACE,
+        job_name=job,
+        submission=1,
+        spec=spec(job, **kw),
+        plan=plan(job, restart_left),
+        owner_uid="unused",
+    )
+    body["metadata"].pop("ownerReferences", None)
+    done = subprocess.run(
+        [KUBECTL, "create", "-o", "json", "-f", "-"],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return body["metadata"]["name"], {
+        "built": body,
+        "returncode": done.returncode,
+        "stdout": done.stdout,
+        "stderr": done.stderr,
+    }
+
+
+def release(pj: str) -> None:
+    kubectl(
+        "patch",
+        "pytorchjob",
+        pj,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    )
+
+
+def until(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (RuntimeError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def pods(pj: str) -> list[Body]:
+    return list(get("pods", selector=f"training.kubeflow.org/job-name={pj}").get("items") or [])
+
+
+def running(pj: str, count: int) -> bool:
+    return sum(1 for p in pods(pj) if p["status"].get("phase") == "Running") >= count
+
+
+def condition(pj: str, kind: str) -> bool:
+    body = get("pytorchjob", pj)
+    return any(
+        c["type"] == kind and c["status"] == "True" for c in body.get("status", {}).get("conditions") or []
+    )
+
+
+def gone(pj: str) -> bool:
+    return not pods(pj)
+
+
+def annotate(pod: str, **values: str) -> None:
+    kubectl(
+        "annotate",
+        "pod",
+        pod,
+        "-n",
+        NAMESPACE,
+        "--overwrite",
+        *[f"lab.dispatch.io/{k.replace('_', '-')}={v}" for k, v in values.items()],
+    )
+
+
+def preempt(pod: str) -> None:
+    """A real kube-scheduler preemption: a pod of a higher priority that needs the victim's whole node."""
+    node = get("pod", pod)["spec"]["nodeName"]
+    cpu = get("node", node, ns=None)["status"]["allocatable"]["cpu"]
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": "lab-high"},
+                "value": 1000000,
+            }
+        ),
+    )
+    preemptor = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"preemptor-{pod}",
+            "namespace": NAMESPACE,
+            "labels": {"lab.dispatch.io/preemptor": "true"},
+        },
+        "spec": {
+            "priorityClassName": "lab-high",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}],
+        },
+    }
+    kubectl("create", "-f", "-", input=json.dumps(preemptor))
+
+
+def cleanup_preemptors() -> None:
+    kubectl(
+        "delete", "pods", "-n", NAMESPACE, "-l", "lab.dispatch.io/preemptor=true", "--wait=false", check=False
+    )
+
+
+# ---- scenarios -------------------------------------------------------------------------------
+
+
+def sc_success(rec: Recording) -> None:
+    pj, _ = create("success")
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    for p in sorted(pods(pj), key=lambda p: p["metadata"]["name"], reverse=True):  # workers first
+        annotate(p["metadata"]["name"], exit_code="0")
+    until("succeeded", lambda: condition(pj, "Succeeded"))
+
+
+def sc_oom_never(rec: Recording) -> None:
+    pj, _ = create("oom-never")
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    annotate(f"{pj}-master-0", exit_code="137", exit_reason="OOMKilled")
+    until("failed", lambda: condition(pj, "Failed"))
+
+
+def sc_exit_never(rec: Recording) -> None:
+    pj, _ = create("exit-never")
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    annotate(f"{pj}-worker-0", exit_code="1")
+    until("failed", lambda: condition(pj, "Failed"))
+
+
+def sc_oom_onfailure(rec: Recording) -> None:
+    """restart budget 1 (backoffLimit 2): an OOM restarts in place, an exit 1 reaches the limit."""
+    pj, _ = create("oom-onfailure", restart_left=1)
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    annotate(f"{pj}-master-0", exit_code="137", exit_reason="OOMKilled")
+    until(
+        "restarted",
+        lambda: any((p["status"].get("containerStatuses") or [{}])[0].get("restartCount") for p in pods(pj)),
+    )
+    time.sleep(1)
+    annotate(f"{pj}-worker-0", exit_code="1")
+    until("failed", lambda: condition(pj, "Failed"))
+
+
+def sc_preempt_never(rec: Recording) -> None:
+    pj, _ = create("preempt-never")
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    preempt(f"{pj}-worker-0")
+    until("failed", lambda: condition(pj, "Failed"))
+    until(
+        "victim gone",
+        lambda: (
+            not any(
+                p["metadata"]["name"] == f"{pj}-worker-0" and p["status"].get("phase") == "Failed"
+                for p in pods(pj)
+            )
+        ),
+        30,
+    )
+
+
+def sc_preempt_onfailure(rec: Recording) -> None:
+    """Under OnFailure the training operator deletes and recreates the preempted pod by itself."""
+    pj, _ = create("preempt-onfailure", restart_left=2)
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    uid = get("pod", f"{pj}-worker-0")["metadata"]["uid"]
+    preempt(f"{pj}-worker-0")
+    until("recreated", lambda: get("pod", f"{pj}-worker-0")["metadata"]["uid"] != uid, 60)
+    time.sleep(2)
+
+
+def sc_taint_never(rec: Recording) -> None:
+    pj, _ = create("taint-never", nodes=1)
+    release(pj)
+    until("running", lambda: running(pj, 1))
+    node = get("pod", f"{pj}-master-0")["spec"]["nodeName"]
+    kubectl("taint", "node", node, "lab.dispatch.io/down=true:NoExecute")
+    try:
+        until("failed", lambda: condition(pj, "Failed"))
+        time.sleep(2)
+    finally:
+        kubectl("taint", "node", node, "lab.dispatch.io/down=true:NoExecute-", check=False)
+
+
+def sc_unschedulable(rec: Recording) -> None:
+    pj, _ = create("unschedulable", nodes=1, gpu=64)
+    release(pj)
+    until(
+        "unschedulable",
+        lambda: any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for p in pods(pj)
+            for c in p["status"].get("conditions") or []
+        ),
+    )
+    time.sleep(1)
+
+
+def sc_image_pull(rec: Recording) -> None:
+    pj, _ = create("image-pull", nodes=1, image=UNPULLABLE)
+    release(pj)
+    time.sleep(6)
+
+
+def sc_env_refused(rec: Recording) -> None:
+    """An env name the PyTorchJob CRD accepts and the pod API refuses (built by hand: dispatch's
+    builder refuses it itself)."""
+    body = build(
+        namespace=NAMESPACE,
+        job_name="env-refused",
+        submission=1,
+        spec=spec("env-refused", nodes=1),
+        plan=plan("env-refused", None),
+        owner_uid="unused",
+    )
+    body["metadata"].pop("ownerReferences", None)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "A=B", "value": "1"}
+    ]
+    kubectl("create", "-f", "-", input=json.dumps(body))
+    release("env-refused-1")
+    until("FailedCreatePod", lambda: "FailedCreatePod" in kubectl("get", "events", "-n", NAMESPACE), 30)
+    time.sleep(1)
+
+
+def sc_webhook_refused(rec: Recording) -> Body:
+    """A name that is not a DNS-1035 label: the training operator's validating webhook refuses it."""
+    _, answer = create("1-starts-with-a-digit", nodes=1)
+    return answer
+
+
+SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
+    "success": ("Never, 2 nodes; every container exits 0 (kwok lab-container-exit)", sc_success),
+    "oom-never": ("Never; the master OOMKilled (exit 137)", sc_oom_never),
+    "exit-never": ("Never; worker-0 exits 1", sc_exit_never),
+    "oom-onfailure": (
+        "OnFailure, restart budget 1 (backoffLimit 2); master OOM in place, then worker exit 1",
+        sc_oom_onfailure,
+    ),
+    "preempt-never": (
+        "Never; worker-0 preempted by kube-scheduler (a lab-high pod needing the node)",
+        sc_preempt_never,
+    ),
+    "preempt-onfailure": (
+        "OnFailure; worker-0 preempted by kube-scheduler; the training operator recreates it",
+        sc_preempt_onfailure,
+    ),
+    "taint-never": ("Never, 1 node; NoExecute taint on its node (taint-eviction controller)", sc_taint_never),
+    "unschedulable": ("Never, 1 node asking for 64 GPUs: kube-scheduler cannot place it", sc_unschedulable),
+    "image-pull": (
+        "Never, 1 node, an image that never pulls (kwok stage on unpullable.invalid/)",
+        sc_image_pull,
+    ),
+    "env-refused": (
+        "an env name with '=': the PyTorchJob is accepted, every pod creation refused",
+        sc_env_refused,
+    ),
+    "webhook-refused": (
+        "a PyTorchJob name that is not a DNS-1035 label: the validating webhook refuses it",
+        sc_webhook_refused,
+    ),
+}
+
+
+def record(name: str) -> None:
+    what, run = SCENARIOS[name]
+    kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
+    kubectl("create", "namespace", NAMESPACE)
+    rec = Recording(name, what)
+    rec.watch("pytorchjobs", "app.kubernetes.io/managed-by=dispatch")
+    rec.watch("pods", "app.kubernetes.io/managed-by=dispatch")
+    time.sleep(1.0)
+    extra: Any = None
+    try:
+        extra = run(rec)
+    finally:
+        rec.stop()
+        cleanup_preemptors()
+    events = [trim(e) for e in get("events").get("items") or []]
+    version = json.loads(kubectl("version", "-o", "json")).get("serverVersion", {}).get("gitVersion")
+    out = {
+        "scenario": name,
+        "what": what,
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kubernetes": version,
+        "training_operator": "v1.9.3",
+        "stream": rec.stream,
+        "events": events,
+    }
+    if extra is not None:
+        out["create"] = extra
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"{name}: {len(rec.stream)} watch events, {len(events)} events")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
+    args = parser.parse_args()
+    if "KUBECONFIG" not in os.environ:
+        raise SystemExit("set KUBECONFIG to the lab's kubeconfig")
+    for name in args.only or list(SCENARIOS):
+        record(name)
+    kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+if __name__ == "__main__":
+    main()
