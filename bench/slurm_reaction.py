@@ -3,8 +3,9 @@
     .venv/bin/python bench/slurm_reaction.py                  # 15 samples at 2 s and at 0.5 s
     .venv/bin/python bench/slurm_reaction.py --samples 7 --intervals 2,0.5,1
 
-Against a real Slurm 22.05 lab (root, make slurm-deps), the seed scenario once per sample: a job in
-the CANCEL-mode partition ``lowcxl`` with the rule ``resubmit on [preempted]``, supervised by
+Against each real Slurm lab (22.05, 24.11, 26.05; root, make slurm-deps slurm-chroots; ``--slurm``
+picks), the seed scenario once per sample: a job in the CANCEL-mode partition ``lowcxl`` with the
+rule ``resubmit on [preempted]``, supervised by
 ``dispatch.Supervisor(open_adapter(lab.backend_config(poll_interval=P)), dispatch.MemoryStore())``,
 is preempted by a whole-node job submitted in ``high``.
 
@@ -46,7 +47,7 @@ sys.path[:0] = [str(REPO), str(REPO / "operator")]
 
 import dispatch  # noqa: E402
 from dispatch._slurm import SlurmBackend, open_adapter  # noqa: E402
-from dispatch._slurm._dialects import SlurmJob  # noqa: E402
+from dispatch._slurm._poller import Listing  # noqa: E402
 from tests.support.slurmlab import SlurmLab  # noqa: E402
 
 ALICE = dispatch.Actor(kind=dispatch.ActorKind.HUMAN, id="bench")
@@ -108,17 +109,17 @@ class Watcher(threading.Thread):
 
 def timed_fetch(backend: SlurmBackend, sample: Sample, job_id: list[str]) -> None:
     """Record the start and end of every GET /jobs, and whether it showed the job PREEMPTED."""
-    inner: Callable[[int | None], Awaitable[list[SlurmJob] | None]] = backend.poller._fetch
+    inner: Callable[[int | None], Awaitable[Listing]] = backend.poller._fetch
 
-    async def fetch(update_time: int | None) -> list[SlurmJob] | None:
+    async def fetch(update_time: int | None) -> Listing:
         start = time.monotonic()
-        jobs = await inner(update_time)
+        listing = await inner(update_time)
         end = time.monotonic()
         seen = bool(job_id) and any(
-            str(j.job_id) == job_id[0] and j.state == "PREEMPTED" and not j.flags for j in jobs or ()
+            str(j.job_id) == job_id[0] and j.state == "PREEMPTED" and not j.flags for j in listing.jobs or ()
         )
         sample.fetches.append(Fetch(start, end, seen))
-        return jobs
+        return listing
 
     backend.poller._fetch = fetch
 
@@ -293,11 +294,12 @@ def report(results: list[Sample], intervals: list[float], samples: int, wall: fl
         )
 
 
-async def bench(samples: int, intervals: list[float], seed: int) -> None:
+async def bench(samples: int, intervals: list[float], seed: int, version: str) -> None:
     rng = random.Random(seed)
     results: list[Sample] = []
     began = time.monotonic()
-    with SlurmLab(min_job_age=300) as lab:
+    print(f"Slurm {version}", flush=True)
+    with SlurmLab(version, min_job_age=300) as lab:
         # Latin hypercube over (kick, delay): both stratified in N strata, paired at random.
         plan: list[Sample] = []
         for interval in intervals:
@@ -328,9 +330,11 @@ def main() -> None:
         "--intervals", default="2,0.5", help="poll intervals, comma-separated (2 s is the default)"
     )
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--slurm", default="22.05,24.11,26.05", help="Slurm versions, comma-separated")
     args = ap.parse_args()
     intervals = [float(x) for x in args.intervals.split(",")]
-    asyncio.run(bench(max(args.samples, 2), intervals, args.seed))
+    for version in args.slurm.split(","):
+        asyncio.run(bench(max(args.samples, 2), intervals, args.seed, version.strip()))
 
 
 if __name__ == "__main__":
