@@ -35,3 +35,7 @@ slurm-chroots: ## Slurm 24.11 and 26.05 chroots (built in parallel, cached)
 	@pids=""; for s in $(SLURM_CHROOT_SUITES); do \
 	  bash hack/slurm-chroot.sh $$s $(SLURM_CHROOT_CACHE) & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
+
+.PHONY: slurm-record
+slurm-record: $(STAMP) slurm-deps slurm-chroots ## re-record slurmrestd's answers for the unit tests (all three Slurms)
+	$(PY) hack/slurm-record.py
