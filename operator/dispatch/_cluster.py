@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from importlib.metadata import entry_points
 
+from pydantic import ValidationError
+
 from ._decide import decide, status
-from ._errors import AdapterNotFound, VersionConflict
+from ._errors import (
+    AdapterNotFound,
+    ConditionNotMet,
+    ConfigError,
+    DispatchError,
+    JobNotFound,
+    VersionConflict,
+)
 from ._memstore import MemoryStore
-from ._model import Actor, CancelRequest, JobSpec, Plan, Record, Status
+from ._model import Actor, CancelRequest, JobSpec, Phase, Plan, Record, Status
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore
 from ._supervisor import Supervisor, utcnow
@@ -29,15 +38,23 @@ class Operator:
         self._backend = backend
         self._store = store
 
+    def plan(self, spec: JobSpec, *, supervised: bool = False) -> Plan:
+        """The plan :meth:`submit` would make, without recording or creating anything (a dry run).
+
+        Raises :class:`~dispatch.PlanError` when a rule could not be enforced.
+        """
+        return make_plan(spec.name, spec, self._backend.capabilities, supervised=supervised)
+
     async def submit(self, spec: JobSpec, actor: Actor, *, supervised: bool = False) -> Plan:
         """Plan the job, record it, and return the plan. Nothing runs yet if ``supervised``.
 
         ``supervised=True`` says a supervisor will run for this job (``WithSupervisor`` in the
         seed), so rules the scheduler cannot enforce can go to it. Without it such a rule makes
         submission fail with :class:`~dispatch.PlanError`, and nothing is recorded or created. An
-        unsupervised job is launched here, since no supervisor will launch it.
+        unsupervised job is launched here, since no supervisor will launch it; its status shows its
+        outcome as soon as the scheduler has one, and :meth:`settle` records it.
         """
-        plan = make_plan(spec.name, spec, self._backend.capabilities, supervised=supervised)
+        plan = self.plan(spec, supervised=supervised)
         record = Record(
             job=spec.name,
             spec=spec,
@@ -51,8 +68,13 @@ class Operator:
             await Supervisor(self._backend, self._store, actor=actor).drive(record.job)
         return plan
 
-    async def cancel(self, job: str, actor: Actor) -> None:
-        """Ask for the job to end as ``cancelled``, recording who asked. The record is kept."""
+    async def cancel(self, job: str, actor: Actor) -> bool:
+        """Ask for the job to end as ``cancelled``, recording who asked. The record is kept.
+
+        Returns False, changing nothing, when the job already has an outcome or a cancel request
+        (status says which); True when this call asked for it.
+        """
+        asked = False
         while True:
             record, version = await self._store.get(job)
             if record.state.is_outcome or record.cancel is not None:
@@ -60,11 +82,30 @@ class Operator:
             request = CancelRequest(actor=actor, time=utcnow())
             try:
                 await self._store.put(record.model_copy(update={"cancel": request}), version)
+                asked = True
                 break
             except VersionConflict:
                 continue
         if not record.supervised:
             await Supervisor(self._backend, self._store, actor=actor).drive(job)
+        return asked
+
+    async def settle(self, job: str, actor: Actor) -> Record:
+        """Record what the scheduler did with a job no supervisor runs; return the record.
+
+        An unsupervised job (every rule enforced by the scheduler) has no supervisor to write its
+        outcome: its status shows the outcome from the scheduler's view at once, and this records
+        it (the outcome's actor is the scheduler; ``actor`` performs the other steps) and, once every
+        object has ended, settles it. Safe to call any number of times, by anyone, at any moment;
+        it takes the steps there are and returns when only the scheduler can move the job on.
+        For a supervised job it does nothing: its supervisor records everything.
+        """
+        record, _ = await self._store.get(job)
+        if record.supervised:
+            return record
+        await Supervisor(self._backend, self._store, actor=actor).drive(job)
+        record, _ = await self._store.get(job)
+        return record
 
 
 class Observer:
@@ -78,8 +119,34 @@ class Observer:
         record, _ = await self._store.get(job)
         return status(record, await self._backend.list(job))
 
+    async def wait(
+        self, job: str, until: Callable[[Status], bool] | None = None, *, poll_interval: float = 5.0
+    ) -> Status:
+        """Wait until ``job``'s status satisfies ``until`` and return that status.
+
+        Without ``until``, wait until :meth:`watch` ends (the job is settled, or a job no supervisor
+        runs shows an outcome with no live object). Every status change is looked at, so a state
+        that lasts a moment is not missed. Bound the wait with ``asyncio.timeout``. A job that ends
+        without satisfying ``until`` raises :class:`~dispatch.ConditionNotMet` (its status will
+        not change again) instead of waiting forever.
+        """
+        last: Status | None = None
+        async for current in self.watch(job, poll_interval=poll_interval):
+            last = current
+            if until is not None and until(current):
+                return current
+        if last is None:  # pragma: no cover - watch yields the status at least once
+            raise JobNotFound(job)
+        if until is None:
+            return last
+        raise ConditionNotMet(job, last)
+
     async def watch(self, job: str, *, poll_interval: float = 5.0) -> AsyncIterator[Status]:
-        """Yield the status now and each time it changes, until the job is settled."""
+        """Yield the status now and each time it changes, until the job is settled.
+
+        A job no supervisor runs is never settled by one: its watch ends once its status shows an
+        outcome and every object has ended (see :meth:`Operator.settle`).
+        """
         wake = asyncio.Event()
         unsubscribe = (self._backend.subscribe(job, wake.set), self._store.subscribe(job, wake.set))
         last: Status | None = None
@@ -92,7 +159,7 @@ class Observer:
                 if current != last:
                     last = current
                     yield current
-                if current.settled:
+                if current.settled or (not record.supervised and _finished(current)):
                     return
                 try:
                     async with asyncio.timeout(poll_interval):
@@ -102,6 +169,13 @@ class Observer:
         finally:
             for unsub in unsubscribe:
                 unsub()
+
+
+def _finished(current: Status) -> bool:
+    """An outcome shown, and every object ended: nothing more will happen to the job."""
+    return current.state.is_outcome and all(
+        o.phase is Phase.ENDED for sub in current.submissions for o in sub.objects
+    )
 
 
 class Cluster:
@@ -129,12 +203,34 @@ def compose(backend: Backend, *, store: RecordStore | None = None) -> Cluster:
 async def open(
     name: str, config: Mapping[str, object] | None = None, *, store: RecordStore | None = None
 ) -> Cluster:
-    """Find the adapter registered as ``name`` in the ``dispatch.adapters`` entry points and compose it."""
+    """Find the adapter registered as ``name`` in the ``dispatch.adapters`` entry points and compose it.
+
+    ``config`` may come from YAML, the environment or a command line: values given as text are
+    parsed strictly, and an invalid one raises :class:`~dispatch.ConfigError` naming the key.
+    """
     found = {ep.name: ep for ep in entry_points(group=ADAPTER_GROUP)}
     if name not in found:
         raise AdapterNotFound(name, sorted(found))
     factory = found[name].load()
-    backend = factory(config)
-    if inspect.isawaitable(backend):
-        backend = await backend
+    try:
+        backend = factory(config)
+        if inspect.isawaitable(backend):
+            backend = await backend
+    except DispatchError:
+        raise
+    except ValidationError as error:
+        raise _config_error(name, error) from None
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{name} adapter: {error}") from error
     return compose(backend, store=store)
+
+
+def _config_error(adapter: str, error: ValidationError) -> ConfigError:
+    """Pydantic's errors, each prefixed with the key it is about."""
+    problems = error.errors()
+    parts = []
+    for e in problems:
+        key = ".".join(str(p) for p in e["loc"])
+        parts.append(f"{key}: {e['msg']}" if key else str(e["msg"]))
+    first = ".".join(str(p) for p in problems[0]["loc"]) if problems else None
+    return ConfigError(f"{adapter} adapter: {'; '.join(parts)}", key=first or None)

@@ -33,7 +33,9 @@ from ._model import (
     Transition,
 )
 
-# Steps. Writes change the record (one compare-and-swap each); actions call the backend.
+# Steps: what decide() says to do next. They are public (dispatch.Authorize, ...) because
+# decide() returns them; a supervisor's Listener receives them. Writes change the record (one
+# compare-and-swap each); actions call the backend; Wait and Done do nothing.
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +113,18 @@ class Done:
 
 
 Write = Authorize | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
+"""The steps that change the record."""
 BackendAction = Create | Release | End
+"""The steps that call the backend."""
 Step = Write | BackendAction | Wait | Done
+"""Every step :func:`decide` can return."""
 WRITES = (Authorize, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What :func:`decide` answers: the next step, and the state and cause status shows now."""
+
     step: Step
     state: State
     """What status shows now."""
@@ -134,7 +141,18 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     ``objects`` must have been listed *after* ``record`` was read: then an object recorded canonical
     and missing from the list has really gone, and an object of a submission the record does not know
     yet belongs to a newer record and is left alone.
+
+    A cancel whose objects are still alive shows ``cancelling``; ``cancelled`` once all have ended.
     """
+    decision = _decide(record, objects)
+    if decision.state is State.CANCELLED and not record.settled:
+        latest = record.current.n if record.current is not None else 0
+        if any(o.phase is not Phase.ENDED and o.submission <= latest for o in objects):
+            return Decision(decision.step, State.CANCELLING, decision.cause)
+    return decision
+
+
+def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     if record.settled:
         # A slow supervisor may perform a Create it decided before the job settled: end what it
         # made, or it would outlive the settled job (held, never released, never ended).
@@ -153,8 +171,8 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
 
     live: list[ObjectView] = []
     for o in objects:
-        if o.phase is Phase.ENDED or o.submission > latest:
-            continue
+        if o.phase is Phase.ENDED or (o.submission > latest and not outcome):
+            continue  # (after an outcome no submission will follow: such an object is an orphan)
         if o.id in canonicals or (choosing and cur is not None and o.submission == cur.n):
             live.append(o)
             continue
@@ -166,6 +184,8 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     if outcome:
         if live:
             return Decision(End(live[0].id, orphan=False), state, cause)
+        if any(o.terminating for o in objects):
+            return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
         return Decision(RecordSettled(), state, cause)
     if cur is None:
         return Decision(Authorize(1), State.PENDING, NO_CAUSE)
@@ -201,14 +221,16 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     if view.cancelled:
         how = Cause(kind=CauseKind.NONE, detail=CANCELLED_OUTSIDE)
         return Decision(RecordOutcome(State.CANCELLED, how, SCHEDULER), State.CANCELLED, how)
+    # An unsupervised job's rules are all the scheduler's: its outcome is the scheduler's doing.
+    by = None if record.supervised else SCHEDULER
     if ended.kind is CauseKind.NONE:
-        return Decision(RecordOutcome(State.SUCCEEDED, ended), State.SUCCEEDED, ended)
+        return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
     index = record.spec.recovery.rule_for(ended.kind)
     if index is not None:
         rule = record.plan.rules[index]
         if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
             return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
-    return Decision(RecordOutcome(State.FAILED, ended), State.FAILED, ended)
+    return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
 
 
 def _shown(record: Record) -> tuple[State, Cause]:
@@ -274,7 +296,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         plan = record.plan.model_copy(update={"rules": tuple(rules)})
         return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
     if isinstance(step, RecordOutcome):
-        n = subs[-1].n if subs else 0
+        n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
         if subs and step.state is not State.CANCELLED:
             subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
         who = step.actor or actor
@@ -289,7 +311,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
     return record.model_copy(update={"settled": True})
 
 
-def _transition(frm: State, to: State, n: int, cause: Cause, actor: Actor, now: datetime) -> Transition:
+def _transition(
+    frm: State, to: State, n: int | None, cause: Cause, actor: Actor, now: datetime
+) -> Transition:
     return Transition.model_construct(
         _TRANSITION_FIELDS, from_=frm, to=to, submission=n, cause=cause, actor=actor, time=now
     )
@@ -317,9 +341,47 @@ def status(record: Record, objects: Sequence[ObjectView], decision: Decision | N
 
 
 def _message(decision: Decision) -> str:
-    step = decision.step
+    if decision.state is State.CANCELLING:
+        return "cancelling: waiting for the job's objects to end"
+    return describe_step(decision.step)
+
+
+def describe_step(step: Step) -> str:
+    """The step in a user's words (for status messages, events and logs; never a class name)."""
     if isinstance(step, Wait):
         return step.why
     if isinstance(step, Done):
-        return "settled"
-    return type(step).__name__
+        return "settled: the job has its outcome and every object it created has ended"
+    if isinstance(step, Authorize):
+        if step.rule is None:
+            return f"authorizing submission {step.submission}"
+        why = f" after cause {step.cause.kind}" if step.cause is not None else ""
+        return f"rule {step.rule} fired{why}: authorizing submission {step.submission}"
+    if isinstance(step, Create):
+        return f"creating the object of submission {step.submission}, held back"
+    if isinstance(step, RecordCanonical):
+        return f"recording object {step.object_id} as the one of submission {step.submission}"
+    if isinstance(step, Release):
+        return f"releasing object {step.object_id} to the scheduler"
+    if isinstance(step, End):
+        if step.orphan:
+            return f"ending object {step.object_id}: it is not the one recorded for its submission"
+        return f"ending object {step.object_id}: the job has its outcome"
+    if isinstance(step, RecordRestarts):
+        return (
+            f"recording that the scheduler restarted submission {step.submission} in place "
+            f"({step.restarts} time{'s' if step.restarts != 1 else ''})"
+        )
+    if isinstance(step, RecordOutcome):
+        return _outcome_words(step)
+    return "every object has ended: recording the job settled"
+
+
+def _outcome_words(step: RecordOutcome) -> str:
+    cause = step.cause
+    if step.state is State.CANCELLED:
+        return cause.detail or "cancelled"
+    if step.state is State.SUCCEEDED:
+        return "succeeded"
+    detail = f" ({cause.detail})" if cause.detail else ""
+    return f"failed with cause {cause.kind}{detail}"

@@ -15,7 +15,10 @@ wrap it, so the field path pydantic reports is the one users see.
     ├── BackendError
     │   ├── TransientBackendError   worth retrying with backoff
     │   └── ObjectExists     a deterministic object name is taken (a second creator)
-    └── AdapterNotFound
+    ├── AdapterNotFound      (also a LookupError)
+    ├── ConditionNotMet      Observer.wait: the job ended without reaching the condition
+    ├── ConfigError          an adapter's configuration is invalid; names the key (also a ValueError)
+    └── InvalidTransition    the memory scheduler cannot do that to this object now (also a ValueError)
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class RecordError(DispatchError):
 
 
 class JobNotFound(RecordError, KeyError):
+    """The store has no record for the job."""
+
     def __init__(self, job: str) -> None:
         self.job = job
         super().__init__(f"no record for job {job!r}")
@@ -48,6 +53,8 @@ class JobNotFound(RecordError, KeyError):
 
 
 class JobExists(RecordError):
+    """The store already has a record for the job: a job name is submitted once."""
+
     def __init__(self, job: str) -> None:
         self.job = job
         super().__init__(f"a record for job {job!r} already exists")
@@ -80,6 +87,34 @@ class ObjectExists(BackendError):
 
 
 class AdapterNotFound(DispatchError, LookupError):
+    """No adapter is registered under that name in the ``dispatch.adapters`` entry points."""
+
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
         super().__init__(f"no adapter named {name!r} in entry points dispatch.adapters (known: {known})")
+
+
+class ConfigError(DispatchError, ValueError):
+    """An adapter's configuration is invalid. The message names the adapter and the key.
+
+    Also a ``ValueError``, so code written against a plain ``ValueError`` keeps catching it.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+class InvalidTransition(DispatchError, ValueError):
+    """The memory scheduler cannot do that to this object now (unknown id, or wrong phase)."""
+
+
+class ConditionNotMet(DispatchError):
+    """:meth:`Observer.wait <dispatch.Observer.wait>`: the job ended and its status never met the
+    condition; ``status`` is its last status, which will not change again."""
+
+    def __init__(self, job: str, status: object) -> None:
+        self.job = job
+        self.status = status
+        state = getattr(status, "state", "?")
+        super().__init__(f"job {job!r} ended {state} without meeting the condition")

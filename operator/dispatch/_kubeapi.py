@@ -72,6 +72,35 @@ def _in_cluster() -> bool:
     return os.path.exists(IN_CLUSTER_TOKEN) and "KUBECONFIG" not in os.environ
 
 
+def kubeconfig_problem(kubeconfig: str | None = None) -> str | None:
+    """Why no kubeconfig can be loaded, in one line for a person, or None when one can.
+
+    The client library would log "Config not found" for each path and then fail with a message
+    about a missing ``current-context``: three lines, two of them wrong. The CLI and the operator
+    check first with this instead.
+    """
+    if kubeconfig is None and _in_cluster():
+        return None
+    if kubeconfig is not None:
+        paths, origin = [kubeconfig], "--kubeconfig"
+    elif os.environ.get("KUBECONFIG"):
+        paths = [p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p]
+        origin = "$KUBECONFIG"
+    else:
+        paths, origin = [os.path.expanduser("~/.kube/config")], "the default"
+    for path in paths:
+        if os.path.isdir(path):
+            return f"kubeconfig {path} ({origin}) is a directory, not a file"
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        where = " or ".join(paths) or "(empty)"
+        return f"kubeconfig {where} ({origin}) does not exist, and this is not a pod with a service account"
+    unreadable = [p for p in found if not os.access(p, os.R_OK)]
+    if unreadable:
+        return f"kubeconfig {unreadable[0]} ({origin}) is not readable"
+    return None
+
+
 async def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Configuration:
     """A client configuration from ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else in-cluster.
 

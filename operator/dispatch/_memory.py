@@ -5,7 +5,7 @@ It is the embedded default (no cluster needed) and the scheduler of the core's t
 shapes differ where the real schedulers differ: object names (Slurm numbers its jobs; a
 PyTorchJob's name is chosen by its creator, so a second creator hits AlreadyExists) and what the
 scheduler enforces natively: Kubeflow restarts failed pods in place up to ``backoffLimit``, exactly
-as a rule says; Slurm enforces no recovery rule exactly (see :data:`CAPABILITIES`), so every rule of
+as a rule says; Slurm enforces no recovery rule exactly (see ``dispatch._capabilities``), so every rule of
 the slurm shape goes to the supervisor.
 """
 
@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from ._errors import ObjectExists
+from . import _capabilities as capabilities
+from ._config import choice, flag, known_keys
+from ._errors import InvalidTransition, ObjectExists
 from ._model import (
     Action,
     Capabilities,
@@ -24,7 +26,6 @@ from ._model import (
     CauseKind,
     Enforcer,
     JobSpec,
-    NativeRule,
     ObjectView,
     Phase,
     Plan,
@@ -33,27 +34,16 @@ from ._protocols import Subscribers, Unsubscribe, Wake
 
 
 class Shape(StrEnum):
+    """Which real scheduler the memory adapter imitates: names of objects and native capabilities."""
+
     SLURM = "slurm"
     KUBEFLOW = "kubeflow"
 
 
 CAPABILITIES: Final = {
-    # Slurm enforces no recovery rule exactly, as the real adapter (dispatch._slurm) declares: its
-    # MaxBatchRequeue limit is checked on launch-failure and node-failure requeues but not on
-    # preemption requeues (PreemptMode=REQUEUE raises restart_cnt unchecked), so a budget is not
-    # exact for preemption; and a job's requeue flag allows node-failure requeues only together
-    # with preemption requeues, so [node-lost] alone is not exact either. Every rule goes to the
-    # supervisor, and a restart rule is refused by the plan.
-    Shape.SLURM: Capabilities(),
-    Shape.KUBEFLOW: Capabilities(
-        native=(
-            NativeRule(
-                causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
-                action=Action.RESTART,
-                note="restartPolicy OnFailure restarts failed pods in place, up to backoffLimit",
-            ),
-        )
-    ),
+    # Each shape enforces exactly what its real scheduler does: read from the one source.
+    Shape.SLURM: capabilities.SLURM,
+    Shape.KUBEFLOW: capabilities.KUBEFLOW,
 }
 
 
@@ -69,10 +59,6 @@ _NO_CAPACITY: Final = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can eve
 _REQUEUED: Final = Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler")
 _VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts"}
 """Shared by every snapshot (pydantic copies it before changing it), so a view costs no set of its own."""
-
-
-class InvalidTransition(ValueError):
-    """The memory scheduler cannot do that to this object now (unknown id, or wrong phase)."""
 
 
 @dataclass(slots=True)
@@ -133,8 +119,10 @@ class MemoryBackend:
         else:
             self._counter += 1
             object_id = str(self._counter)
+        # A scheduler-enforced rule's budget belongs to the job: this object may restart only what
+        # earlier submissions left (the plan carries their recorded firings).
         native = tuple(
-            (frozenset(rule.on), rule.budget)
+            (frozenset(rule.on), rule.left)
             for rule in plan.rules
             if rule.enforcer is Enforcer.SCHEDULER and rule.action is Action.RESTART
         )
@@ -258,16 +246,15 @@ class Env:
 
 
 def open_adapter(config: Mapping[str, object] | None = None) -> MemoryBackend:
-    """Entry point ``dispatch.adapters: memory``. Config: ``shape`` (slurm|kubeflow), ``auto_run``."""
+    """Entry point ``dispatch.adapters: memory``. Config: ``shape`` (slurm|kubeflow), ``auto_run``.
+
+    Values may be text (from YAML, the environment or a command line): ``auto_run: "false"`` is
+    false and ``"maybe"`` is a :class:`~dispatch.ConfigError` naming the key.
+    """
     config = dict(config or {})
-    unknown = set(config) - {"shape", "auto_run"}
-    if unknown:
-        raise ValueError(f"memory adapter: unknown config keys {sorted(unknown)}")
-    shape = config.get("shape", Shape.SLURM)
-    try:
-        shape = Shape(str(shape))
-    except ValueError:
-        raise ValueError(
-            f"memory adapter: shape must be one of {[s.value for s in Shape]}, not {shape!r}"
-        ) from None
-    return MemoryBackend(shape, auto_run=bool(config.get("auto_run", False)))
+    known_keys("memory", config, {"shape", "auto_run"})
+    shape = choice("memory", config, "shape", Shape.SLURM.value, [s.value for s in Shape])
+    return MemoryBackend(Shape(shape), auto_run=flag("memory", config, "auto_run", False))
+
+
+__all__ = ["CAPABILITIES", "Env", "InvalidTransition", "MemoryBackend", "Shape", "open_adapter"]

@@ -67,18 +67,26 @@ class Action(StrEnum):
 
 
 class ActorKind(StrEnum):
+    """What kind of actor did a thing."""
+
     HUMAN = "human"
     SUPERVISOR = "supervisor"
     SCHEDULER = "scheduler"
 
 
 class Enforcer(StrEnum):
+    """Who carries out a rule: the scheduler natively, or dispatch's supervisor."""
+
     SCHEDULER = "scheduler"
     SUPERVISOR = "supervisor"
 
 
 class State(StrEnum):
-    """A job's state. ``running`` exists only in status, never in a record or its history."""
+    """A job's state. ``running`` and ``cancelling`` exist only in status, never in a record or its history.
+
+    ``cancelling``: a cancel was asked for (or recorded) and objects of the job are still alive;
+    status shows ``cancelled`` only once every object has ended.
+    """
 
     PENDING = "pending"
     RUNNING = "running"
@@ -86,6 +94,7 @@ class State(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    CANCELLING = "cancelling"
 
     @property
     def is_outcome(self) -> bool:
@@ -93,6 +102,7 @@ class State(StrEnum):
 
 
 _OUTCOMES: Final = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+_SHOWN_ONLY: Final = frozenset({State.RUNNING, State.CANCELLING})
 
 
 class Phase(StrEnum):
@@ -121,6 +131,8 @@ SCHEDULER: Final = Actor(kind=ActorKind.SCHEDULER, id="scheduler")
 
 
 class Cause(_Model):
+    """Why an execution ended: its kind, the scheduler's words, and the exit code when there is one."""
+
     kind: CauseKind
     detail: Annotated[str, Field(max_length=1024)] = ""
     exit_code: int | None = None
@@ -197,6 +209,8 @@ class KubeflowOptions(_Model):
 
 
 class SlurmOptions(_Model):
+    """How to run on Slurm: partition, limits, environment and working directory."""
+
     partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
@@ -251,6 +265,8 @@ class Capabilities(_Model):
 
 
 class PlannedRule(_Model):
+    """One rule as planned: its enforcer, its budget and how often it has fired so far."""
+
     index: int
     on: tuple[CauseKind, ...]
     action: Action
@@ -284,9 +300,14 @@ class ObjectView(_Model):
     """Ended because someone cancelled it: dispatch (ending an orphan or a cancelled job) or a person."""
     restarts: int = 0
     """In-place restarts the scheduler did under a scheduler-enforced rule."""
+    terminating: bool = False
+    """Ended, but some of its processes still run (a pod in its termination grace period): the job
+    is not settled until they have stopped."""
 
 
 class Submission(_Model):
+    """One authorization to run the job once, numbered 1, 2, 3...; recorded before its object exists."""
+
     n: Annotated[int, Field(ge=1)]
     authorized_at: datetime
     authorized_by: Actor
@@ -299,15 +320,20 @@ class Submission(_Model):
 
 
 class Transition(_Model):
+    """One recorded change of state: from, to, the submission it concerns, cause, actor, time."""
+
     from_: State = Field(alias="from")
     to: State
-    submission: int
+    submission: Annotated[int, Field(ge=1)] | None = None
+    """The submission it concerns; absent for a job cancelled before any submission was authorized."""
     cause: Cause
     actor: Actor
     time: datetime
 
 
 class CancelRequest(_Model):
+    """A person asked for the job to be cancelled: who and when (kept in the record)."""
+
     actor: Actor
     time: datetime
 
@@ -331,8 +357,8 @@ class Record(_Model):
     @field_validator("state")
     @classmethod
     def _recorded(cls, state: State) -> State:
-        if state is State.RUNNING:
-            raise ValueError("'running' is never recorded; it exists only in status")
+        if state in _SHOWN_ONLY:
+            raise ValueError(f"'{state}' is never recorded; it exists only in status")
         return state
 
     @property
@@ -341,6 +367,8 @@ class Record(_Model):
 
 
 class SubmissionStatus(_Model):
+    """One submission as status shows it: its canonical, how it ended and its live objects."""
+
     n: int
     canonical: str | None
     cause: Cause | None

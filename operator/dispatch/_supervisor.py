@@ -23,11 +23,13 @@ from ._decide import (
     Decision,
     Done,
     End,
+    RecordSettled,
     Release,
     Step,
     Wait,
     apply,
     decide,
+    describe_step,
 )
 from ._errors import ObjectExists, TransientBackendError, VersionConflict
 from ._model import SUPERVISOR, Actor, ObjectView, Record
@@ -41,18 +43,31 @@ def utcnow() -> datetime:
 
 
 class Listener(Protocol):
-    """Told about every step a supervisor takes (events, metrics). Must not block."""
+    """Told about every step a supervisor takes (events, metrics). Must not block.
 
-    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None: ...
+    Pass one as ``Supervisor(..., listener=...)``. Each method is called in the event loop, right
+    after the step: ``stepped`` once it has landed (``after`` is the record written, None for a
+    backend call), ``conflicted`` when a write lost its compare-and-swap (the supervisor re-reads
+    and decides again), ``errored`` when the step raised.
+    """
 
-    def conflicted(self, job: str) -> None: ...
+    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
+        """``step`` landed; ``before`` is the record it was decided on."""
 
-    def errored(self, job: str, step: Step, error: Exception) -> None: ...
+    def conflicted(self, job: str) -> None:
+        """A write lost its compare-and-swap."""
+
+    def errored(self, job: str, step: Step, error: Exception) -> None:
+        """``step`` raised ``error`` (retried when it is a TransientBackendError)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Intent:
-    """A decision and what it was based on: perform it, or throw it away and prepare again."""
+    """A decision and what it was based on: perform it, or throw it away and prepare again.
+
+    :meth:`Supervisor.prepare` returns one and :meth:`Supervisor.perform` does it; between the two
+    the world may change, which is what the compare-and-swap of every write is for.
+    """
 
     record: Record
     version: str
@@ -143,13 +158,18 @@ class Supervisor:
         job = record.job
         after: Record | None = None
         try:
+            if isinstance(step, RecordSettled) and not await self._still_settles(intent):
+                return  # a create landed after the decision's listing: decide again on a new one
             if isinstance(step, WRITES):
                 after = apply(record, step, actor=self.actor, now=self.clock())
                 await self.store.put(after, intent.version)
             elif isinstance(step, Create):
                 # Another creator may have made it first: it is a candidate like ours would have been.
+                created: str | None = None
                 with contextlib.suppress(ObjectExists):
-                    await self.backend.create(job, step.submission, record.spec, record.plan)
+                    created = await self.backend.create(job, step.submission, record.spec, record.plan)
+                if created is not None:
+                    await self._end_if_settled(job, created)
             elif isinstance(step, Release):
                 await self.backend.release(step.object_id)
             elif isinstance(step, End):
@@ -167,6 +187,33 @@ class Supervisor:
         _log_step(job, step, intent.decision, record)
         if self.listener is not None:
             self.listener.stepped(job, step, record, after)
+
+    async def _still_settles(self, intent: Intent) -> bool:
+        """Settle only if a listing taken after the decision to settle decides the same.
+
+        Shrinks the window for a late create (see :meth:`_end_if_settled`) to the settle write.
+        """
+        fresh = await self.backend.list(intent.record.job)
+        return isinstance(decide(intent.record, fresh).step, RecordSettled)
+
+    async def _end_if_settled(self, job: str, object_id: str) -> None:
+        """A late creator ends what it made when the job settled meanwhile.
+
+        A create cannot be fenced by a record write, so a Create decided before the job settled
+        can land after it. The object is held (never released); re-reading the record right after
+        the create and ending it is what keeps it from outliving the settled job. Only a creator
+        that dies between its create and this end leaves one, held, until the next step anyone
+        takes on the job (docs/semantics.md, invariant 5).
+        """
+        record, _ = await self.store.get(job)
+        if record.settled:
+            log.info(
+                "job %s: ended object %s, created after the job settled",
+                job,
+                object_id,
+                extra={"job": job},
+            )
+            await self.backend.end(object_id)
 
 
 class _Queue:
@@ -244,6 +291,9 @@ class _Queue:
                 if again or job in self.dirty:
                     self.dirty.discard(job)
                     self.enqueue(job)
+            # A backend whose calls never suspend (the memory backend) would otherwise keep this
+            # worker, and so the event loop, busy until every job waits: one step, then yield.
+            await asyncio.sleep(0)
 
 
 def _log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
@@ -252,16 +302,17 @@ def _log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
     submission = getattr(step, "submission", None)
     if submission is None:
         submission = record.current.n if record.current is not None else 0
+    words = describe_step(step)
     log.info(
         "job %s submission %s: %s (cause %s)",
         job,
         submission,
-        type(step).__name__,
+        words,
         decision.cause.kind,
         extra={
             "job": job,
             "submission": submission,
-            "step": type(step).__name__,
+            "step": words,
             "cause": str(decision.cause.kind),
         },
     )

@@ -273,7 +273,9 @@ def test_a_cancel_request_records_cancelled_by_the_requester(phase: Phase) -> No
     assert d.step.actor == BOB
     assert d.step.cause.kind is CauseKind.NONE
     assert "human:bob" in d.step.cause.detail
-    assert d.state is State.CANCELLED
+    assert d.state is State.CANCELLING  # its object is alive: not cancelled yet
+    assert status(r, [obj("1", 1, phase)]).message.startswith("cancelling")
+    assert not status(r, [obj("1", 1, phase)]).settled
     after = apply(r, d.step, actor=SUPERVISOR, now=T0)
     assert after.state is State.CANCELLED
     assert after.history[-1].actor == BOB
@@ -285,8 +287,11 @@ def test_a_cancel_before_anything_was_authorized() -> None:
     d = decide(r, [])
     assert isinstance(d.step, RecordOutcome)
     assert d.step.state is State.CANCELLED
+    assert d.state is State.CANCELLED  # nothing was ever created: nothing to wait for
     r = apply(r, d.step, actor=SUPERVISOR, now=T0)
-    assert r.history[-1].submission == 0
+    assert (r.history[-1].from_, r.history[-1].to) == (State.PENDING, State.CANCELLED)
+    assert r.history[-1].submission is None  # it concerns no submission: never a submission 0
+    assert Record.model_validate(r.model_dump(mode="json", by_alias=True)) == r
     assert decide(r, []).step == RecordSettled()
 
 
@@ -304,9 +309,10 @@ def test_after_an_outcome_live_objects_are_ended_then_the_job_settles() -> None:
     r = apply(r, decide(r, []).step, actor=SUPERVISOR, now=T0)  # type: ignore[arg-type]
     d = decide(r, [obj("1", 1, Phase.RUNNING)])
     assert d.step == End("1", orphan=False)
-    assert d.state is State.CANCELLED
+    assert d.state is State.CANCELLING
     d = decide(r, [obj("1", 1, Phase.ENDED, SUCCESS, cancelled=True)])
     assert d.step == RecordSettled()
+    assert d.state is State.CANCELLED
     r = apply(r, RecordSettled(), actor=SUPERVISOR, now=T0)
     assert r.settled
     d = decide(r, [obj("1", 1, Phase.ENDED, SUCCESS, cancelled=True)])
@@ -334,16 +340,62 @@ async def test_a_slow_creator_cleans_up_after_a_settled_job() -> None:
     record, version = await store.get("job")
     await store.put(record.model_copy(update={"cancel": CancelRequest(actor=BOB, time=T0)}), version)
     assert isinstance((await other.drive("job")).step, Done)
-    await slow.perform(intent)  # the stale Create lands after the job settled
-    assert [o.phase for o in await backend.list("job")] == [Phase.HELD]
-    assert isinstance((await slow.drive("job")).step, Done)
+    await slow.perform(intent)  # the stale Create lands after the job settled...
+    # ...and its creator, re-reading the record right after, ends what it made at once
     assert [o.phase for o in await backend.list("job")] == [Phase.ENDED]
     assert backend.objects()[0].cancelled
+    assert not backend.ever_released(backend.objects()[0].id)
+    assert isinstance((await slow.drive("job")).step, Done)
+
+
+async def test_a_late_object_whose_creator_died_is_ended_by_the_next_step() -> None:
+    """The one case invariant 5 allows: held, never released, ended by anyone's next step."""
+    backend = MemoryBackend(Shape.SLURM)
+    store = MemoryStore()
+    await store.create(new_record(PREEMPT_TWICE))
+    slow, other = Supervisor(backend, store), Supervisor(backend, store)
+    await slow.step("job")
+    intent = await slow.prepare("job")
+    record, version = await store.get("job")
+    await store.put(record.model_copy(update={"cancel": CancelRequest(actor=BOB, time=T0)}), version)
+    await other.drive("job")
+    # the creator's create lands, and it dies before re-reading the record
+    await backend.create("job", 1, intent.record.spec, intent.record.plan)
+    assert [o.phase for o in await backend.list("job")] == [Phase.HELD]
+    assert isinstance((await other.drive("job")).step, Done)
+    assert [o.phase for o in await backend.list("job")] == [Phase.ENDED]
+
+
+async def test_settling_takes_a_fresh_listing() -> None:
+    """A create that lands between the settle decision's listing and its write stops the settle."""
+    backend = MemoryBackend(Shape.SLURM)
+    store = MemoryStore()
+    r = step(new_record(PREEMPT_TWICE), Authorize(1))
+    r = r.model_copy(update={"cancel": CancelRequest(actor=BOB, time=T0)})
+    await store.create(r)
+    sup = Supervisor(backend, store)
+    await sup.step("job")  # records cancelled (submission 1 has no object yet)
+    intent = await sup.prepare("job")
+    assert intent.decision.step == RecordSettled()
+    await backend.create("job", 1, r.spec, r.plan)  # a late create, after the decision's listing
+    await sup.perform(intent)
+    assert not (await store.get("job")).record.settled
+    assert isinstance((await sup.drive("job")).step, Done)
+    assert all(o.phase is Phase.ENDED for o in await backend.list("job"))
 
 
 def test_a_succeeded_job_settles() -> None:
     r = step(started(PREEMPT_TWICE), RecordOutcome(State.SUCCEEDED, SUCCESS))
     assert decide(r, [obj("1", 1, Phase.ENDED, SUCCESS)]).step == RecordSettled()
+
+
+def test_a_job_does_not_settle_while_an_ended_object_still_terminates() -> None:
+    """Settled means every process has stopped: a pod in its termination grace period still runs."""
+    r = step(started(PREEMPT_TWICE), RecordOutcome(State.SUCCEEDED, SUCCESS))
+    still = obj("1", 1, Phase.ENDED, SUCCESS).model_copy(update={"terminating": True})
+    d = decide(r, [still])
+    assert isinstance(d.step, Wait)
+    assert d.state is State.SUCCEEDED
 
 
 # orphans
@@ -519,7 +571,7 @@ def test_status_joins_the_record_and_the_objects() -> None:
         (1, "1", ["1"]),
         (2, None, []),
     ]
-    assert s.message == "Create"
+    assert s.message == "creating the object of submission 2, held back"
     assert not s.settled
     assert status(started(PREEMPT_TWICE), [obj("1", 1, Phase.RUNNING)]).message == "running"
 

@@ -17,8 +17,8 @@ from typing import Any, Final
 import yaml
 from pydantic import ValidationError
 
+from .._capabilities import BY_BACKEND
 from .._constants import API_VERSION, KIND
-from .._memory import CAPABILITIES, Shape
 from .._model import Capabilities, JobSpec, Plan
 from .._plan import make_plan
 
@@ -33,14 +33,12 @@ class ManifestError(ValueError):
 def capabilities_for(backend: str) -> Capabilities:
     """What ``backend``'s scheduler enforces natively, with its default configuration.
 
-    Kubeflow's restartPolicy OnFailure restarts failed pods in place (exactly [non-zero-exit
-    out-of-memory], budget 0..100); Slurm enforces no recovery rule exactly (its requeue limit does not
-    bound preemption requeues), so it has none and every Slurm rule goes to the supervisor. The memory
-    adapter's shapes model exactly these.
+    Read from ``dispatch._capabilities``, the one source the adapters themselves declare, so the
+    plugin's plan is the operator's.
     """
     if backend not in BACKENDS:
         raise ManifestError(f"spec.backend must be one of {list(BACKENDS)}, not {backend!r}")
-    return CAPABILITIES[Shape(backend)]
+    return BY_BACKEND[backend]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +132,14 @@ def _validation_message(error: ValidationError) -> str:
 
 def load(path: str, *, namespace: str | None = None) -> list[Manifest]:
     """Every DispatchJob in the YAML file at ``path`` (``-`` is stdin); other kinds are skipped."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ManifestError(f"{path} is a directory, not a manifest file") from None
+    except OSError as error:
+        raise ManifestError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{path} is not a text file (UTF-8)") from None
     return list(parse(text, namespace=namespace))
 
 

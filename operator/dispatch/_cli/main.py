@@ -9,19 +9,24 @@ Subcommands::
     watch NAME              one line per status change as it happens, until the job is settled
 
 Common flags: ``-n/--namespace``, ``-A/--all-namespaces`` (get), ``--kubeconfig``, ``--context``,
-``-o json|yaml`` for machines (tables otherwise). Exit status: 0 done, 1 refused or failed (the
-message says why), 2 bad usage or an invalid manifest.
+``-o json|yaml`` for machines (tables otherwise). Exit status (docs/cli.md): 0 done; 1 refused,
+not found, nothing to cancel, or an API error; 2 bad usage, an invalid or unreadable manifest, or
+a kubeconfig that cannot be read; 3 ``watch --timeout`` expired before the job settled. A user's
+mistake is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, Final, TextIO
+
+import aiohttp
 
 from .._constants import GROUP, KIND, PLURAL, SINGULAR, VERSION
 from .._errors import PlanError
@@ -34,8 +39,28 @@ WATCH_REQUEST_SECONDS: Final = 60
 Body = dict[str, Any]
 
 
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_TIMEOUT: Final = 3
+
+
 class Failure(Exception):
     """Print the message and exit 1."""
+
+    code = EXIT_FAILED
+
+
+class Usage(Failure):
+    """A mistake in what was given (a file, a kubeconfig): print the message and exit 2."""
+
+    code = EXIT_USAGE
+
+
+class TimedOut(Failure):
+    """``watch --timeout`` expired before the job settled: exit 3."""
+
+    code = EXIT_TIMEOUT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,19 +127,24 @@ def main(
         return asyncio.run(_remote(args, out))
     except ManifestError as error:
         print(f"error: {error}", file=err)
-        return 2
+        return EXIT_USAGE
     except Failure as error:
         print(f"error: {error}", file=err)
-        return 1
+        return error.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 # ---- plan (local) -----------------------------------------------------------------------------------
 
 
 def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    manifests = load(args.filename, namespace=args.namespace)
+    # The namespace of a manifest without one is the kubeconfig context's, as for every command.
+    manifests = load(args.filename, namespace=_default_namespace(args))
     results: list[Any] = []
     refused = False
     for i, manifest in enumerate(manifests):
@@ -146,14 +176,24 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _default_namespace(args: argparse.Namespace) -> str:
+    """``-n``, else the kubeconfig context's namespace, else the pod's, else ``default``.
+
+    Never fails: ``plan`` needs no cluster, and the commands that do say what is wrong with the
+    kubeconfig when they load it.
+    """
     if args.namespace:
         return str(args.namespace)
     from kubernetes_asyncio.config import list_kube_config_contexts
 
-    try:
-        contexts, current = list_kube_config_contexts(args.kubeconfig or _first_kubeconfig())
-    except Exception:
-        current, contexts = None, []
+    from .._kubeapi import kubeconfig_problem
+
+    current: Any = None
+    contexts: list[Any] = []
+    if kubeconfig_problem(args.kubeconfig) is None:  # else the library logs "Config not found"
+        try:
+            contexts, current = list_kube_config_contexts(args.kubeconfig or _first_kubeconfig())
+        except Exception:  # a broken or in-cluster-only kubeconfig: the fallbacks below
+            current, contexts = None, []
     if args.context:
         current = next((c for c in contexts if c.get("name") == args.context), current)
     if isinstance(current, dict):
@@ -178,11 +218,14 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
 
     from .. import _kubeapi
 
+    problem = _kubeapi.kubeconfig_problem(args.kubeconfig)
+    if problem is not None:
+        raise Usage(problem)
     namespace = _default_namespace(args)
     try:
         api = await _kubeapi.new_client(args.kubeconfig, context=args.context)
-    except Exception as error:
-        raise Failure(f"cannot load the kubeconfig: {error}") from None
+    except Exception as error:  # the library's ConfigException and friends: a bad kubeconfig
+        raise Usage(f"cannot load the kubeconfig: {error}") from None
     async with api:
         objects = _kubeapi.CustomObjects(api)
         try:
@@ -202,6 +245,8 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
             raise Failure(str(error)) from None
         except ApiException as error:
             raise Failure(_api_message(error)) from None
+        except (OSError, aiohttp.ClientError) as error:  # a server that does not answer
+            raise Failure(f"cannot reach the API server: {error}") from None
     raise Failure(f"unknown command {args.command!r}")
 
 
@@ -277,12 +322,23 @@ async def history(args: argparse.Namespace, objects: Any, namespace: str, out: T
 
 
 async def cancel(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
-    obj = await objects.merge_patch(namespace, args.name, {"spec": {"cancel": True}})
+    """Set spec.cancel, saying so when it was already set or the job already has its outcome."""
+    name = f"{SINGULAR}.{GROUP}/{args.name}"
+    obj = await objects.get(namespace, args.name)
+    state = (obj.get("status") or {}).get("state")
+    if (obj.get("spec") or {}).get("cancel"):
+        note = "already cancelled" if state == "cancelled" else "cancel already requested"
+        code = EXIT_OK
+    elif state in ("succeeded", "failed"):
+        note, code = f"already {state}: nothing to cancel", EXIT_FAILED
+    else:
+        obj = await objects.merge_patch(namespace, args.name, {"spec": {"cancel": True}})
+        note, code = "cancel requested", EXIT_OK
     if args.output:
         print(render.dump(render.summary(obj), args.output), file=out)
     else:
-        print(f"{SINGULAR}.{GROUP}/{args.name} cancel requested", file=out)
-    return 0
+        print(f"{name} {note}", file=out)
+    return code
 
 
 async def watch(args: argparse.Namespace, api: Any, namespace: str, out: TextIO) -> int:
@@ -292,7 +348,7 @@ async def watch(args: argparse.Namespace, api: Any, namespace: str, out: TextIO)
                 return await _follow(args, api, namespace, out)
         return await _follow(args, api, namespace, out)
     except TimeoutError:
-        raise Failure(f"{args.name} not settled after {args.timeout:g}s") from None
+        raise TimedOut(f"{args.name} not settled after {args.timeout:g}s") from None
 
 
 async def _follow(args: argparse.Namespace, api: Any, namespace: str, out: TextIO) -> int:

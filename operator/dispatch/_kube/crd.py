@@ -79,16 +79,20 @@ SPEC_DESCRIPTION: Final = (
 
 
 def _attribute_docstrings(cls: type) -> dict[str, str]:
-    """Attribute docstrings (a string right after an annotated field) of one class."""
+    """Attribute docstrings (a string right after an annotated field) of one class of ``_model``.
+
+    Read from ``_model``'s source, not ``inspect.getsource(cls)``: public models report
+    ``__module__ == "dispatch"``, where their source is not.
+    """
     try:
-        source = textwrap.dedent(inspect.getsource(cls))
+        source = textwrap.dedent(inspect.getsource(_model))
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}
-    body = ast.parse(source).body
-    if not body or not isinstance(body[0], ast.ClassDef):
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    if not classes:
         return found
-    statements = body[0].body
+    statements = classes[0].body
     for stmt, nxt in itertools.pairwise(statements):
         if (
             isinstance(stmt, ast.AnnAssign)
@@ -105,7 +109,9 @@ def _models() -> dict[str, type[BaseModel]]:
     return {
         name: obj
         for name, obj in vars(_model).items()
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == _model.__name__
+        if isinstance(obj, type)
+        and issubclass(obj, BaseModel)
+        and obj.__module__ in (_model.__name__, "dispatch")  # public models report dispatch
     }
 
 

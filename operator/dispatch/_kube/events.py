@@ -46,7 +46,18 @@ from .._constants import (
     REASON_UNENFORCEABLE,
     REPORTING_CONTROLLER,
 )
-from .._decide import Authorize, End, RecordOutcome, Step
+from .._decide import (
+    Authorize,
+    Create,
+    End,
+    RecordCanonical,
+    RecordOutcome,
+    RecordRestarts,
+    RecordSettled,
+    Release,
+    Step,
+    describe_step,
+)
 from .._errors import PlanError
 from .._model import Cause, Record, State
 from .logs import redact
@@ -106,18 +117,18 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
             return (
                 EVENT_NORMAL,
                 REASON_SUCCEEDED,
-                "RecordOutcome",
+                "Succeed",
                 f"submission {n} succeeded; the job succeeded",
             )
         if step.state is State.CANCELLED:
             who = step.actor or (before.cancel.actor if before.cancel is not None else None)
             detail = step.cause.detail or (f"cancelled by {who}" if who is not None else "cancelled")
             note = f"job {detail}" if detail.startswith("cancelled") else f"job cancelled: {detail}"
-            return EVENT_NORMAL, REASON_CANCELLED, "RecordOutcome", note
+            return EVENT_NORMAL, REASON_CANCELLED, "Cancel", note
         return (
             EVENT_WARNING,
             REASON_FAILED,
-            "RecordOutcome",
+            "Fail",
             (
                 f"submission {n} ended with cause {_cause(step.cause)} and the job failed: "
                 f"{_why_failed(step, before)}"
@@ -137,6 +148,23 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
             (f"ended object {step.object_id} because the job is {before.state}"),
         )
     return None
+
+
+_ACTIONS: Final[dict[type, str]] = {
+    Authorize: "AuthorizeSubmission",
+    Create: "CreateObject",
+    RecordCanonical: "ChooseObject",
+    Release: "ReleaseObject",
+    End: "EndObject",
+    RecordRestarts: "CountRestarts",
+    RecordOutcome: "Conclude",
+    RecordSettled: "Settle",
+}
+
+
+def step_action(step: Step) -> str:
+    """An Event's ``action`` for a step: a verb of the user's, not the step's class name."""
+    return _ACTIONS.get(type(step), "Supervise")
 
 
 def _why_failed(step: RecordOutcome, before: Record) -> str:
@@ -339,7 +367,7 @@ class EventRecorder:
         try:
             found = describe(step, before, after)
         except Exception:  # never let an Event break a step
-            log.exception("could not describe step %s of %s", type(step).__name__, job, extra={"job": job})
+            log.exception("could not describe a step of %s", job, extra={"job": job})
             return
         if found is not None:
             self.emit(job, *found)
@@ -350,8 +378,8 @@ class EventRecorder:
         """A lost compare-and-swap is routine (metrics count it); no Event."""
 
     def errored(self, job: str, step: Step, error: Exception) -> None:
-        message = f"{type(step).__name__} failed: {error}"
+        message = f"failed while {describe_step(step)}: {error}"  # the user's words, not a class name
         if self._last_error.get(job) == message:
             return
         self._last_error[job] = message
-        self.emit(job, EVENT_WARNING, REASON_BACKEND_ERROR, type(step).__name__, message)
+        self.emit(job, EVENT_WARNING, REASON_BACKEND_ERROR, step_action(step), message)

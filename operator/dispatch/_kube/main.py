@@ -19,26 +19,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import inspect
+import ipaddress
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import kopf
 import yaml
+from kubernetes_asyncio.config import ConfigException
 
-from .. import __version__
-from .._constants import LEASE_NAME
+from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
 from .._decide import Step
-from .._kubeapi import client_for, load_configuration
+from .._errors import ConfigError
+from .._kubeapi import client_for, kubeconfig_problem, load_configuration
 from .._kubestore import KubeRecordStore
 from .._model import Record
 from .._protocols import Backend
+from .._version import __version__
 from . import webhook
 from .handlers import Runtime, register
 from .listeners import Fanout
@@ -46,6 +49,8 @@ from .settings import operator_settings
 
 log = logging.getLogger("dispatch.operator")
 
+
+ANY_ADDRESS: Final = "0.0.0.0"
 
 CRASH_ENV = "DISPATCH_TEST_CRASH_AFTER"
 """Test hook: ``Step[:n]`` (a step's class name, optionally a submission number) makes the operator
@@ -98,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
+    p.add_argument("--metrics-addr", help=f"the metrics server's listen address (default {ANY_ADDRESS})")
     p.add_argument(
         "--webhook-port", type=int, default=0, help="serve the admission webhooks on this port (0: off)"
     )
@@ -107,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="serve /healthz (liveness) and /readyz (readiness) on this port, leader or standby (0: off)",
     )
+    p.add_argument("--health-addr", help=f"the health endpoint's listen address (default {ANY_ADDRESS})")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
@@ -226,21 +233,99 @@ async def _accepts(port: int) -> bool:
 async def open_backends(
     api: Any, args: argparse.Namespace, namespaces: Sequence[str] | None
 ) -> dict[str, Backend]:
-    backends: dict[str, Backend] = {}
-    try:
-        kubeflow = importlib.import_module("dispatch._kubeflow")
-    except ImportError as error:
-        log.warning("the Kubeflow adapter is not available (%s); kubeflow jobs will wait", error)
-    else:
-        backends["kubeflow"] = kubeflow.KubeflowBackend(api, namespaces=namespaces)
+    # Plain imports (inside the function: an adapter's client loads only when it is used), so the
+    # import contracts see them.
+    from .. import _kubeflow
+
+    backends: dict[str, Backend] = {"kubeflow": _kubeflow.KubeflowBackend(api, namespaces=namespaces)}
     if args.slurm_config is not None:
-        config = yaml.safe_load(args.slurm_config.read_text(encoding="utf-8")) or {}
-        slurm = importlib.import_module("dispatch._slurm")
-        backend = slurm.open_adapter(config)
+        from .. import _slurm
+
+        config = getattr(args, "slurm_settings", None)
+        if config is None:
+            config = read_slurm_config(args.slurm_config)
+        backend: Any = _slurm.open_adapter(config)
         if inspect.isawaitable(backend):
             backend = await backend
         backends["slurm"] = backend
     return backends
+
+
+class ArgumentError(Exception):
+    """A flag's value the operator would fail on later (or the API server would refuse)."""
+
+
+DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+WEBHOOK_NAME: Final = re.compile(rf"^{DNS_LABEL}(\.{DNS_LABEL})+$")
+"""A webhook configuration's name: kopf names each webhook ``<handler id>.<NAME>``, and the API
+server wants a webhook's name fully qualified (at least three dot-separated segments)."""
+
+
+def read_slurm_config(path: Path) -> dict[str, Any]:
+    """The Slurm adapter's YAML configuration, checked the way the adapter will check it."""
+    from pydantic import ValidationError
+
+    from .._slurm import SlurmConfig
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ArgumentError(f"--slurm-config {path} is a directory, not a file") from None
+    except OSError as error:
+        raise ArgumentError(f"--slurm-config {path}: {error.strerror or error}") from None
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise ArgumentError(f"--slurm-config {path} is not YAML: {error}") from None
+    if not isinstance(config, dict):
+        raise ArgumentError(
+            f"--slurm-config {path}: expected a mapping of settings, got {type(config).__name__}"
+        )
+    try:
+        SlurmConfig.model_validate(config)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in error.errors()
+        )
+        raise ArgumentError(f"--slurm-config {path}: {problems}") from None
+    return config
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, a value that would crash the operator later or leave
+    something half-made behind (a webhook configuration the API server refuses)."""
+    for flag in ("metrics_port", "webhook_port", "health_port"):
+        port = getattr(args, flag, 0)
+        if not 0 <= port <= 65535:
+            raise ArgumentError(f"--{flag.replace('_', '-')} {port}: a port is 0..65535")
+    for flag in ("metrics_addr", "health_addr", "webhook_addr"):
+        addr = getattr(args, flag, None)
+        if addr is not None and not _is_address(addr):
+            raise ArgumentError(f"--{flag.replace('_', '-')} {addr!r}: not an IP address or host name")
+    managed = getattr(args, "webhook_managed", None) or os.environ.get(f"{webhook.ENV_PREFIX}MANAGED")
+    if managed:
+        longest = 253 - len(f"{WEBHOOK_VALIDATE_ID}.")
+        if not WEBHOOK_NAME.match(managed) or len(managed) > longest:
+            raise ArgumentError(
+                f"--webhook-managed {managed!r}: the name of the webhook configurations must be a "
+                "lowercase DNS name with at least one dot (e.g. dispatch.example.com), at most "
+                f"{longest} characters: the API server requires each webhook's name "
+                f"({WEBHOOK_VALIDATE_ID}.<NAME>) to have three segments"
+            )
+        if not getattr(args, "webhook_port", 0):
+            raise ArgumentError("--webhook-managed needs --webhook-port: no webhook server would serve it")
+    if args.poll_interval <= 0:
+        raise ArgumentError(f"--poll-interval {args.poll_interval:g}: must be more than 0 seconds")
+    if args.slurm_config is not None:
+        args.slurm_settings = read_slurm_config(args.slurm_config)
+
+
+def _is_address(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return bool(re.fullmatch(rf"{DNS_LABEL}(\.{DNS_LABEL})*", addr.lower()))
+    return True
 
 
 async def run(
@@ -259,14 +344,16 @@ async def run(
     health: Health | None = None
     if getattr(args, "health_port", 0):
         health = Health(leading, webhook_port=args.webhook_port)
-        await health.start(args.health_port)
+        await health.start(args.health_port, getattr(args, "health_addr", None) or ANY_ADDRESS)
     metrics: Any = None
     server: Any = None
     if args.metrics_port:
         from . import metrics as metrics_module
 
         metrics = metrics_module.Metrics()
-        server = metrics_module.serve(metrics, args.metrics_port)
+        server = metrics_module.serve(
+            metrics, args.metrics_port, getattr(args, "metrics_addr", None) or ANY_ADDRESS
+        )
     configuration = await load_configuration(args.kubeconfig, context=args.context)
     api = client_for(configuration)
     if metrics is not None:
@@ -323,7 +410,8 @@ async def run(
     election: asyncio.Task[None] | None = None
 
     if args.leader_elect:
-        leader = importlib.import_module("dispatch._kube.leader")
+        from . import leader
+
         elector = leader.LeaderElector(api, args.lease_namespace, args.lease_name, leader.default_identity())
 
         def stop(why: str) -> None:
@@ -396,13 +484,30 @@ async def run(
     return exit_code
 
 
+EXIT_USAGE: Final = 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """The console script. Exit status: 0 stopped, 1 failed while running (a lost Lease), 2 a
+    mistake in the command line or the files it names (one line on stderr, no traceback)."""
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        check_arguments(args)
+    except ArgumentError as error:
+        p.error(str(error))  # exits 2 with the usage line
+    problem = kubeconfig_problem(args.kubeconfig)
+    if problem is not None:
+        print(f"{p.prog}: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     _configure_logging(args.log_format, args.log_level)
     try:
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return 130
+    except (ConfigError, ConfigException) as error:  # a kubeconfig or adapter config we cannot use
+        print(f"{p.prog}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

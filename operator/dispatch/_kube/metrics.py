@@ -36,7 +36,6 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .. import __version__
 from .._decide import Authorize, RecordRestarts, Step
 from .._model import (
     FAILURE_CAUSES,
@@ -51,8 +50,9 @@ from .._model import (
     State,
 )
 from .._protocols import Backend, Unsubscribe, Wake
+from .._version import __version__
 
-RECORDED_STATES: Final = tuple(s for s in State if s is not State.RUNNING)
+RECORDED_STATES: Final = tuple(s for s in State if s not in (State.RUNNING, State.CANCELLING))  # status-only
 VERBS: Final = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
 RESOURCES: Final = frozenset(
     {

@@ -50,6 +50,7 @@ from typing import Any, Final
 import kopf
 from pydantic import ValidationError
 
+from .._capabilities import BY_BACKEND
 from .._constants import (
     ANNOTATION_CANCELLED_BY,
     ANNOTATION_SUBMITTED_BY,
@@ -61,8 +62,6 @@ from .._constants import (
 )
 from .._errors import PlanError
 from .._kubestore import job_spec
-from .._memory import CAPABILITIES as MEMORY_CAPABILITIES
-from .._memory import Shape
 from .._model import ActorKind, Capabilities
 from .._plan import make_plan
 
@@ -86,21 +85,7 @@ def default_capabilities(backend: str) -> Capabilities | None:
     Kubeflow restarts failed pods in place (exactly [non-zero-exit out-of-memory], budget 0..100);
     Slurm enforces no rule exactly, so its capabilities are empty and a ``restart`` rule is refused.
     """
-    if backend == "kubeflow":
-        try:
-            from .._kubeflow import CAPABILITIES
-
-            return CAPABILITIES
-        except ImportError:  # pragma: no cover - the adapter ships with the operator
-            return MEMORY_CAPABILITIES[Shape.KUBEFLOW]
-    if backend == "slurm":
-        try:
-            from .._slurm import CAPABILITIES as SLURM_CAPABILITIES
-
-            return SLURM_CAPABILITIES
-        except ImportError:  # pragma: no cover - the adapter ships with the operator
-            return MEMORY_CAPABILITIES[Shape.SLURM]
-    return None
+    return BY_BACKEND.get(backend)  # the one source the adapters themselves declare
 
 
 def runtime_capabilities(runtime: Any) -> CapabilitiesOf:
