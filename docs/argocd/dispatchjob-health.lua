@@ -4,12 +4,13 @@
 --
 --   Progressing  no status yet, the operator has not observed the latest generation
 --                (status.observedGeneration < metadata.generation), or the job is pending,
---                running or recovering (Reconciling=True);
+--                running, recovering or ending its objects (Reconciling=True), as kstatus;
 --   Healthy      Ready=True: the job succeeded and its objects are ended. If the operator
 --                ever reports Ready=True while a job runs, running jobs become Healthy with
 --                no change here;
---   Degraded     Stalled=True or Failed=True: failed, cancelled, or refused (a rule nobody
---                can enforce, an invalid spec). The condition's reason and message say which.
+--   Degraded     Stalled=True or Failed=True once nothing is reconciling: failed, cancelled,
+--                or refused (a rule nobody can enforce, an invalid spec). The condition's
+--                reason and message say which.
 --
 -- Suspended is not used: a cancelled DispatchJob is terminal (it never resumes), and Argo CD
 -- treats Suspended as "paused, will continue", which would hide a job that did not succeed.
@@ -67,6 +68,14 @@ if generation ~= nil then
   end
 end
 
+-- Checked first, as kstatus does: an outcome whose objects are still being ended is not final yet.
+local reconciling = condition(status, "Reconciling")
+if reconciling ~= nil and reconciling.status == "True" then
+  health.status = "Progressing"
+  health.message = say(reconciling, "Reconciling")
+  return health
+end
+
 local stalled = condition(status, "Stalled")
 local failed = condition(status, "Failed")
 if stalled ~= nil and stalled.status == "True" then
@@ -87,7 +96,6 @@ if ready ~= nil and ready.status == "True" then
   return health
 end
 
-local reconciling = condition(status, "Reconciling")
 health.status = "Progressing"
-health.message = say(reconciling or ready, "Reconciling")
+health.message = say(ready, "Reconciling")
 return health

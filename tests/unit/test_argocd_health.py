@@ -106,7 +106,8 @@ AUTHORIZED = step(PENDING, Authorize(1), RecordCanonical(1, "finetune-1"))
 RECOVERING = step(AUTHORIZED, Authorize(2, rule=0, cause=PREEMPTED), RecordCanonical(2, "finetune-2"))
 SUCCEEDED_ENDING = step(RECOVERING, RecordOutcome(State.SUCCEEDED, SUCCESS))
 SUCCEEDED = step(SUCCEEDED_ENDING, RecordSettled())
-FAILED = step(AUTHORIZED, RecordOutcome(State.FAILED, OOM), RecordSettled())
+FAILED_ENDING = step(AUTHORIZED, RecordOutcome(State.FAILED, OOM))
+FAILED = step(FAILED_ENDING, RecordSettled())
 _CANCEL_ASKED = AUTHORIZED.model_copy(update={"cancel": CancelRequest(actor=ADA, time=T0)})
 _CANCEL_STEP = decide(_CANCEL_ASKED, []).step  # what the supervisor really writes for a cancel
 assert isinstance(_CANCEL_STEP, RecordOutcome)
@@ -121,10 +122,20 @@ CANCELLED = step(_CANCEL_ASKED, _CANCEL_STEP, RecordSettled())
         (RECOVERING, "Progressing", "recovering from preempted", "InProgress"),
         (SUCCEEDED_ENDING, "Progressing", "ending the job's objects", "InProgress"),
         (SUCCEEDED, "Healthy", "succeeded in submission 2", "Current"),
+        (FAILED_ENDING, "Progressing", "ending the job's objects", "InProgress"),
         (FAILED, "Degraded", "out-of-memory", "Failed"),
         (CANCELLED, "Degraded", "cancelled by human:ada", "Failed"),
     ],
-    ids=["pending", "authorized", "recovering", "succeeded-ending", "succeeded", "failed", "cancelled"],
+    ids=[
+        "pending",
+        "authorized",
+        "recovering",
+        "succeeded-ending",
+        "succeeded",
+        "failed-ending",
+        "failed",
+        "cancelled",
+    ],
 )
 def test_health_of_every_state_the_operator_writes(
     record: Record, expected: str, words: str, kstatus: str
