@@ -20,6 +20,7 @@ submission. See docs/kubeflow.md, "Stopping what the scheduler would carry on".
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
@@ -30,6 +31,8 @@ from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
 
+from .._capabilities import KUBEFLOW as KUBEFLOW_CAPABILITIES
+from .._config import flag
 from .._constants import (
     ANNOTATION_ENDED,
     GROUP,
@@ -51,24 +54,29 @@ from .._model import (
     CauseKind,
     Enforcer,
     JobSpec,
-    NativeRule,
     ObjectView,
     Phase,
     Plan,
 )
 from .._protocols import Unsubscribe, Wake
-from ._build import build, object_name
+from ._build import Refused, build, object_name
 from ._classify import (
-    KUBELET_TERMINATION,
+    EVIDENCE_EVENTS,
     Evidence,
     Verdict,
     best,
     classify,
+    container_restarts,
     ended_annotation,
+    event_evidence,
     in_place,
+    needs_node,
     no_capacity_after,
+    node_ready,
     owner_of,
+    parse_time,
     pod_evidence,
+    restart_budget,
     vanished,
 )
 from ._http import MERGE_PATCH, Body, KubeError, request
@@ -76,18 +84,14 @@ from ._informer import Informer, key_of, resource_version
 
 log = logging.getLogger("dispatch.kubeflow")
 
-CAPABILITIES: Final = Capabilities(
-    native=(
-        NativeRule(
-            causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
-            action=Action.RESTART,
-            note="restartPolicy OnFailure restarts failed pods in place, up to backoffLimit",
-        ),
-    )
-)
+CAPABILITIES: Final = KUBEFLOW_CAPABILITIES
+"""What Kubeflow enforces natively; defined once in dispatch._capabilities."""
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
 NODE_CACHE_SECONDS: Final = 10.0
+EVENTS_CACHE_SECONDS: Final = 2.0
+LOOK_AGAIN_SECONDS: Final = 3.0
+PODLESS_AFTER_SECONDS: Final = 2.0
 STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -139,6 +143,14 @@ def stopped_body(body: Body) -> bool:
     )
 
 
+def refused_for_good(error: KubeError) -> bool:
+    """The API server (or an admission webhook, such as the training operator's validator) refused
+    the object itself: sending it again can only be refused again."""
+    if error.status in (400, 413, 422):
+        return True
+    return error.status == 403 and "denied the request" in error.message
+
+
 def split_id(value: str, what: str = "job") -> tuple[str, str]:
     namespace, sep, name = value.partition("/")
     if not sep or not namespace or not name or "/" in name:
@@ -174,6 +186,7 @@ class KubeflowBackend:
         self.pod_cleanup_after = pod_cleanup_after
         self._owns_api = owns_api
         self._clock = clock
+        self._born = clock()
         self._subscribers: dict[str, list[Wake]] = {}
         self._informers: list[Informer] = []
         self._pj_informers: list[Informer] = []
@@ -197,6 +210,14 @@ class KubeflowBackend:
         self._sweeping: set[str] = set()
         self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
         self._resubmits: dict[str, frozenset[CauseKind]] = {}  # object id -> causes its plan resubmits
+        self._refused: dict[str, ObjectView] = {}  # object id -> a create refused for good (never existed)
+        self._early: OrderedDict[str, list[tuple[Body, bool]]] = (
+            OrderedDict()
+        )  # pods seen before their object
+        self._incarnations: dict[str, dict[str, int]] = {}  # object id -> pod uid -> most restarts seen
+        self._released_at: dict[str, float] = {}  # object id -> when this process released it
+        self._looked: dict[str, float] = {}  # object id -> when its evidence may be looked for again
+        self._events: dict[str, tuple[float, list[Body]]] = {}  # namespace -> (until, disruption events)
 
     # ---- Backend protocol ------------------------------------------------------------------
 
@@ -219,18 +240,41 @@ class KubeflowBackend:
         uid = owner.get("metadata", {}).get("uid")
         if not uid:
             raise BackendError(f"DispatchJob {job} has no uid")
-        body = build(
-            namespace=namespace, job_name=job_name, submission=submission, spec=spec, plan=plan, owner_uid=uid
-        )
         oid = f"{namespace}/{object_name(job_name, submission)}"
+        try:
+            body = build(
+                namespace=namespace,
+                job_name=job_name,
+                submission=submission,
+                spec=spec,
+                plan=plan,
+                owner_uid=uid,
+            )
+        except Refused as refused:
+            return self._refuse(oid, job, submission, f"not created: {refused}")
         try:
             created = await request(self.api, "POST", self._pj_path(namespace), body=body)
         except KubeError as error:
             if error.status == 409:
                 raise ObjectExists(oid) from None
+            if refused_for_good(error):
+                return self._refuse(oid, job, submission, f"the API server refused it: {error.message}")
             raise self._explain(error, f"create PyTorchJob {oid}") from None
         self._remember(oid, job, created)
         self._resubmits[oid] = resubmitted_causes(spec, plan)
+        return oid
+
+    def _refuse(self, oid: str, job: str, submission: int, detail: str) -> str:
+        """A submission that can never run: reported ended ``launch-failed`` under the name it would
+        have had, so the job says why within the same reaction instead of retrying a create that will
+        be refused again. In memory only: after a restart the canonical is missing, which the
+        supervisor's decision treats as ended as well."""
+        cause = Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail[:1024])
+        log.warning("PyTorchJob %s %s", oid, detail)
+        self._refused[oid] = ObjectView(
+            id=oid, job=job, submission=submission, phase=Phase.ENDED, cause=cause
+        )
+        self._wake(job)
         return oid
 
     async def release(self, object_id: str) -> None:
@@ -278,6 +322,7 @@ class KubeflowBackend:
                     continue
                 raise self._explain(error, f"release PyTorchJob {object_id}") from None
             self._remember(object_id, None, patched)
+            self._released_at[object_id] = self._clock()
             return
         raise TransientBackendError(f"release {object_id}: it kept changing under us")
 
@@ -325,6 +370,10 @@ class KubeflowBackend:
             verdict = await self._classify(oid, body)
             view = verdict.view
             seen = self._restarts.get(oid, 0)
+            counted = sum(self._incarnations.get(oid, {}).values())
+            if counted:
+                budget = restart_budget(body)
+                seen = max(seen, min(counted, budget) if budget is not None else counted)
             if view.restarts < seen:
                 view = view.model_copy(update={"restarts": seen})
             else:
@@ -340,8 +389,27 @@ class KubeflowBackend:
                 self._wake_at(f"recheck:{oid}", job, verdict.recheck_at)
             views.append(view)
         views.extend(v for v in self._tombstones.values() if v.job == job)
+        views.extend(v for v in self._refused.values() if v.job == job)
+        views = [self._terminating(v) for v in views]
         views.sort(key=lambda v: (v.submission, v.id))
         return views
+
+    def _terminating(self, view: ObjectView) -> ObjectView:
+        """Ended, but a pod of it still runs (a deletion's grace period, a stop the training operator
+        has not carried out yet): the job must not settle yet. A pod being deleted on a lost node is
+        not waited for: no kubelet will ever confirm it."""
+        if view.phase is not Phase.ENDED:
+            return view
+        now = time.monotonic()
+        lost = {node for node, (is_lost, until) in self._nodes.items() if is_lost and until > now}
+        for pod in self._pods.get(view.id, {}).values():
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            deleting = pod.get("metadata", {}).get("deletionTimestamp")
+            if deleting and pod.get("spec", {}).get("nodeName") in lost:
+                continue
+            return view.model_copy(update={"terminating": True})
+        return view
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
         self._subscribers.setdefault(job, []).append(wake)
@@ -438,6 +506,8 @@ class KubeflowBackend:
             self._pjs[oid] = new
             if job is not None:
                 self._by_job.setdefault(job, set()).add(oid)
+            for pod, _ in self._early.pop(oid, ()):
+                self._retain(oid, new, pod)
             mine = self._overlay.get(oid)
             if mine is not None and (resource_version(new) or 0) >= (resource_version(mine) or 0):
                 self._overlay.pop(oid, None)
@@ -474,10 +544,14 @@ class KubeflowBackend:
                 timer.cancel()
             if pj is not None:
                 self._retain(oid, pj, body)
+            else:
+                self._keep_early(oid, body, gone=True)
         else:
             self._pods.setdefault(oid, {})[pod_key] = new
-            if pj is not None:
-                self._retain(oid, pj, new, only_restarts=True)
+            if pj is None:
+                self._keep_early(oid, new, gone=False)
+            else:
+                self._retain(oid, pj, new)
                 _, at = pod_evidence(
                     new,
                     restarts_in_place=in_place(pj),
@@ -490,8 +564,26 @@ class KubeflowBackend:
             self._check_stop(oid)
         self._wake(job)
 
-    def _retain(self, oid: str, pj: Body, pod: Body, *, only_restarts: bool = False) -> None:
-        """Keep what a pod said about the end of its object, for when the pod is gone."""
+    def _keep_early(self, oid: str, pod: Body, *, gone: bool) -> None:
+        """The pod watch is ahead of the PyTorchJob watch: keep every word of the pod until its
+        PyTorchJob arrives (a preempted pod is deleted about a second after it says why; the
+        container's lastState is replaced once it is terminated)."""
+        self._early.setdefault(oid, []).append((pod, gone))
+        self._early.move_to_end(oid)
+        while len(self._early) > MAX_TOMBSTONES:
+            self._early.popitem(last=False)
+
+    def _retain(self, oid: str, pj: Body, pod: Body) -> None:
+        """Keep what a pod said about the end of its object, for when the pod is gone, and how often
+        each incarnation of it was restarted in place (a recreated pod starts again from 0)."""
+        restarted = False
+        if in_place(pj):
+            uid = pod.get("metadata", {}).get("uid") or key_of(pod)
+            counts = self._incarnations.setdefault(oid, {})
+            count = container_restarts(pod)
+            if count > counts.get(uid, 0):
+                counts[uid] = count
+                restarted = True
         found, _ = pod_evidence(
             pod,
             restarts_in_place=in_place(pj),
@@ -501,8 +593,13 @@ class KubeflowBackend:
         if found is None or found.cause.kind is CauseKind.NO_CAPACITY:
             return
         if not found.terminal:
-            self._last_restart[oid] = found.cause
-        elif not only_restarts:
+            # The restart that reached the backoff limit is the last one *made*, not the last pod
+            # update that still shows an older lastState.
+            if restarted or oid not in self._last_restart:
+                self._last_restart[oid] = found.cause
+        else:
+            # Kept at once, not only when the pod is deleted: the pod may change a moment later
+            # (a deletion's SIGTERM replaces the container's state) before it goes.
             kept = best(e for e in (self._retained.get(oid), found) if e is not None)
             if kept is not None:
                 self._retained[oid] = kept
@@ -517,6 +614,10 @@ class KubeflowBackend:
         self._restarts.pop(oid, None)
         self._verdicts.pop(oid, None)
         self._resubmits.pop(oid, None)
+        self._looked.pop(oid, None)
+        self._released_at.pop(oid, None)
+        self._early.pop(oid, None)
+        self._incarnations.pop(oid, None)
         stop = self._stops.pop(oid, None)
         if stop is not None:
             stop.landed = True  # gone from the API server: nothing of it can run
@@ -596,7 +697,53 @@ class KubeflowBackend:
 
     async def _classify(self, oid: str, body: Body) -> Verdict:
         """The verdict on one object; remembered while nothing it was computed from has changed
-        (a job's list() classifies every object it ever had, many times per recovery)."""
+        (a job's list() classifies every object it ever had, many times per recovery).
+
+        When the cache holds no reason for an object's end (the pods are gone, the pod watch lags
+        the PyTorchJob watch, or this process started after the fact), the API server is asked once:
+        the pods themselves, then the disruption events Kubernetes recorded on them (see
+        :meth:`_look_for_evidence`). A released object restarting pods in place is looked at once per
+        process the same way, since the training operator recreates a preempted pod by itself."""
+        verdict = await self._classify_cached(oid, body)
+        view = verdict.view
+        unexplained = (
+            view.phase is Phase.ENDED
+            and view.cause is not None
+            and (view.cause.kind is CauseKind.UNKNOWN and not view.cancelled)
+        )
+        released = view.phase in (Phase.QUEUED, Phase.RUNNING) and not (
+            (body.get("spec", {}).get("runPolicy") or {}).get("suspend")
+        )
+        started = parse_time(body.get("status", {}).get("startTime"))
+        # Released before this process watched it: a pod may have been preempted and recreated
+        # by the training operator meanwhile (its watch saw everything since).
+        recreating = released and in_place(body) and (started is None or started < self._born)
+        podless = released and view.phase is Phase.QUEUED and not self._pods.get(oid)
+        if podless:
+            since = (
+                started
+                or self._released_at.get(oid)
+                or parse_time(body.get("metadata", {}).get("creationTimestamp"))
+            )
+            due = (since if since is not None else self._clock()) + PODLESS_AFTER_SECONDS
+            if self._clock() < due:
+                podless = False  # the training operator is still creating its pods
+                if view.job:
+                    self._wake_at(f"look:{oid}", view.job, due)
+        annotated = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ENDED)
+        now = time.monotonic()
+        if (unexplained or recreating or podless) and not annotated and self._looked.get(oid, 0.0) <= now:
+            # Once per process for an end or an in-place object; every few seconds while a
+            # released object has no pod at all (the training operator may be failing to create them).
+            again = podless and not recreating
+            self._looked[oid] = now + LOOK_AGAIN_SECONDS if again else float("inf")
+            if again and view.job:
+                self._wake_at(f"look:{oid}", view.job, self._clock() + LOOK_AGAIN_SECONDS)
+            if await self._look_for_evidence(oid, body, pods_too=unexplained):
+                verdict = await self._classify_cached(oid, body)
+        return verdict
+
+    async def _classify_cached(self, oid: str, body: Body) -> Verdict:
         pods_by_key = self._pods.get(oid, {})
         retained, last_restart = self._retained.get(oid), self._last_restart.get(oid)
         key = (
@@ -609,20 +756,16 @@ class KubeflowBackend:
         if known is not None and known[0] == key:
             return known[1]
         pods = list(pods_by_key.values())
-        gone: set[str] = set()
+        lost: set[str] = set()
         uses_nodes = False
         for pod in pods:
-            for condition in pod.get("status", {}).get("conditions") or []:
-                if (
-                    condition.get("type") == "DisruptionTarget"
-                    and condition.get("reason") == KUBELET_TERMINATION
-                ):
-                    uses_nodes = True
-                    node = pod.get("spec", {}).get("nodeName")
-                    if node and await self._node_gone(node):
-                        gone.add(node)
+            if needs_node(pod):
+                uses_nodes = True
+                node = pod.get("spec", {}).get("nodeName")
+                if node and await self._node_lost(node):
+                    lost.add(node)
         verdict = classify(
-            body, pods, now=self._clock(), gone_nodes=gone, retained=retained, last_restart=last_restart
+            body, pods, now=self._clock(), gone_nodes=lost, retained=retained, last_restart=last_restart
         )
         if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
             self._verdicts[oid] = (key, verdict)  # neither the clock nor a node lookup can change it
@@ -630,20 +773,87 @@ class KubeflowBackend:
             self._verdicts.pop(oid, None)
         return verdict
 
-    async def _node_gone(self, node: str) -> bool:
+    async def _look_for_evidence(self, oid: str, body: Body, *, pods_too: bool) -> bool:
+        """Ask the API server why ``oid``'s pods ended, when the cache cannot say; True if found.
+
+        First (``pods_too``) the pods by label, read now (the pod watch may lag the PyTorchJob watch
+        that brought the end). Then the events Kubernetes wrote on them, which outlive the pods
+        (an hour by default): the scheduler's ``Preempted``, the taint manager's
+        ``TaintManagerEviction``, the kubelet's ``Evicted``, and the training operator's
+        ``FailedCreatePod`` on the PyTorchJob (its pods can never be created). Only events from
+        after the object was released count, so a reused name cannot inherit an old cause."""
+        pj = body
+        namespace, _ = split_id(oid, "object")
+        found: list[Evidence] = []
+        try:
+            if pods_too:
+                owner = owner_of(pj)
+                if owner is not None:
+                    selector = f"{LABEL_JOB}={owner[0].split('/', 1)[1]},{LABEL_SUBMISSION}={owner[1]}"
+                    listing = await request(
+                        self.api,
+                        "GET",
+                        f"/api/v1/namespaces/{namespace}/pods",
+                        query={"labelSelector": selector},
+                    )
+                    for pod in listing.get("items") or []:
+                        evidence, _ = pod_evidence(
+                            pod,
+                            restarts_in_place=in_place(pj),
+                            now=self._clock(),
+                            no_capacity_after_seconds=no_capacity_after(pj),
+                        )
+                        if evidence is not None and evidence.terminal:
+                            found.append(evidence)
+            if not found:
+                events = await self._disruption_events(namespace)
+                evidence = event_evidence(pj, events)
+                if evidence is not None:
+                    found.append(evidence)
+        except BackendError as error:
+            log.debug("look for the evidence of %s: %s", oid, error)
+            self._looked.pop(oid, None)  # try again on the next list()
+            return False
+        kept = best([*found, *([self._retained[oid]] if oid in self._retained else [])])
+        if kept is None or kept == self._retained.get(oid):
+            return False
+        log.info("%s: %s found on the API server (%s)", oid, kept.cause.kind, kept.cause.detail)
+        self._retained[oid] = kept
+        return True
+
+    async def _disruption_events(self, namespace: str) -> builtins.list[Body]:
+        """The namespace's events that say why a pod was disrupted, read at most every few seconds."""
+        now = time.monotonic()
+        known = self._events.get(namespace)
+        if known is not None and known[0] > now:
+            return known[1]
+        items: builtins.list[Body] = []
+        for kind, reason in EVIDENCE_EVENTS:
+            listing = await request(
+                self.api,
+                "GET",
+                f"/api/v1/namespaces/{namespace}/events",
+                query={"fieldSelector": f"involvedObject.kind={kind},reason={reason}"},
+            )
+            items.extend(listing.get("items") or [])
+        self._events[namespace] = (now + EVENTS_CACHE_SECONDS, items)
+        return items
+
+    async def _node_lost(self, node: str) -> bool:
+        """The node is gone (404) or not Ready: what ran on it cannot be reached."""
         now = time.monotonic()
         known = self._nodes.get(node)
         if known is not None and known[1] > now:
             return known[0]
         try:
-            await request(self.api, "GET", f"/api/v1/nodes/{node}")
-            gone = False
+            found = await request(self.api, "GET", f"/api/v1/nodes/{node}")
+            lost = not node_ready(found)
         except KubeError as error:
             if error.status != 404:
                 log.debug("cannot tell whether node %s exists: %s", node, error)
-            gone = error.status == 404
-        self._nodes[node] = (gone, now + NODE_CACHE_SECONDS)
-        return gone
+            lost = error.status == 404
+        self._nodes[node] = (lost, now + NODE_CACHE_SECONDS)
+        return lost
 
     # ---- stopping what the scheduler would carry on ----------------------------------------------
 
@@ -651,7 +861,22 @@ class KubeflowBackend:
         """The view of an object this process stops (or must stop): ended with the stop's cause."""
         stop = self._stops.get(oid)
         if stop is None:
-            if verdict.stop is None or not self.stop_ended:
+            if not self.stop_ended:
+                return view
+            if verdict.stop is None:
+                cause = view.cause
+                if (
+                    view.phase is Phase.ENDED
+                    and cause is not None
+                    and not view.cancelled
+                    and stopped_body(body)
+                    and self._unrecorded(body, cause)
+                ):
+                    # Finished by the training operator for a reason only the pods gave: write it
+                    # down before they go, so a restarted adapter reads the same cause.
+                    stop = self._register_stop(oid, body, cause, deferrable=False)
+                    if stop is not None:
+                        self._ensure_stop_task(stop)
                 return view
             stop = self._register_stop(oid, body, verdict.stop)
             if stop is None:
@@ -663,19 +888,23 @@ class KubeflowBackend:
         self._ensure_stop_task(stop)
         return view
 
-    def _register_stop(self, oid: str, body: Body, cause: Cause) -> _Stop | None:
+    def _register_stop(
+        self, oid: str, body: Body, cause: Cause, *, deferrable: bool | None = None
+    ) -> _Stop | None:
         known = self._stops.get(oid)
         if known is not None:
             return known
         owner = owner_of(body)
         if owner is None:
             return None
-        failed_pod = any(
-            p.get("status", {}).get("phase") == "Failed"
-            and not p.get("metadata", {}).get("deletionTimestamp")
-            for p in self._pods.get(oid, {}).values()
-        )
-        stop = _Stop(oid, owner[0], owner[1], cause, deferrable=failed_pod and not in_place(body))
+        if deferrable is None:
+            failed_pod = any(
+                p.get("status", {}).get("phase") == "Failed"
+                and not p.get("metadata", {}).get("deletionTimestamp")
+                for p in self._pods.get(oid, {}).values()
+            )
+            deferrable = failed_pod and not in_place(body)
+        stop = _Stop(oid, owner[0], owner[1], cause, deferrable=deferrable)
         self._stops[oid] = stop
         return stop
 
@@ -700,10 +929,15 @@ class KubeflowBackend:
             failures = 0
             while True:
                 body = self._current(stop.oid)
-                if body is None or stopped_body(body):
-                    break  # gone, or finished by the training operator: nothing to write
+                if body is None:
+                    break  # gone: nothing to write
+                finished = stopped_body(body)
+                if finished and not self._unrecorded(body, stop.cause):
+                    break  # finished by the training operator, and it says what the pods said
                 try:
-                    await self._patch_stop(stop.oid, stop.cause)
+                    # On a finished object only the cause is written: the pods that said it are
+                    # deleted soon (a preempted pod about a second later), the PyTorchJob stays.
+                    await self._patch_stop(stop.oid, stop.cause, suspend=not finished)
                     break
                 except TransientBackendError as error:
                     delay = STOP_RETRY[min(failures, len(STOP_RETRY) - 1)]
@@ -790,17 +1024,25 @@ class KubeflowBackend:
         log.info("release of submission %d waits for the stop of %s", submission, oid)
         await self._await_stop(stop, now=True)
 
-    async def _patch_stop(self, oid: str, cause: Cause) -> None:
+    def _unrecorded(self, body: Body, cause: Cause) -> bool:
+        """The API server does not keep ``cause`` on this finished object: no annotation, not being
+        deleted, and the PyTorchJob alone (its conditions, without the pods) says something else."""
+        meta = body.get("metadata", {})
+        if (meta.get("annotations") or {}).get(ANNOTATION_ENDED) or meta.get("deletionTimestamp"):
+            return False
+        alone = classify(body, (), now=self._clock()).view.cause
+        return alone is None or alone.kind is not cause.kind
+
+    async def _patch_stop(self, oid: str, cause: Cause, *, suspend: bool = True) -> None:
         """One merge patch: the cause into ``dispatch.dev/ended`` and ``suspend: true`` (the training
         operator then deletes the pods and creates no more). No resourceVersion: it only ever moves
         the object towards stopped, so it cannot undo anyone's write that matters, and a status
         update by the training operator does not make it fail with 409. A release racing with it
         is conditional (resourceVersion) and refuses once the annotation is there."""
         namespace, name = split_id(oid, "object")
-        patch = {
-            "metadata": {"annotations": {ANNOTATION_ENDED: ended_annotation(cause)}},
-            "spec": {"runPolicy": {"suspend": True}},
-        }
+        patch: Body = {"metadata": {"annotations": {ANNOTATION_ENDED: ended_annotation(cause)}}}
+        if suspend:
+            patch["spec"] = {"runPolicy": {"suspend": True}}
         try:
             patched = await request(
                 self.api, "PATCH", self._pj_path(namespace, name), body=patch, content_type=MERGE_PATCH
@@ -809,9 +1051,10 @@ class KubeflowBackend:
             if error.status == 404:
                 return
             raise self._explain(error, f"stop PyTorchJob {oid}") from None
-        log.info("stopped %s: %s (%s)", oid, cause.kind, cause.detail)
+        log.info("%s %s: %s (%s)", "stopped" if suspend else "recorded", oid, cause.kind, cause.detail)
         self._remember(oid, None, patched)
-        self._schedule_cleanup(oid)
+        if suspend:
+            self._schedule_cleanup(oid)
 
     def _schedule_cleanup(self, oid: str) -> None:
         """The training operator deletes a suspended job's pods; if some still run after
@@ -975,7 +1218,7 @@ async def open_adapter(config: Mapping[str, object] | None = None) -> KubeflowBa
     return KubeflowBackend(
         api,
         namespaces=list(namespaces) if namespaces is not None else None,
-        stop_ended=bool(config.get("stop_ended", True)),
+        stop_ended=flag("kubeflow", config, "stop_ended", True),  # "false" from YAML is false
         owns_api=True,
     )
 

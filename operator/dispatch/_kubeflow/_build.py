@@ -19,9 +19,10 @@ reason (preempted, evicted, its node lost) without counting it toward ``backoffL
 not part of the rule, so the adapter stops the PyTorchJob as soon as it sees such a cause (see
 docs/kubeflow.md, "What the training operator does by itself").
 
-What Kubernetes would refuse only later, and forever (the pods of a PyTorchJob the API server
-accepted), is refused here with :class:`Refused`, naming the field: the job ends ``launch-failed``
-at once instead of waiting for pods that can never be created.
+What the API server would refuse only as a whole (a body over its size limit) is refused here with
+:class:`Refused`, naming the field: the job ends ``launch-failed`` at once instead of retrying a
+create that cannot succeed. Env names Kubernetes refuses for pods (while accepting the PyTorchJob)
+are refused by the spec itself (``dispatch._model.ENV_NAME_PATTERN``).
 
 ``cleanPodPolicy: Running`` deletes the pods still running once the job has finished, and keeps the
 failed ones, whose status is the evidence of the cause.
@@ -68,18 +69,6 @@ class Refused(BackendError):
         super().__init__(f"{field}: {message}")
 
 
-def env_name_problem(name: str) -> str | None:
-    """Why Kubernetes refuses ``name`` as a container env name (its relaxed rule, the default since
-    1.32: printable ASCII, no '='), or None."""
-    if not name:
-        return "must not be empty"
-    if "=" in name:
-        return "must not contain '='"
-    if any(not (32 <= ord(ch) <= 126) for ch in name):
-        return "must be printable ASCII"
-    return None
-
-
 def object_name(job_name: str, submission: int) -> str:
     return f"{job_name}-{submission}"
 
@@ -116,10 +105,6 @@ def build(
         raise BackendError(
             f"job {namespace}/{job_name}: the kubeflow backend needs spec.kubeflow (the image)"
         )
-    for key in sorted(options.env):
-        problem = env_name_problem(key)
-        if problem is not None:
-            raise Refused(f"spec.kubeflow.env[{key!r}]", f"Kubernetes refuses this env name: it {problem}")
     budget = restart_budget(plan)
     tags = labels(job_name, submission)
     annotations = {ANNOTATION_NO_CAPACITY_AFTER: str(options.no_capacity_after_seconds)}
