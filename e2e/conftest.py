@@ -1,8 +1,9 @@
 """The e2e tier: the Helm chart installed into a real API server, the operator under its identity.
 
-By default the private control plane of ``tests.support.kube`` (etcd + kube-apiserver, no
-kubelet: the chart's Deployment makes no Pods, so the operator runs here as a local process with
-exactly the chart's ServiceAccount identity). ``DISPATCH_E2E_KUBECONFIG`` points the tier at an
+By default the lab of ``tests.support.kube`` (the real training operator, kube-scheduler,
+kube-controller-manager, kwok nodes; no kubelet, no images: the chart's Deployment gets pods that
+kwok pretends to run, so the operator runs here as a local process with exactly the chart's
+ServiceAccount identity). ``DISPATCH_E2E_KUBECONFIG`` points the tier at an
 existing cluster instead (``make e2e-kind``); the chart is installed with ``replicas=0`` there too,
 so no in-cluster operator competes with the processes under test.
 """
@@ -13,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-# The fixtures of the operator's integration tier: an admin API client, the fake training
-# operator, the PyTorchJob watch. Their `crds` fixture is replaced below: here the chart
-# installs the DispatchJob CRD; only Kubeflow's PyTorchJob CRD is applied by hand.
-from tests.integration.conftest import PYTORCHJOB_CRD, api, fake, release_monitor
+# The fixtures of the operator's integration tier: an admin API client, the PyTorchJob watch.
+# Their `crds` fixture is replaced below: here the chart installs the DispatchJob CRD; Kubeflow's
+# PyTorchJob CRD comes with the real training operator (the lab's, or the existing cluster's).
+# `kubeflow` (the lab's failure mechanisms) comes from tests.support.kube.
+from tests.integration.conftest import api, release_monitor
 from tests.support.helm import helm_binary
 from tests.support.kube import KubeCluster
 
@@ -24,13 +26,12 @@ from .support import Helm, Release, short_name
 
 # kube_cluster and namespace come from tests.support.kube, registered by the root conftest.py.
 
-__all__ = ["api", "fake", "release_monitor"]
+__all__ = ["api", "release_monitor"]
 
 
 @pytest.fixture(scope="session")
 def crds(kube_cluster: KubeCluster) -> KubeCluster:
     """Kubeflow's PyTorchJob CRD (Kubeflow installs it, not our chart), established."""
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(PYTORCHJOB_CRD))
     kube_cluster.kubectl(
         "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s"
     )

@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     released,
 )
 from tests.support.kube import KubeCluster, KubectlError
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.e2e
 
@@ -116,7 +117,7 @@ def assert_one_object_per_submission(
 async def test_install_and_a_full_lifecycle_under_the_chart_identity(
     release: Callable[..., Release],
     namespace: str,
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
     tmp_path: Path,
 ) -> None:
@@ -140,12 +141,12 @@ async def test_install_and_a_full_lifecycle_under_the_chart_identity(
     await asyncio.to_thread(apply, cluster, namespace, dispatch_job("finetune"))
     first = await released_pj(cluster, namespace, "finetune", 1)
     name1 = first["metadata"]["name"]
-    await asyncio.wait_for(fake.wait_pods(namespace, name1, 2), 60)
-    await fake.preempt(namespace, name1)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name1, 2), 60)
+    await kubeflow.preempt(namespace, name1)
     second = await released_pj(cluster, namespace, "finetune", 2)
     name2 = second["metadata"]["name"]
-    await asyncio.wait_for(fake.wait_pods(namespace, name2, 2), 60)
-    await fake.succeed(namespace, name2)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name2, 2), 60)
+    await kubeflow.succeed(namespace, name2)
     await kubectl_wait(cluster, namespace, "finetune", "Succeeded")
     await await_for("settled", lambda: get_job(cluster, namespace, "finetune")["status"].get("settled"))
     body = await asyncio.to_thread(get_job, cluster, namespace, "finetune")
@@ -360,7 +361,7 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     release: Callable[..., Release],
     namespace: str,
     api: Any,
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
     tmp_path: Path,
     record_property: Callable[[str, object], None],
@@ -380,12 +381,12 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     await asyncio.to_thread(apply, cluster, namespace, dispatch_job("ha"))
     pj1 = await released_pj(cluster, namespace, "ha", 1)
     name1 = pj1["metadata"]["name"]
-    await asyncio.wait_for(fake.wait_pods(namespace, name1, 2), 60)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name1, 2), 60)
 
     # SIGKILL the leader: no release, the standby waits for the Lease to expire.
     killed_at = time.monotonic()
     ops[leader].kill()
-    await fake.preempt(namespace, name1)
+    await kubeflow.preempt(namespace, name1)
     second = await _until_holder(leases, rel.namespace, lambda h: h.startswith(f"{standby}_"))
     lease_takeover = time.monotonic() - killed_at
     pj2 = await released_pj(cluster, namespace, "ha", 2)
@@ -405,8 +406,8 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     release_takeover = time.monotonic() - stopped_at
     assert ops[standby].wait_exit(60) == 0
 
-    await asyncio.wait_for(fake.wait_pods(namespace, name2, 2), 60)
-    await fake.succeed(namespace, name2)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name2, 2), 60)
+    await kubeflow.succeed(namespace, name2)
     await kubectl_wait(cluster, namespace, "ha", "Succeeded")
     body = await asyncio.to_thread(get_job, cluster, namespace, "ha")
     assert [s["n"] for s in body["status"]["submissions"]] == [1, 2]

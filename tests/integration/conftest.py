@@ -29,16 +29,16 @@ from tests.support.kube import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"
-PYTORCHJOB_CRD = REPO / "tests" / "support" / "crds" / "pytorchjob.yaml"
 WAIT = 90.0
 """How long a test waits for something to happen before it fails (never asserted as a duration)."""
 
 
 @pytest.fixture(scope="session")
 def crds(kube_cluster: KubeCluster) -> KubeCluster:
-    """The DispatchJob CRD (the committed, generated file) and the PyTorchJob CRD, established."""
-    for path in (DISPATCH_CRD, PYTORCHJOB_CRD):
-        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    """The DispatchJob CRD (the committed, generated file), established, next to Kubeflow's
+    PyTorchJob CRD (installed with the real training operator: by the lab, or on an existing
+    cluster by whoever installed Kubeflow)."""
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
     kube_cluster.kubectl(
         "wait",
         "--for=condition=Established",
@@ -199,6 +199,16 @@ def apply(
     return proc
 
 
+def owner_manifest(namespace: str, name: str, image: str = "example.invalid/train:1") -> dict[str, Any]:
+    """A DispatchJob to own the PyTorchJobs of a library-level test (no operator runs for it)."""
+    return {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"backend": "kubeflow", "command": ["python", "train.py"], "kubeflow": {"image": image}},
+    }
+
+
 def get_job(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
     return cluster.get("dispatchjob", name, namespace)
 
@@ -259,11 +269,14 @@ def history(body: Mapping[str, Any]) -> list[tuple[str, str, int, str]]:
 
 @dataclass
 class ReleaseMonitor:
-    """Follows every PyTorchJob of a namespace; remembers which were ever released and the most
-    released-and-not-ended at any moment per DispatchJob name (invariant 1)."""
+    """Follows every PyTorchJob of a namespace through a watch and checks invariant 1 at EVERY
+    event: no DispatchJob (label ``dispatch.dev/job``) ever has two released PyTorchJobs (not
+    suspended, not ended) at once. A snapshot between events could miss a short overlap; the
+    watch delivers each state the API server held, in order."""
 
     released: dict[str, set[str]] = field(default_factory=dict)
     max_live: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
     _live: dict[str, dict[str, bool]] = field(default_factory=dict)
     events: int = 0
 
@@ -283,6 +296,22 @@ class ReleaseMonitor:
         else:
             live.pop(name, None)
         self.max_live[job] = max(self.max_live.get(job, 0), len(live))
+        if len(live) > 1:
+            self.violations.append(
+                f"event {self.events} ({kind} {name} rv={meta.get('resourceVersion')}): "
+                f"{job} has released {sorted(live)}"
+            )
+
+    def relisted(self) -> None:
+        """A new list replaces what the watch knew (objects deleted meanwhile sent no event)."""
+        self._live.clear()
+
+    def assert_held(self) -> None:
+        """Fail with every violating event, if any; and fail if the watch saw nothing at all."""
+        assert self.events > 0, "the PyTorchJob watch saw no event"
+        assert not self.violations, "two released PyTorchJobs of one job at once:\n" + "\n".join(
+            self.violations
+        )
 
 
 def _pytorchjob_ended(obj: Mapping[str, Any]) -> bool:
@@ -315,6 +344,7 @@ async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[Re
                         listed = await custom.list_namespaced_custom_object(
                             "kubeflow.org", "v1", namespace, "pytorchjobs"
                         )
+                        monitor.relisted()
                         for item in listed.get("items", []):
                             monitor.see("ADDED", item)
                         rv = listed["metadata"]["resourceVersion"]
@@ -356,7 +386,7 @@ async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[Re
                 await task
 
 
-# ---- an API client and the stand-in for Kubeflow's training operator ----------------------------
+# ---- an API client ------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -368,15 +398,6 @@ async def api(crds: KubeCluster) -> AsyncIterator[Any]:
     await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
     async with ApiClient(configuration=cfg) as client:
         yield client
-
-
-@pytest.fixture
-async def fake(api: Any) -> AsyncIterator[Any]:
-    """Kubeflow's training operator's stand-in (tests/support/fake_training_operator.py), running."""
-    from tests.support.fake_training_operator import FakeTrainingOperator
-
-    async with FakeTrainingOperator(api) as running:
-        yield running
 
 
 def released(pj: Mapping[str, Any]) -> bool:

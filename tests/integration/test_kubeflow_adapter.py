@@ -1,6 +1,7 @@
-"""The Kubeflow adapter against a real kube-apiserver, with the fake training operator.
+"""The Kubeflow adapter on the lab: the real training operator (controller and webhook),
+kube-scheduler, kube-controller-manager, and kwok playing the kubelet.
 
-Run: ``.venv/bin/pytest -p tests.support.kube tests/integration/test_kubeflow_adapter.py``.
+Run: ``.venv/bin/pytest tests/integration/test_kubeflow_adapter.py``.
 """
 
 from __future__ import annotations
@@ -31,33 +32,24 @@ from dispatch._kubeapi import new_client
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._kubeflow._http import request
 from dispatch._kubeflow._informer import Informer
-from tests.support.fake_training_operator import FakeTrainingOperator, install_crds, owner_manifest
+from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster
+from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
 
 pytestmark = pytest.mark.integration
 
 PJ = "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
-GUARD = 60.0
-"""Only a guard against a hang: no assertion is about time."""
-
-
-@pytest.fixture(scope="session")
-def crds(kube_cluster: KubeCluster) -> None:
-    install_crds(kube_cluster)
+GUARD = 120.0
+"""Only a guard against a hang: no assertion is about time (pod GC after a node deletion takes
+about a minute)."""
 
 
 @pytest.fixture
-async def api(kube_cluster: KubeCluster, crds: None) -> AsyncIterator[ApiClient]:
-    client = await new_client(str(kube_cluster.kubeconfig))
+async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
+    client = await new_client(str(crds.kubeconfig))
     async with client:
         yield client
     await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
-
-
-@pytest.fixture
-async def fake(api: ApiClient) -> AsyncIterator[FakeTrainingOperator]:
-    async with FakeTrainingOperator(api) as operator:
-        yield operator
 
 
 @pytest.fixture
@@ -69,16 +61,24 @@ async def backend(api: ApiClient) -> AsyncIterator[KubeflowBackend]:
         await adapter.aclose()
 
 
-def spec_of(name: str, *, nodes: int = 1, rules: Sequence[Rule] = (), **options: Any) -> JobSpec:
+def spec_of(
+    name: str,
+    *,
+    nodes: int = 1,
+    rules: Sequence[Rule] = (),
+    gpu: int = 1,
+    image: str = "example.invalid/train:1",
+    **options: Any,
+) -> JobSpec:
     return JobSpec(
         name=name,
         command=("python", "train.py", "--epochs", "3"),
         nodes=nodes,
         recovery=RecoveryPolicy(rules=tuple(rules)),
         kubeflow=KubeflowOptions(
-            image="example.invalid/train:1",
+            image=image,
             env={"WANDB_MODE": "offline"},
-            resources=Resources(cpu="2", memory="4Gi", gpu=1),
+            resources=Resources(cpu="2", memory="4Gi", gpu=gpu),
             **options,
         ),
     )
@@ -156,6 +156,13 @@ async def finished_or_stopped(api: ApiClient, object_id: str) -> bool:
     return conditions.get("Failed") == "True" or await stopped_by_dispatch(api, object_id)
 
 
+async def none_running_or_all_deleting(api: ApiClient, object_id: str) -> bool:
+    return all(
+        p["metadata"].get("deletionTimestamp") or p.get("status", {}).get("phase") != "Running"
+        for p in await pods_of(api, object_id)
+    )
+
+
 async def none_running(api: ApiClient, object_id: str) -> bool:
     return not any(p.get("status", {}).get("phase") == "Running" for p in await pods_of(api, object_id))
 
@@ -164,7 +171,7 @@ async def test_create_held_release_run_succeed_end(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
+    kubeflow: Kubeflow,
     backend: KubeflowBackend,
 ) -> None:
     job = await create_owner(kube_cluster, namespace, "train")
@@ -227,7 +234,7 @@ async def test_create_held_release_run_succeed_end(
     await backend.release(oid)  # safe to repeat
     views = await until(backend, job, phase_is(oid, Phase.RUNNING))
     async with asyncio.timeout(GUARD):
-        pods = await fake.wait_pods(namespace, "train-1", 3)
+        pods = await kubeflow.wait_pods(namespace, "train-1", 3)
     assert sorted(p["metadata"]["name"] for p in pods) == [
         "train-1-master-0",
         "train-1-worker-0",
@@ -235,7 +242,7 @@ async def test_create_held_release_run_succeed_end(
     ]
     assert all(p["metadata"]["labels"]["dispatch.dev/job"] == "train" for p in pods)
 
-    await fake.succeed(namespace, "train-1")
+    await kubeflow.succeed(namespace, "train-1")
     views = await until(backend, job, phase_is(oid, Phase.ENDED))
     (view,) = views
     assert view.cause is not None
@@ -262,44 +269,46 @@ async def test_create_held_release_run_succeed_end(
 
 
 async def test_release_waits_queued_without_running_pods(
-    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend, kubeflow: Kubeflow
 ) -> None:
+    """More GPUs than any node has: kube-scheduler leaves the pods Pending (Unschedulable); a
+    bigger node arrives and they run."""
     job = await create_owner(kube_cluster, namespace, "queued")
-    spec = spec_of("queued")
-    async with FakeTrainingOperator(api, auto_run=False) as fake:
-        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
-        await backend.release(oid)
-        await until(backend, job, lambda vs: len(vs) == 1 and vs[0].phase is Phase.QUEUED)
-        async with asyncio.timeout(GUARD):
-            await fake.wait_pods(namespace, "queued-1")
-        assert [v.phase for v in await backend.list(job)] == [Phase.QUEUED]
-        await fake.run(namespace, "queued-1")
-        await until(backend, job, phase_is(oid, Phase.RUNNING))
+    spec = spec_of("queued", gpu=NODE_GPU + 1)
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    await until(backend, job, lambda vs: len(vs) == 1 and vs[0].phase is Phase.QUEUED)
+    await eventually(lambda: has_pods(api, oid))
+    assert [v.phase for v in await backend.list(job)] == [Phase.QUEUED]
+    await kubeflow.add_node(gpu=2 * NODE_GPU)
+    await until(backend, job, phase_is(oid, Phase.RUNNING))
 
+
+async def has_pods(api: ApiClient, object_id: str) -> bool:
+    return bool(await pods_of(api, object_id))
+
+
+ANY = -1
+"""Expected exit code: not checked (the mechanism acts on the whole node, or the exit code is
+whatever the kubelet's kill gives)."""
 
 CASES: dict[str, tuple[str, dict[str, Any], CauseKind, int | None]] = {
-    "preempted-by-scheduler": ("preempt", {}, CauseKind.PREEMPTED, 137),
-    "evicted-by-api": (
-        "preempt",
-        {"reason": "EvictionByEvictionAPI", "exit_code": 143},
-        CauseKind.PREEMPTED,
-        143,
-    ),
-    "node-lost-taint": ("lose_node", {}, CauseKind.NODE_LOST, None),
-    "node-lost-kubelet": ("lose_node", {"reason": "TerminationByKubelet"}, CauseKind.NODE_LOST, None),
-    "node-lost-podgc": ("lose_node", {"reason": "DeletionByPodGC"}, CauseKind.NODE_LOST, None),
+    # real kube-scheduler preemption (a lab-high pod needing the whole node): every pod there goes
+    "preempted-by-scheduler": ("preempt", {}, CauseKind.PREEMPTED, ANY),
+    "evicted-by-api": ("evict", {}, CauseKind.PREEMPTED, ANY),
+    # kube-controller-manager's taint eviction; pod GC after the Node is deleted; node-lifecycle
+    "node-lost-taint": ("taint_evict", {}, CauseKind.NODE_LOST, ANY),
+    "node-lost-podgc": ("delete_node", {}, CauseKind.NODE_LOST, ANY),
+    "node-lost-not-ready": ("node_not_ready", {}, CauseKind.NODE_LOST, ANY),
+    # what the kubelet reports (kwok stages)
+    "node-lost-kubelet": ("node_shutdown", {}, CauseKind.NODE_LOST, ANY),
     "out-of-memory": ("oom", {}, CauseKind.OUT_OF_MEMORY, 137),
     "non-zero-exit": ("exit", {"code": 3}, CauseKind.NON_ZERO_EXIT, 3),
     "deadline": ("deadline", {}, CauseKind.TIME_LIMIT, 137),
-    "image-pull": ("image_pull_error", {}, CauseKind.LAUNCH_FAILED, None),
-    "image-pull-backoff": ("image_pull_error", {"reason": "ImagePullBackOff"}, CauseKind.LAUNCH_FAILED, None),
-    "config-error": (
-        "image_pull_error",
-        {"reason": "CreateContainerConfigError"},
-        CauseKind.LAUNCH_FAILED,
-        None,
-    ),
+    "image-pull-backoff": ("waiting", {"reason": "ImagePullBackOff"}, CauseKind.LAUNCH_FAILED, None),
+    "config-error": ("waiting", {"reason": "CreateContainerConfigError"}, CauseKind.LAUNCH_FAILED, None),
 }
+NODE_WIDE = {"preempt", "taint_evict", "delete_node", "node_not_ready"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -307,7 +316,7 @@ async def test_cause_is_classified(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
+    kubeflow: Kubeflow,
     backend: KubeflowBackend,
     case: str,
 ) -> None:
@@ -318,20 +327,27 @@ async def test_cause_is_classified(
     await backend.release(oid)
     await until(backend, job, phase_is(oid, Phase.RUNNING))
     async with asyncio.timeout(GUARD):
-        await fake.wait_pods(namespace, "cause-1", 2)
+        await kubeflow.wait_pods(namespace, "cause-1", 2)
 
-    await getattr(fake, method)(namespace, "cause-1", replica="worker", index=0, **kwargs)
+    await getattr(kubeflow, method)(namespace, "cause-1", replica="worker", index=0, **kwargs)
     (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cause is not None
     assert view.cause.kind is kind, view.cause
-    assert view.cause.exit_code == exit_code
-    assert "cause-1-worker-0" in view.cause.detail
+    if exit_code != ANY:
+        assert view.cause.exit_code == exit_code, view.cause
+    # A node-wide mechanism may hit the master too (both pods can share the node).
+    assert ("cause-1-" if method in NODE_WIDE else "cause-1-worker-0") in view.cause.detail, view.cause
     assert not view.cancelled
 
     # Nothing of it runs on: the training operator failed it, or the adapter stopped it (in the
     # background: the object is reported ended as soon as the evidence is seen).
     await eventually(lambda: finished_or_stopped(api, oid))
-    await eventually(lambda: none_running(api, oid))
+    if method == "node_not_ready":
+        # Nobody can kill a pod on a lost node: its phase stays Running until the node returns or
+        # is deleted; what the API server can say is that every such pod is being deleted.
+        await eventually(lambda: none_running_or_all_deleting(api, oid))
+    else:
+        await eventually(lambda: none_running(api, oid))
     # The cause survives a restart of the adapter.
     async with await new_client(str(kube_cluster.kubeconfig)) as other_api:
         other = KubeflowBackend(other_api)
@@ -348,15 +364,11 @@ async def test_no_capacity_after_the_configured_wait(
     kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
 ) -> None:
     job = await create_owner(kube_cluster, namespace, "full")
-    spec = spec_of("full", no_capacity_after_seconds=1)
-    async with FakeTrainingOperator(api, auto_run=False) as fake:
-        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
-        await backend.release(oid)
-        async with asyncio.timeout(GUARD):
-            await fake.wait_pods(namespace, "full-1")
-        await fake.unschedulable(namespace, "full-1")
-        # Nothing changes on the API server when the wait is over: the adapter's own timer wakes us.
-        (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    spec = spec_of("full", gpu=NODE_GPU + 1, no_capacity_after_seconds=1)  # kube-scheduler: Unschedulable
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    # Nothing changes on the API server when the wait is over: the adapter's own timer wakes us.
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cause is not None
     assert view.cause.kind is CauseKind.NO_CAPACITY, view.cause
     # The training operator would keep the pod waiting: the adapter stops the PyTorchJob itself.
@@ -365,11 +377,26 @@ async def test_no_capacity_after_the_configured_wait(
     assert await stopped_by_dispatch(api, oid)
 
 
+async def test_image_that_cannot_be_pulled_is_launch_failed(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
+) -> None:
+    """The kubelet (kwok) cannot pull the image: pods Pending, containers waiting ErrImagePull."""
+    job = await create_owner(kube_cluster, namespace, "nopull")
+    spec = spec_of("nopull", image=UNPULLABLE_IMAGE)
+    oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+    await backend.release(oid)
+    (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.LAUNCH_FAILED, view.cause
+    assert "ErrImagePull" in view.cause.detail, view.cause
+    await eventually(lambda: finished_or_stopped(api, oid))
+
+
 async def test_scheduler_enforced_restart_rule(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
+    kubeflow: Kubeflow,
     backend: KubeflowBackend,
 ) -> None:
     job = await create_owner(kube_cluster, namespace, "restart")
@@ -386,13 +413,14 @@ async def test_scheduler_enforced_restart_rule(
 
     await backend.release(oid)
     await until(backend, job, phase_is(oid, Phase.RUNNING))
-    await fake.oom(namespace, "restart-1")
+    await kubeflow.wait_pods(namespace, "restart-1", 1)
+    await kubeflow.oom(namespace, "restart-1")
     (view,) = await until(backend, job, lambda vs: vs[0].restarts == 1)
     assert view.phase is Phase.RUNNING
-    await fake.exit(namespace, "restart-1", 1)
+    await kubeflow.exit(namespace, "restart-1", 1)
     (view,) = await until(backend, job, lambda vs: vs[0].restarts == 2)
     assert view.phase is Phase.RUNNING
-    await fake.exit(namespace, "restart-1", 2)  # the third failure: budget spent
+    await kubeflow.exit(namespace, "restart-1", 2)  # the third failure: budget spent
     (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.restarts == 2
     assert view.cause is not None
@@ -404,7 +432,6 @@ async def test_deleted_by_someone_is_cancelled(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
     backend: KubeflowBackend,
 ) -> None:
     job = await create_owner(kube_cluster, namespace, "gone")
@@ -421,7 +448,6 @@ async def test_release_stops_the_older_objects_of_the_job_first(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
 ) -> None:
     """The fence: submission 1 still runs on the API server (a crash after the failure was seen
     and the next submission authorized, before the stop landed; evidence lost). Releasing
@@ -478,10 +504,10 @@ async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
-    fake: FakeTrainingOperator,
+    kubeflow: Kubeflow,
     backend: KubeflowBackend,
 ) -> None:
-    """An image that never pulls, with a rule that resubmits on launch-failed: the object is
+    """An image that no longer pulls, with a rule that resubmits on launch-failed: the object is
     reported ended at once (the supervisor authorizes the next submission meanwhile); the next
     list() (the one before the Create) returns only once the stop has landed."""
     job = await create_owner(kube_cluster, namespace, "pull")
@@ -490,7 +516,8 @@ async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
     oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
     await backend.release(oid)
     await until(backend, job, phase_is(oid, Phase.RUNNING))
-    await fake.image_pull_error(namespace, "pull-1")
+    await kubeflow.wait_pods(namespace, "pull-1", 1)
+    await kubeflow.waiting(namespace, "pull-1", "ErrImagePull", "failed to pull image: not found")
     (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cause is not None
     assert view.cause.kind is CauseKind.LAUNCH_FAILED

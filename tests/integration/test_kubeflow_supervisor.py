@@ -1,7 +1,8 @@
-"""The library supervisor end to end on a real kube-apiserver: KubeflowBackend + MemoryStore.
+"""The library supervisor end to end on the lab (real training operator and kube-scheduler):
+KubeflowBackend + MemoryStore.
 
-Preemption -> resubmission -> success, with the seed's history.
-Run: ``.venv/bin/pytest -p tests.support.kube tests/integration/test_kubeflow_supervisor.py``.
+Preemption by kube-scheduler -> resubmission -> success, with the seed's history.
+Run: ``.venv/bin/pytest tests/integration/test_kubeflow_supervisor.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from dispatch import (
 from dispatch._kubeapi import new_client
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
-from tests.support.fake_training_operator import FakeTrainingOperator, install_crds, owner_manifest
+from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +40,8 @@ GUARD = 120.0
 
 
 @pytest.fixture
-async def api(kube_cluster: KubeCluster) -> AsyncIterator[ApiClient]:
-    install_crds(kube_cluster)
-    client = await new_client(str(kube_cluster.kubeconfig))
+async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
+    client = await new_client(str(crds.kubeconfig))
     async with client:
         yield client
     await asyncio.sleep(0.1)
@@ -60,7 +61,7 @@ async def running(backend: KubeflowBackend, job: str, object_id: str) -> None:
 
 
 async def test_preemption_resubmission_success(
-    kube_cluster: KubeCluster, namespace: str, api: ApiClient
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, kubeflow: Kubeflow
 ) -> None:
     kube_cluster.apply(owner_manifest(namespace, "finetune"))
     job = f"{namespace}/finetune"
@@ -84,19 +85,18 @@ async def test_preemption_resubmission_success(
         )
     )
     backend = KubeflowBackend(api)
-    async with FakeTrainingOperator(api) as fake:
-        try:
-            supervisor = asyncio.create_task(Supervisor(backend, store).run(job))
-            async with asyncio.timeout(GUARD):
-                await running(backend, job, f"{namespace}/finetune-1")
-                await fake.wait_pods(namespace, "finetune-1", 2)
-                await fake.preempt(namespace, "finetune-1", replica="worker", index=0)
-                await running(backend, job, f"{namespace}/finetune-2")
-                await fake.wait_pods(namespace, "finetune-2", 2)
-                await fake.succeed(namespace, "finetune-2")
-                record = await supervisor
-        finally:
-            await backend.aclose()
+    try:
+        supervisor = asyncio.create_task(Supervisor(backend, store).run(job))
+        async with asyncio.timeout(GUARD):
+            await running(backend, job, f"{namespace}/finetune-1")
+            await kubeflow.wait_pods(namespace, "finetune-1", 2)
+            await kubeflow.preempt(namespace, "finetune-1", replica="worker", index=0)
+            await running(backend, job, f"{namespace}/finetune-2")
+            await kubeflow.wait_pods(namespace, "finetune-2", 2)
+            await kubeflow.succeed(namespace, "finetune-2")
+            record = await supervisor
+    finally:
+        await backend.aclose()
 
     assert record.settled
     assert record.state is State.SUCCEEDED

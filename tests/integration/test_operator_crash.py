@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     released,
 )
 from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ async def drive_seed(
     cluster: KubeCluster,
     namespace: str,
     jobs: list[str],
-    fake: Any,
+    kubeflow: Kubeflow,
     operators: list[OperatorProcess],
     *,
     restart: bool = True,
@@ -78,15 +79,15 @@ async def drive_seed(
             name = pj["metadata"]["name"]
             if name in done or not released(pj) or _ended(pj):
                 continue
-            pods = await fake.pods(namespace, name)
+            pods = await kubeflow.pods(namespace, name)
             if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
                 continue
             submission = (pj["metadata"].get("labels") or {}).get("dispatch.dev/submission")
             done.add(name)
             if submission == "1":
-                await fake.preempt(namespace, name)
+                await kubeflow.preempt(namespace, name)
             else:
-                await fake.succeed(namespace, name)
+                await kubeflow.succeed(namespace, name)
         bodies = {job: await asyncio.to_thread(get_job, cluster, namespace, job) for job in jobs}
         if all((b.get("status") or {}).get("settled") for b in bodies.values()):
             return bodies
@@ -116,13 +117,13 @@ async def test_sigkill_at_each_step_then_restart(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
     point: str,
 ) -> None:
     op = operator(env={"DISPATCH_TEST_CRASH_AFTER": point})
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("finetune"))
-    bodies = await drive_seed(crds, namespace, ["finetune"], fake, [op])
+    bodies = await drive_seed(crds, namespace, ["finetune"], kubeflow, [op])
     if op.starts == 1:  # crashed after the last write: the job had settled; a restart finds it so
         await asyncio.to_thread(op.wait_exit)
         op.start(env={"DISPATCH_TEST_CRASH_AFTER": ""})
@@ -136,7 +137,7 @@ async def test_orphan_made_while_the_operator_was_down_is_ended_never_released(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
 ) -> None:
     op = operator(env={"DISPATCH_TEST_CRASH_AFTER": "Create:1"})
@@ -156,7 +157,7 @@ async def test_orphan_made_while_the_operator_was_down_is_ended_never_released(
         "spec": created["spec"],
     }
     await asyncio.to_thread(crds.kubectl, "create", "-n", namespace, "-f", "-", input=json.dumps(rogue))
-    bodies = await drive_seed(crds, namespace, ["finetune"], fake, [op])
+    bodies = await drive_seed(crds, namespace, ["finetune"], kubeflow, [op])
     assert bodies["finetune"]["status"]["submissions"][0]["canonical"].endswith(created["metadata"]["name"])
     pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
     assert rogue["metadata"]["name"] not in {pj["metadata"]["name"] for pj in pjs}  # ended (deleted)
@@ -168,14 +169,14 @@ async def test_two_operators_authorize_each_submission_once(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
 ) -> None:
     ops = [operator(), operator()]
     jobs = [f"pair-{i}" for i in range(4)]
     for job in jobs:
         await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1))
-    bodies = await drive_seed(crds, namespace, jobs, fake, ops, restart=False)
+    bodies = await drive_seed(crds, namespace, jobs, kubeflow, ops, restart=False)
     pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
     assert len(pjs) == 2 * len(jobs)  # one PyTorchJob per submission, two submissions per job
     for job in jobs:

@@ -46,6 +46,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_webhook_operator import scrape, seed_job
 from tests.support.kube import KubeCluster, KubectlError
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +121,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     api: Any,
     release_monitor: ReleaseMonitor,
 ) -> None:
@@ -207,11 +208,11 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
             kubeconfig=alice,
         )
         first = await released(cluster, namespace, "finetune", 1)
-        await asyncio.wait_for(fake.wait_pods(namespace, first["metadata"]["name"], 2), 60)
-        await fake.preempt(namespace, first["metadata"]["name"])
+        await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
+        await kubeflow.preempt(namespace, first["metadata"]["name"])
         second = await released(cluster, namespace, "finetune", 2)
-        await asyncio.wait_for(fake.wait_pods(namespace, second["metadata"]["name"], 2), 60)
-        await fake.succeed(namespace, second["metadata"]["name"])
+        await asyncio.wait_for(kubeflow.wait_pods(namespace, second["metadata"]["name"], 2), 60)
+        await kubeflow.succeed(namespace, second["metadata"]["name"])
         await asyncio.to_thread(
             cluster.kubectl,
             "wait",
@@ -307,8 +308,8 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         renewing = None
         await await_for("B holding the Lease", lambda: held_by(api, namespace, "replica-b_"))
         standby = await released(cluster, namespace, "standby", 1)
-        await asyncio.wait_for(fake.wait_pods(namespace, standby["metadata"]["name"], 2), 60)
-        await fake.succeed(namespace, standby["metadata"]["name"])
+        await asyncio.wait_for(kubeflow.wait_pods(namespace, standby["metadata"]["name"], 2), 60)
+        await kubeflow.succeed(namespace, standby["metadata"]["name"])
         await asyncio.to_thread(
             cluster.kubectl,
             "wait",

@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     released,
 )
 from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +146,7 @@ async def test_preemption_is_recovered_with_the_seed_history(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
 ) -> None:
     operator()
@@ -164,16 +165,16 @@ async def test_preemption_is_recovered_with_the_seed_history(
     assert container["image"] == "pytorch/pytorch:2.4"
     assert first["metadata"]["labels"]["dispatch.dev/job"]
     assert first["metadata"]["ownerReferences"][0]["kind"] == "DispatchJob"
-    await asyncio.wait_for(fake.wait_pods(namespace, name1, 2), 60)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name1, 2), 60)
     await await_for(
         "running", lambda: pj_conditions(pytorchjobs(crds, namespace)[0]).get("Running") == "True"
     )
 
-    await fake.preempt(namespace, name1)
+    await kubeflow.preempt(namespace, name1)
     second = await released_pj(crds, namespace, 2)
     name2 = second["metadata"]["name"]
-    await asyncio.wait_for(fake.wait_pods(namespace, name2, 2), 60)
-    await fake.succeed(namespace, name2)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name2, 2), 60)
+    await kubeflow.succeed(namespace, name2)
 
     await asyncio.to_thread(
         crds.kubectl,

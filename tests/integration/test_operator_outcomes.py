@@ -1,11 +1,13 @@
-"""The operator's outcomes on Kubeflow (through the fake training operator): what fails and why,
-causes told apart, cancel that keeps the record, delete that ends every object first."""
+"""The operator's outcomes on Kubeflow (the lab's real training operator, kube-scheduler and
+kube-controller-manager): what fails and why, causes told apart, cancel that keeps the record,
+delete that ends every object first."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -23,11 +25,14 @@ from tests.integration.conftest import (
     released,
 )
 from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow, Lab
 
 pytestmark = pytest.mark.integration
 
 
-async def running_pj(cluster: KubeCluster, namespace: str, job: str, submission: int, fake: Any) -> str:
+async def running_pj(
+    cluster: KubeCluster, namespace: str, job: str, submission: int, kubeflow: Kubeflow
+) -> str:
     """The released PyTorchJob of (job, submission) once its pods run; returns its name."""
 
     def probe() -> str | None:
@@ -42,8 +47,12 @@ async def running_pj(cluster: KubeCluster, namespace: str, job: str, submission:
         return None
 
     name: str = await await_for(f"{job} submission {submission} released", probe)
-    await asyncio.wait_for(fake.wait_pods(namespace, name, 1), 60)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name, 1), 60)
     return name
+
+
+def has_history(cluster: KubeCluster, namespace: str, job: str) -> bool:
+    return bool((get_job(cluster, namespace, job).get("status") or {}).get("history"))
 
 
 async def settled(cluster: KubeCluster, namespace: str, job: str) -> dict[str, Any]:
@@ -56,12 +65,12 @@ async def settled(cluster: KubeCluster, namespace: str, job: str) -> dict[str, A
 
 
 async def test_uncovered_cause_fails_the_job_with_that_cause(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
 ) -> None:
     operator()
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("crash", nodes=1))
-    name = await running_pj(crds, namespace, "crash", 1, fake)
-    await fake.exit(namespace, name, 1)
+    name = await running_pj(crds, namespace, "crash", 1, kubeflow)
+    await kubeflow.exit(namespace, name, 1)
     await asyncio.to_thread(
         crds.kubectl, "wait", "-n", namespace, "dispatchjob/crash", "--for=condition=Failed", "--timeout=60s"
     )
@@ -81,14 +90,14 @@ async def test_exhausted_budget_fails_the_job(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
-    fake: Any,
+    kubeflow: Kubeflow,
     release_monitor: ReleaseMonitor,
 ) -> None:
     operator()
     manifest = dispatch_job("twice", nodes=1, rules=[{"on": ["preempted"], "budget": 1}])
     await asyncio.to_thread(apply, crds, namespace, manifest)
-    await fake.preempt(namespace, await running_pj(crds, namespace, "twice", 1, fake))
-    await fake.preempt(namespace, await running_pj(crds, namespace, "twice", 2, fake))
+    await kubeflow.preempt(namespace, await running_pj(crds, namespace, "twice", 1, kubeflow))
+    await kubeflow.preempt(namespace, await running_pj(crds, namespace, "twice", 2, kubeflow))
     body = await settled(crds, namespace, "twice")
     assert history(body) == [
         ("pending", "recovering", 2, "preempted"),
@@ -104,7 +113,7 @@ async def test_exhausted_budget_fails_the_job(
 
 
 async def test_oom_and_node_loss_are_told_apart_from_preemption(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
 ) -> None:
     operator()
     preempt_only = [{"on": ["preempted"], "budget": 2}]
@@ -113,10 +122,14 @@ async def test_oom_and_node_loss_are_told_apart_from_preemption(
     node_rule = [{"on": ["node-lost"], "budget": 1}]
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("survivor", nodes=1, rules=node_rule))
 
-    await fake.oom(namespace, await running_pj(crds, namespace, "oom", 1, fake))
-    await fake.lose_node(namespace, await running_pj(crds, namespace, "lost", 1, fake))
-    await fake.lose_node(namespace, await running_pj(crds, namespace, "survivor", 1, fake))
-    await fake.succeed(namespace, await running_pj(crds, namespace, "survivor", 2, fake))
+    await kubeflow.oom(namespace, await running_pj(crds, namespace, "oom", 1, kubeflow))
+    # Node loss through the real taint eviction (kube-controller-manager), one node at a time: the
+    # taint is lifted once the job has seen it, so that the next submissions have every node.
+    for job in ("lost", "survivor"):
+        node = await kubeflow.taint_evict(namespace, await running_pj(crds, namespace, job, 1, kubeflow))
+        await await_for(f"{job} past submission 1", partial(has_history, crds, namespace, job))
+        await kubeflow.untaint(node)
+    await kubeflow.succeed(namespace, await running_pj(crds, namespace, "survivor", 2, kubeflow))
 
     oom = await settled(crds, namespace, "oom")
     assert history(oom) == [("pending", "failed", 1, "out-of-memory")]
@@ -130,11 +143,11 @@ async def test_oom_and_node_loss_are_told_apart_from_preemption(
 
 
 async def test_cancel_keeps_the_record_and_names_the_actor(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
 ) -> None:
     operator()
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("stopme"))
-    name = await running_pj(crds, namespace, "stopme", 1, fake)
+    name = await running_pj(crds, namespace, "stopme", 1, kubeflow)
     before = await asyncio.to_thread(get_job, crds, namespace, "stopme")
     # what the mutating webhook does on the update that cancels: name the requesting user
     patch = {
@@ -172,12 +185,13 @@ async def test_cancel_keeps_the_record_and_names_the_actor(
 
 
 async def test_delete_ends_every_object_before_the_finalizer_goes(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow, lab: Lab
 ) -> None:
+    mark = lab.audit_mark()
     op = operator()
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("gone"))
-    name = await running_pj(crds, namespace, "gone", 1, fake)
-    assert len(await fake.pods(namespace, name)) == 2
+    name = await running_pj(crds, namespace, "gone", 1, kubeflow)
+    assert len(await kubeflow.pods(namespace, name)) == 2
     body = await asyncio.to_thread(get_job, crds, namespace, "gone")
     assert "dispatch.dev/finalizer" in body["metadata"]["finalizers"]
     # stop the operator: the finalizer holds the object until an operator has ended its objects
@@ -191,17 +205,26 @@ async def test_delete_ends_every_object_before_the_finalizer_goes(
     await asyncio.to_thread(
         crds.kubectl, "wait", "-n", namespace, "dispatchjob/gone", "--for=delete", "--timeout=60s"
     )
-    # a bare API server has no garbage collector: only the operator can have deleted these
     assert await asyncio.to_thread(pytorchjobs, crds, namespace) == []
-    assert await fake.pods(namespace, name) == []
+    # The garbage collector would delete them too once the DispatchJob is gone: the audit log
+    # shows that the operator (the admin identity here) deleted the PyTorchJob, before that.
+    deletes = [
+        (e["user"]["username"], e["responseStatus"]["code"])
+        for e in await asyncio.to_thread(lab.audit_writes, mark, namespace=namespace, resource="pytorchjobs")
+        if e["verb"] == "delete" and e["objectRef"].get("name") == name
+    ]
+    assert ("dispatch-admin", 200) in deletes, deletes
+    await await_for(
+        f"{name}'s pods gone", lambda: not lab.pods(namespace, f"training.kubeflow.org/job-name={name}")
+    )
 
 
 async def test_settled_job_is_deleted_quickly(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
 ) -> None:
     operator()
     await asyncio.to_thread(apply, crds, namespace, dispatch_job("done", nodes=1))
-    await fake.succeed(namespace, await running_pj(crds, namespace, "done", 1, fake))
+    await kubeflow.succeed(namespace, await running_pj(crds, namespace, "done", 1, kubeflow))
     await settled(crds, namespace, "done")
     await asyncio.to_thread(
         crds.kubectl, "delete", "dispatchjob", "done", "-n", namespace, "--wait=true", "--timeout=30s"

@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     users_may_submit,
 )
 from tests.support.kube import KubeCluster, KubectlError
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ async def released(cluster: KubeCluster, namespace: str, submission: int) -> dic
 
 
 async def test_operator_with_webhook_events_and_metrics(
-    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], fake: Any
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
 ) -> None:
     cluster = crds
     users_may_submit(cluster)
@@ -113,7 +114,7 @@ async def test_operator_with_webhook_events_and_metrics(
             kubeconfig=alice,
         )
         first = await released(cluster, namespace, 1)
-        await asyncio.wait_for(fake.wait_pods(namespace, first["metadata"]["name"], 2), 60)
+        await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await await_for(
             "running",
             lambda: any(
@@ -123,10 +124,10 @@ async def test_operator_with_webhook_events_and_metrics(
                 for c in (pj.get("status") or {}).get("conditions") or ()
             ),
         )
-        await fake.preempt(namespace, first["metadata"]["name"])
+        await kubeflow.preempt(namespace, first["metadata"]["name"])
         second = await released(cluster, namespace, 2)
-        await asyncio.wait_for(fake.wait_pods(namespace, second["metadata"]["name"], 2), 60)
-        await fake.succeed(namespace, second["metadata"]["name"])
+        await asyncio.wait_for(kubeflow.wait_pods(namespace, second["metadata"]["name"], 2), 60)
+        await kubeflow.succeed(namespace, second["metadata"]["name"])
         await await_for(
             "settled", lambda: (get_job(cluster, namespace, "finetune").get("status") or {}).get("settled")
         )

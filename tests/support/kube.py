@@ -11,31 +11,17 @@ Fixtures
     a real one) is used instead and nothing is started.
 ``namespace`` (function)
     A fresh, uniquely named namespace per test; deletion is requested afterwards
-    (``--wait=false``).
+    (``--wait=false``; the namespace controller finishes it).
 
-What a bare apiserver does NOT do (tests must not depend on any of it)
-----------------------------------------------------------------------
-The private control plane runs only etcd and kube-apiserver, like controller-runtime's
-envtest. There is no kube-controller-manager, scheduler or kubelet, therefore:
-
-* no garbage collector: objects with ownerReferences are not deleted with their owner;
-  ``foregroundDeletion``/``orphan`` finalizers are never processed;
-* no namespace finalization: a deleted namespace stays ``Terminating`` forever and its
-  objects stay (the ``namespace`` fixture therefore only *requests* deletion; the whole
-  control plane is thrown away at the end of the session);
-* no scheduler and no kubelet: Pods stay ``Pending`` without a node, never run, never
-  get container statuses; Deployments/Jobs/StatefulSets create no Pods at all (no
-  controllers);
-* no ServiceAccount token controller and no ``default`` ServiceAccount (the
-  ServiceAccount admission plugin is disabled); the TokenRequest API itself works;
-* no Endpoints/EndpointSlices, no certificate signing/approval, no node lifecycle.
-
-What it does do: the full API surface (CRDs with schema validation, status and scale
-subresources, server-side apply, watches, resourceVersion preconditions, RBAC
-authorization, admission incl. ValidatingAdmissionPolicy, TokenRequest). If a test needs
-controller behaviour, kube-controller-manager could be built from k8s.io/kubernetes the
-same way ``hack/build-bins.sh`` builds kube-apiserver, or run it against a kind cluster
-(``make e2e-kind``).
+The private cluster is the lab (:mod:`tests.support.lab`)
+-------------------------------------------------------
+etcd + kube-apiserver + kube-scheduler + kube-controller-manager + kwok (3 nodes, the kubelet's
+part played by kwok stages) + Kubeflow's real training operator with its validating webhook, one
+per session. Controllers run: garbage collection, namespace deletion, taint eviction, pod GC,
+node lifecycle, Jobs. ``kube_cluster.lab`` is the :class:`~tests.support.lab.Lab` (None on an
+existing cluster); the ``lab`` fixture is the same object and skips on an existing cluster;
+the ``kubeflow`` fixture (per test) is the async :class:`~tests.support.lab.Kubeflow` facade,
+which undoes the node changes a test made.
 
 Identities
 ----------
@@ -55,6 +41,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +51,7 @@ import pytest
 import yaml
 
 from tests.support.controlplane import ControlPlane, resolve_binaries
+from tests.support.lab import Kubeflow, Lab, LabError
 
 E2E_KUBECONFIG_ENV = "DISPATCH_E2E_KUBECONFIG"
 FIELD_MANAGER = "dispatch-tests"
@@ -89,6 +77,7 @@ class KubeCluster:
     kubectl_bin: str
     workdir: Path
     control_plane: ControlPlane | None = None
+    lab: Lab | None = None
     _token_kubeconfigs: dict[tuple[str, str], Path] = field(default_factory=dict)
 
     @property
@@ -219,7 +208,7 @@ def _kubectl_for_external() -> str:
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """A Kubernetes API for the whole session (private control plane or DISPATCH_E2E_KUBECONFIG)."""
+    """A Kubernetes API for the whole session (the private lab, or DISPATCH_E2E_KUBECONFIG)."""
     workdir = tmp_path_factory.mktemp("kube")
     external = os.environ.get(E2E_KUBECONFIG_ENV)
     if external:
@@ -229,17 +218,41 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
         binaries = resolve_binaries()
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
-    cp = ControlPlane(workdir / "controlplane", binaries=binaries)
+    running = Lab(workdir / "lab")
+    running.cp.binaries = binaries
     try:
-        cp.start()
+        try:
+            running.start()
+        except LabError as e:
+            pytest.fail(str(e), pytrace=False)
+        print(f"\nlab up in {running.start_seconds:.1f}s ({running.dir})", file=sys.stderr)
         yield KubeCluster(
-            kubeconfig=cp.kubeconfig,
+            kubeconfig=running.kubeconfig,
             kubectl_bin=binaries.kubectl,
             workdir=workdir,
-            control_plane=cp,
+            control_plane=running.cp,
+            lab=running,
         )
     finally:
-        cp.stop()
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def lab(kube_cluster: KubeCluster) -> Lab:
+    """The session's lab; a test that needs one of its mechanisms skips on an existing cluster."""
+    if kube_cluster.lab is None:
+        pytest.skip(f"needs the private lab (kwok nodes, its mechanisms); {E2E_KUBECONFIG_ENV} is set")
+    return kube_cluster.lab
+
+
+@pytest.fixture
+def kubeflow(lab: Lab) -> Iterator[Kubeflow]:
+    """The lab's failure mechanisms for one test (async); node changes are undone afterwards."""
+    facade = Kubeflow(lab)
+    try:
+        yield facade
+    finally:
+        facade.restore()
 
 
 def _namespace_name(nodeid: str) -> str:
@@ -250,8 +263,8 @@ def _namespace_name(nodeid: str) -> str:
 
 @pytest.fixture
 def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A unique namespace for one test. Deletion is only requested: a bare apiserver never
-    finishes it (no namespace controller), so do not assert on it."""
+    """A unique namespace for one test. Deletion is only requested (the namespace controller
+    finishes it in the background; on an existing cluster likewise)."""
     name = _namespace_name(request.node.nodeid)
     kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     try:

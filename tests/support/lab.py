@@ -559,6 +559,10 @@ class Lab:
         """The kubelet's activeDeadlineSeconds kill: Failed, reason DeadlineExceeded."""
         self.annotate_pod(namespace, name, {"lab.dispatch.io/deadline": "true"})
 
+    def shutdown_pod(self, namespace: str, name: str) -> None:
+        """The kubelet's graceful node shutdown: Failed, DisruptionTarget TerminationByKubelet."""
+        self.annotate_pod(namespace, name, {"lab.dispatch.io/node-shutdown": "true"})
+
     def waiting_pod(
         self, namespace: str, name: str, reason: str, message: str = "", container: str = "pytorch"
     ) -> None:
@@ -582,18 +586,57 @@ class Lab:
 
     # ---- what the control plane does (real mechanisms) -----------------------------
 
-    def preempt_pod(self, namespace: str, name: str, *, keep: bool = False, timeout: float = 60.0) -> str:
-        """Real preemption by kube-scheduler: a ``lab-high`` pod that needs the whole cpu of the
-        victim's node. Every lower-priority pod with a cpu request on that node is preempted.
+    def preempt_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        keep: bool = False,
+        whole_node: bool = False,
+        timeout: float = 60.0,
+    ) -> str:
+        """Real preemption by kube-scheduler: a ``lab-high`` pod for the victim's node that needs
+        all the cpu left there plus the victim's, and (unless ``whole_node``) refuses to share the
+        node with the victim (required pod anti-affinity on a label put on the victim). The
+        scheduler's smallest set of victims is then exactly that pod; with ``whole_node`` the
+        preemptor asks for the node's whole cpu and every lower-priority pod there goes.
         Returns the preemptor's name; unless ``keep``, it is deleted once it is bound."""
         node_name = self.pod_node(namespace, name)
         node = self.node(node_name)
-        if node is None:
-            raise LabError(f"node {node_name} of pod {namespace}/{name} does not exist")
         victim = self.pod(namespace, name)
-        uid = (victim or {}).get("metadata", {}).get("uid")
-        cpu = node["status"]["allocatable"]["cpu"]
-        preemptor = f"lab-preemptor-{secrets.token_hex(3)}"
+        if node is None or victim is None:
+            raise LabError(f"pod {namespace}/{name} or its node {node_name} does not exist")
+        uid = victim["metadata"]["uid"]
+        token = secrets.token_hex(3)
+        preemptor = f"lab-preemptor-{token}"
+        spec: dict[str, Any] = {
+            "priorityClassName": HIGH_PRIORITY,
+            "nodeSelector": {"kubernetes.io/hostname": node_name},
+            "terminationGracePeriodSeconds": 0,
+        }
+        if whole_node:
+            cpu = node["status"]["allocatable"]["cpu"]
+        else:
+            self.request(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                {"metadata": {"labels": {"lab.dispatch.io/victim": token}}},
+                content_type="application/merge-patch+json",
+            )
+            cpu = f"{max(self._free_millicpu(node) + _millicpu(_pod_cpu(victim)), 1)}m"
+            spec["affinity"] = {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"lab.dispatch.io/victim": token}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                }
+            }
+        spec["containers"] = [
+            {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": cpu}}}
+        ]
         self.request(
             "POST",
             f"/api/v1/namespaces/{namespace}/pods",
@@ -601,14 +644,7 @@ class Lab:
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": preemptor, "labels": {"lab.dispatch.io/preemptor": "true"}},
-                "spec": {
-                    "priorityClassName": HIGH_PRIORITY,
-                    "nodeSelector": {"kubernetes.io/hostname": node_name},
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": cpu}}}
-                    ],
-                },
+                "spec": spec,
             },
         )
 
@@ -634,6 +670,17 @@ class Lab:
         if not keep:
             self.delete_pod(namespace, preemptor, grace_seconds=0)
         return preemptor
+
+    def _free_millicpu(self, node: dict[str, Any]) -> int:
+        """Allocatable cpu of the node minus the requests of its pods that still hold it."""
+        name = node["metadata"]["name"]
+        pods = self.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={name}"})
+        used = sum(
+            _millicpu(_pod_cpu(p))
+            for p in pods.get("items") or ()
+            if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        )
+        return _millicpu(node["status"]["allocatable"]["cpu"]) - used
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """The Eviction API (what ``kubectl drain`` uses): DisruptionTarget EvictionByEvictionAPI."""
@@ -787,6 +834,26 @@ class Lab:
         state_file.write_text(json.dumps(state, indent=2))
 
 
+def _millicpu(quantity: str) -> int:
+    q = str(quantity)
+    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+
+
+def _pod_cpu(pod: dict[str, Any]) -> str:
+    """A pod's cpu request as the scheduler counts it: the sum over its containers (requests,
+    or limits when only limits are set), or the largest init container's if that is more."""
+    spec = pod.get("spec") or {}
+
+    def cpu(c: dict[str, Any]) -> int:
+        res = c.get("resources") or {}
+        value = (res.get("requests") or {}).get("cpu") or (res.get("limits") or {}).get("cpu") or "0"
+        return _millicpu(str(value))
+
+    main = sum(cpu(c) for c in spec.get("containers") or ())
+    init = max((cpu(c) for c in spec.get("initContainers") or ()), default=0)
+    return f"{max(main, init)}m"
+
+
 class ApiStatus(LabError):
     """The API server answered with an error status."""
 
@@ -872,9 +939,18 @@ class Kubeflow:
         await self.exit(namespace, job, 137, replica, index, reason="OOMKilled")
 
     async def preempt(
-        self, namespace: str, job: str, replica: str = "master", index: int = 0, *, keep: bool = False
+        self,
+        namespace: str,
+        job: str,
+        replica: str = "master",
+        index: int = 0,
+        *,
+        keep: bool = False,
+        whole_node: bool = False,
     ) -> str:
-        out: str = await self._run(self.lab.preempt_pod, namespace, pod_name(job, replica, index), keep=keep)
+        out: str = await self._run(
+            self.lab.preempt_pod, namespace, pod_name(job, replica, index), keep=keep, whole_node=whole_node
+        )
         return out
 
     async def evict(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
@@ -919,6 +995,9 @@ class Kubeflow:
 
     async def deadline(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
         await self._run(self.lab.deadline_pod, namespace, pod_name(job, replica, index))
+
+    async def node_shutdown(self, namespace: str, job: str, replica: str = "master", index: int = 0) -> None:
+        await self._run(self.lab.shutdown_pod, namespace, pod_name(job, replica, index))
 
     async def waiting(
         self,
