@@ -16,7 +16,11 @@ KUBEFLOW: Final = Capabilities(
         NativeRule(
             causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
             action=Action.RESTART,
-            note="restartPolicy OnFailure restarts failed pods in place, up to backoffLimit",
+            note=(
+                "restartPolicy OnFailure restarts failed pods in place, up to backoffLimit; the training"
+                " operator also recreates a preempted, evicted or node-lost pod uncounted, so dispatch"
+                " stops the PyTorchJob on such a cause (while no dispatch operator runs, it cannot)"
+            ),
         ),
     )
 )
