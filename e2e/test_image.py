@@ -8,7 +8,7 @@ for the admission webhooks, here: the webhook configurations the chart installed
 Service, which no kube-proxy routes in the lab, so the test points them at the container's port
 on 127.0.0.1 instead (the certificate, from a Secret the chart mounts, names both).
 
-Durations are printed and recorded as junit properties, never asserted.
+Durations are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -84,9 +84,7 @@ def run_image(image: str, *args: str, entrypoint: str | None = None) -> tuple[in
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_the_image_is_what_the_dockerfile_promises(
-    image: str, record_property: Callable[[str, object], None]
-) -> None:
+def test_the_image_is_what_the_dockerfile_promises(image: str) -> None:
     config = require_image(image)
     assert config["Config"]["User"] == "65532:65532"
     assert config["Config"]["Entrypoint"] == ["dispatch-operator"]
@@ -111,7 +109,6 @@ def test_the_image_is_what_the_dockerfile_promises(
     assert code != 0
     assert "Read-only file system" in out, out
     size_mb = round(int(config["Size"]) / 1e6, 1)
-    record_property("image_size_mb", size_mb)
     print(f"\nimage {image}: {size_mb} MB")
 
 
@@ -244,7 +241,6 @@ async def test_the_charts_pod_runs_from_the_image_until_its_first_reconcile(
     image: str,
     tmp_path: Path,
     containers: list[Container],
-    record_property: Callable[[str, object], None],
 ) -> None:
     """Exactly the chart's pod (its ServiceAccount token where the kubelet mounts it): the job
     applied before the container starts is reconciled; health and metrics answer; SIGTERM stops it
@@ -283,8 +279,6 @@ async def test_the_charts_pod_runs_from_the_image_until_its_first_reconcile(
         "sigterm_to_exit_s": round(took, 2),
         "grace_period_s": container.grace_seconds,
     }
-    for key, value in figures.items():
-        record_property(key, value)
     print(f"\nchart pod from {image}: {figures}")
 
 
