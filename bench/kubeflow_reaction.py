@@ -103,8 +103,8 @@ class Clock:
             self.running.setdefault(n, asyncio.Event()).set()
 
 
-async def run(lab: Lab, preemptions: int) -> dict[str, Any]:
-    lab.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
+async def run(lab: Lab, preemptions: int, crd: Path = DISPATCH_CRD) -> dict[str, Any]:
+    lab.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     lab.kubectl("wait", "--for=condition=Established", "crd/dispatchjobs.dispatch.dev", "--timeout=60s")
     lab.kubectl("create", "namespace", NAMESPACE)
     owner = {
@@ -218,9 +218,10 @@ def main() -> None:
     )
     parser.add_argument("--preemptions", type=int, default=100)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--crd", type=Path, default=DISPATCH_CRD, help="the DispatchJob CRD to install")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dispatch-kfbench-") as tmp, Lab(Path(tmp) / "lab") as lab:
-        result = asyncio.run(run(lab, args.preemptions))
+        result = asyncio.run(run(lab, args.preemptions, args.crd))
     result["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
     text = json.dumps(result, indent=2)
     print(text)
