@@ -34,7 +34,15 @@ from dispatch import (
 )
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
-from tests.integration.conftest import await_for, owner_manifest
+from tests.integration.conftest import (
+    OperatorProcess,
+    apply,
+    await_for,
+    dispatch_job,
+    get_job,
+    history,
+    owner_manifest,
+)
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
 
@@ -379,3 +387,48 @@ async def test_settled_only_once_every_pod_has_stopped(
     assert record.cause.kind is CauseKind.PREEMPTED
     pod = await asyncio.to_thread(kubeflow.lab.pod, run.namespace, worker)
     assert pod is None or pod["status"].get("phase") in ("Succeeded", "Failed")
+
+
+# ---- the operator process killed while Kubernetes preempts -------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["never", "onfailure"])
+async def test_preemption_while_the_operator_is_killed_is_still_preempted(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    policy: str,
+) -> None:
+    """kill -9 of the operator, then a real preemption; the victim is deleted before the operator
+    comes back. Under Never the training operator fails the PyTorchJob ("1 Master replica(s)
+    failed"), under OnFailure it recreates the pod by itself: either way the restarted operator
+    finds the scheduler's Preempted event and records preempted, never unknown."""
+    rules: list[dict[str, Any]] = [{"on": ["preempted"], "budget": 1}]
+    if policy == "onfailure":
+        rules.append({"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 2})
+    op = operator()
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("downtime", nodes=1, rules=rules))
+    async with asyncio.timeout(GUARD):
+        pods = await kubeflow.wait_pods(namespace, "downtime-1", 1)
+        victim = pods[0]["metadata"]
+        op.kill()
+        await kubeflow.preempt(namespace, "downtime-1")
+        await kubeflow.wait_pod_gone(namespace, victim["name"], victim["uid"])
+        if policy == "onfailure":
+            await kubeflow.wait_pods(namespace, "downtime-1", 1)  # recreated by the training operator
+        op.start()
+        await kubeflow.wait_pods(namespace, "downtime-2", 1)
+        await kubeflow.succeed(namespace, "downtime-2")
+
+        def settled() -> dict[str, Any] | None:
+            body = get_job(crds, namespace, "downtime")
+            return body if (body.get("status") or {}).get("settled") else None
+
+        body = await await_for("the job to settle", settled, within=GUARD)
+    assert history(body) == [
+        ("pending", "recovering", 2, "preempted"),
+        ("recovering", "succeeded", 2, "none"),
+    ]
+    first = body["status"]["submissions"][0]["cause"]
+    assert "Preempted" in first["detail"], first
