@@ -95,6 +95,7 @@ class Recording:
     stream: list[Body] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    extra_objects: list[Body] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
 
     def watch(self, resource: str, selector: str) -> None:
@@ -399,6 +400,35 @@ def sc_taint_never(rec: Recording) -> None:
         kubectl("taint", "node", node, "lab.dispatch.io/down=true:NoExecute-", check=False)
 
 
+def sc_notready_deleted(rec: Recording) -> None:
+    """Never, 1 node; its node stops heartbeating (kwok no longer manages it, as if its kubelet died)
+    and, as soon as it is NotReady, the pod is deleted by someone: no DisruptionTarget, and no
+    kubelet confirms the deletion."""
+    pj, _ = create("notready-deleted", nodes=1)
+    release(pj)
+    until("running", lambda: running(pj, 1))
+    pod = f"{pj}-master-0"
+    node = get("pod", pod)["spec"]["nodeName"]
+    kubectl("label", "node", node, "kwok.x-k8s.io/node-")
+    try:
+        until(
+            "NotReady",
+            lambda: (
+                not any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in get("node", node, ns=None)["status"].get("conditions") or []
+                )
+            ),
+            90,
+        )
+        kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
+        until("failed", lambda: condition(pj, "Failed"), 30)
+        time.sleep(2)
+        rec.extra_objects.append(trim(get("node", node, ns=None)))
+    finally:
+        kubectl("label", "node", node, "kwok.x-k8s.io/node=fake", "--overwrite", check=False)
+
+
 def sc_unschedulable(rec: Recording) -> None:
     pj, _ = create("unschedulable", nodes=1, gpu=64)
     release(pj)
@@ -464,6 +494,10 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
     ),
     "taint-never": ("Never, 1 node; NoExecute taint on its node (taint-eviction controller)", sc_taint_never),
     "unschedulable": ("Never, 1 node asking for 64 GPUs: kube-scheduler cannot place it", sc_unschedulable),
+    "notready-deleted": (
+        "Never, 1 node; its node NotReady, then the pod deleted (no DisruptionTarget)",
+        sc_notready_deleted,
+    ),
     "image-pull": (
         "Never, 1 node, an image that never pulls (kwok stage on unpullable.invalid/)",
         sc_image_pull,
@@ -506,6 +540,8 @@ def record(name: str) -> None:
     }
     if extra is not None:
         out["create"] = extra
+    if rec.extra_objects:
+        out["objects"] = rec.extra_objects
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"{name}: {len(rec.stream)} watch events, {len(events)} events")

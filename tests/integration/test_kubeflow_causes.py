@@ -432,3 +432,29 @@ async def test_preemption_while_the_operator_is_killed_is_still_preempted(
     ]
     first = body["status"]["submissions"][0]["cause"]
     assert "Preempted" in first["detail"], first
+
+
+async def test_pod_deleted_on_a_not_ready_node_is_node_lost(
+    supervise: Callable[..., Awaitable[Run]], kubeflow: Kubeflow
+) -> None:
+    """The node stops heartbeating; as soon as node-lifecycle marks it NotReady someone deletes the
+    pod: no DisruptionTarget, and no kubelet will confirm the deletion. Without a rule for node-lost
+    the job fails with node-lost (not unknown), and settles although the pod never terminates."""
+    run = await supervise("notready-deleted", resubmit(CauseKind.PREEMPTED))
+    async with asyncio.timeout(GUARD):
+        await kubeflow.wait_pods(run.namespace, run.pj(1), 1)
+        node = await kubeflow.node_not_ready(run.namespace, run.pj(1))
+
+        def not_ready() -> bool:
+            body = kubeflow.lab.node(node) or {}
+            return not any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in body.get("status", {}).get("conditions") or []
+            )
+
+        await await_for("the node to be NotReady", not_ready, within=GUARD)
+        await kubeflow.delete_pod(run.namespace, f"{run.pj(1)}-master-0")
+    record = await outcome(run)
+    assert record.state is State.FAILED
+    assert record.cause.kind is CauseKind.NODE_LOST, record.cause
+    assert record.settled

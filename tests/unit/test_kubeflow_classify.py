@@ -38,6 +38,7 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
     "unschedulable": (Phase.ENDED, CauseKind.NO_CAPACITY, None, "Insufficient nvidia.com/gpu", 0),
     "image-pull": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "ErrImagePull", 0),
     "env-refused": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "A=B", 0),
+    "notready-deleted": (Phase.ENDED, CauseKind.NODE_LOST, None, "node is lost", 0),
 }
 LATE_START_ONLY = {"env-refused"}
 """Only an API read can explain these (the cache never holds the training operator's events)."""
@@ -77,6 +78,7 @@ class RecordedApi:
     def __init__(self, data: Body) -> None:
         self.pods = final(data, "pods")
         self.events: list[Body] = data["events"]
+        self.nodes = {o["metadata"]["name"]: o for o in data.get("objects", []) if o.get("kind") == "Node"}
         self.calls: list[str] = []
 
     async def call_api(
@@ -103,6 +105,9 @@ class RecordedApi:
             ]
             return _Response(200, {"items": items})
         if path.startswith("/api/v1/nodes/"):
+            recorded = self.nodes.get(path.rsplit("/", 1)[-1])
+            if recorded is not None:  # as the recording left it
+                return _Response(200, recorded)
             return _Response(200, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
         return _Response(404, {"reason": "NotFound", "message": path})
 

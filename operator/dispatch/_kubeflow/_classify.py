@@ -329,11 +329,10 @@ def needs_node(pod: Mapping[str, Any]) -> bool:
     disruption = _conditions(pod).get("DisruptionTarget")
     if disruption is not None and disruption.get("status") == "True":
         return disruption.get("reason") == KUBELET_TERMINATION
-    return bool(pod.get("metadata", {}).get("deletionTimestamp")) and pod.get("status", {}).get("phase") in (
-        "Running",
-        "Pending",
-        "Unknown",
-    )
+    # Any phase but Succeeded: a pod deleted on a NotReady node is still marked Failed by its
+    # deletion's termination (recording notready-deleted), without saying why.
+    deleting = bool(pod.get("metadata", {}).get("deletionTimestamp"))
+    return deleting and pod.get("status", {}).get("phase") != "Succeeded"
 
 
 def _event_time(event: Mapping[str, Any]) -> float | None:
