@@ -41,19 +41,21 @@ RUN --mount=type=secret,id=pip-cert \
  && /opt/dispatch/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
 print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["kube"]))' \
     > /tmp/requirements.txt \
- && /opt/dispatch/bin/pip install --requirement /tmp/requirements.txt
+ && /opt/dispatch/bin/pip install --no-compile --requirement /tmp/requirements.txt \
+ && /opt/dispatch/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/dispatch/lib
 COPY operator ./operator
 # The wheel is built without network (setuptools is already in the venv), installed, checked, and
-# the installers removed; every module is byte-compiled with unchecked hashes, because the
-# read-only root filesystem lets Python write no cache and copied files get new mtimes.
+# the installers removed. Every module is byte-compiled with unchecked hashes (the dependencies
+# above, the operator here), because the read-only root filesystem lets Python write no cache and
+# copied files get new mtimes.
 RUN /opt/dispatch/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
- && /opt/dispatch/bin/pip install --no-deps /dist/dispatch-*.whl \
+ && /opt/dispatch/bin/pip install --no-compile --no-deps /dist/dispatch-*.whl \
  && /opt/dispatch/bin/pip uninstall --yes pip setuptools wheel \
  && rm -rf /opt/dispatch/lib/python3.11/site-packages/_distutils_hack \
       /opt/dispatch/lib/python3.11/site-packages/distutils-precedence.pth \
       /opt/dispatch/bin/Activate.ps1 /opt/dispatch/bin/activate* \
- && find /opt/dispatch -name __pycache__ -type d -prune -exec rm -rf {} + \
- && /opt/dispatch/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/dispatch \
+ && /opt/dispatch/bin/python -m compileall -q --invalidation-mode unchecked-hash \
+      /opt/dispatch/lib/python3.11/site-packages/dispatch \
  && /opt/dispatch/bin/dispatch-operator --help > /dev/null
 
 FROM ${RUNTIME_IMAGE}
