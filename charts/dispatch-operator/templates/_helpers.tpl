@@ -112,9 +112,11 @@ No wildcards: every group, resource and verb is named.
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete", "deletecollection"]
 # Events about DispatchJobs (the operator's own, and kopf's handler logs posted as events).
+# list: the Kubeflow backend reads the scheduler's Preempted and the taint manager's
+# TaintManagerEviction events of its pods when the pods are gone (after a restart of the operator).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
