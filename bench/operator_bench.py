@@ -3,15 +3,16 @@
 
     .venv/bin/python bench/operator_bench.py [--recoveries 100] [--no-events] [--json out.json]
 
-What it does: starts a private control plane (etcd + kube-apiserver from ``make bins``) with an
-audit log, installs the CRDs, runs the operator as a process (``python -m dispatch._kube``) under its
-own identity (client certificate ``dispatch-operator``), and Kubeflow's training operator's stand-in
-(tests/support/fake_training_operator.py) in this process. One DispatchJob with the rule
-``preempted -> resubmit, budget N`` is preempted N times, then succeeds.
+What it does: starts the lab (tests/support/lab.py: kube-apiserver with an audit log,
+kube-scheduler, kube-controller-manager, kwok, Kubeflow's real training operator), installs the
+DispatchJob CRD, runs the operator as a process (``python -m dispatch._kube``) under its own identity
+(client certificate ``dispatch-operator``). One DispatchJob with the rule ``preempted -> resubmit,
+budget N`` is preempted by kube-scheduler N times (the lab's ``preempt_pod``), then succeeds.
 
 What it measures, per recovery, from this process's own watches on the API server:
 
-* failure seen: the first watch event showing the canonical's pod Failed (the preemption);
+* failure seen: the first watch event showing the canonical's pod preempted (DisruptionTarget) or
+  Failed;
 * created: the first watch event of the next submission's PyTorchJob;
 * released: the first watch event showing that PyTorchJob unsuspended.
 
@@ -43,26 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "operator"))
 
-import yaml  # noqa: E402
 from kubernetes_asyncio import config as kconfig  # noqa: E402
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi  # noqa: E402
 
-from tests.support.controlplane import ControlPlane, resolve_binaries  # noqa: E402
-from tests.support.fake_training_operator import FakeTrainingOperator  # noqa: E402
+from tests.support.controlplane import resolve_binaries  # noqa: E402
+from tests.support.lab import Kubeflow, Lab  # noqa: E402
 
 NAMESPACE = "bench"
 JOB = "bench"
 OPERATOR_USER = "dispatch-operator"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {"level": "Metadata", "verbs": sorted(WRITE_VERBS)},
-        {"level": "None"},
-    ],
-}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -92,7 +83,12 @@ class Timeline:
 
     def pod(self, obj: dict[str, Any], now: float) -> None:
         owner = (obj["metadata"].get("labels") or {}).get("training.kubeflow.org/job-name")
-        if owner and (obj.get("status") or {}).get("phase") == "Failed":
+        status = obj.get("status") or {}
+        disrupted = any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+            for c in status.get("conditions") or ()
+        )
+        if owner and (disrupted or status.get("phase") == "Failed"):
             self.failed.setdefault(owner, now)
         self.changed.set()
 
@@ -168,27 +164,19 @@ def audit_writes(path: Path) -> list[tuple[float, str]]:
     return out
 
 
-def start(args: argparse.Namespace) -> tuple[ControlPlane, subprocess.Popen[bytes], Path, Path, list[str]]:
-    """The control plane (with an audit log), the CRDs, the namespace and the operator process."""
+def start(args: argparse.Namespace) -> tuple[Lab, subprocess.Popen[bytes], Path, Path, list[str]]:
+    """The lab (its apiserver writes an audit log), the CRD, the namespace and the operator process."""
     work = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
-    policy = work / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-    audit = work / "audit.log"
-    cp = ControlPlane(
-        work / "controlplane",
-        binaries=resolve_binaries(),
-        extra_apiserver_args=[
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={audit}",
-            "--audit-log-mode=blocking",
-        ],
-    )
+    cp = Lab(work / "lab")
     cp.start()
+    print(f"lab up in {cp.start_seconds:.1f}s", file=sys.stderr)
+    audit = cp.audit_log
     kubectl = [resolve_binaries().kubectl, f"--kubeconfig={cp.kubeconfig}"]
-    for crd in ("crds/dispatch.dev_dispatchjobs.yaml", "tests/support/crds/pytorchjob.yaml"):
-        subprocess.run(
-            [*kubectl, "apply", "--server-side", "-f", str(REPO / crd)], check=True, capture_output=True
-        )
+    subprocess.run(
+        [*kubectl, "apply", "--server-side", "-f", str(REPO / "crds/dispatch.dev_dispatchjobs.yaml")],
+        check=True,
+        capture_output=True,
+    )
     subprocess.run(
         [*kubectl, "wait", "--for=condition=Established", "crd/dispatchjobs.dispatch.dev", "--timeout=60s"],
         check=True,
@@ -207,12 +195,13 @@ def start(args: argparse.Namespace) -> tuple[ControlPlane, subprocess.Popen[byte
 
 
 async def measure(
-    args: argparse.Namespace, cp: ControlPlane, audit: Path, log_path: Path, kubectl: list[str]
+    args: argparse.Namespace, cp: Lab, audit: Path, log_path: Path, kubectl: list[str]
 ) -> dict[str, Any]:
     cfg = Configuration()
     await kconfig.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
     timeline = Timeline()
-    async with ApiClient(configuration=cfg) as api, FakeTrainingOperator(api) as fake:
+    fake = Kubeflow(cp)
+    async with ApiClient(configuration=cfg) as api:
         custom, core = CustomObjectsApi(api), CoreV1Api(api)
         watches = [
             asyncio.create_task(

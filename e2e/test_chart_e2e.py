@@ -3,7 +3,7 @@ and two operators with leader election.
 
 The operator runs as a process (``python -m dispatch._kube``) with a kubeconfig acting as exactly
 the ServiceAccount the chart creates, so whatever it needs beyond the chart's RBAC fails here.
-Kubeflow's training operator is the stand-in of tests/support/fake_training_operator.py.
+Kubeflow's training operator is the real one (the lab's, tests/support/lab.py).
 Durations are printed (and recorded as junit properties), never asserted.
 """
 

@@ -1,9 +1,12 @@
-# The test control plane: etcd + kube-apiserver (+ kubectl, helm) built from Go modules by
+# The test cluster: etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kwok,
+# Kubeflow's training operator (the project's own main) and helm, built from Go modules by
 # hack/build-bins.sh, cached outside the repo under $(DISPATCH_CACHE)/bin, keyed by version.
 # Included by the main Makefile (uses its $(PY), $(PYTEST) and $(STAMP)).
 #
 #   make bins          build the binaries that are missing (cold: see docs/testing.md)
-#   make cluster-up    start a control plane in the background; prints the KUBECONFIG
+#   make lab-up        start the lab (the whole real stack) in the background; prints the KUBECONFIG
+#   make lab-down      stop it (by PID)
+#   make cluster-up    start a bare control plane (etcd + kube-apiserver) in the background
 #   make cluster-down  stop it (by PID)
 #   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker)
 
@@ -16,6 +19,8 @@ _bins_pin = $(shell sed -n 's/^$(1)="$${$(1):-\(.*\)}"$$/\1/p' $(BUILD_BINS))
 KUBE_VERSION ?= $(call _bins_pin,KUBE_VERSION)
 ETCD_VERSION ?= $(call _bins_pin,ETCD_VERSION)
 HELM_VERSION ?= $(call _bins_pin,HELM_VERSION)
+KWOK_VERSION ?= $(call _bins_pin,KWOK_VERSION)
+TRAINING_OPERATOR_VERSION ?= $(call _bins_pin,TRAINING_OPERATOR_VERSION)
 
 BINS_DIR := $(DISPATCH_CACHE)/bin
 KUBE_APISERVER = $(BINS_DIR)/kube-apiserver-$(KUBE_VERSION)/kube-apiserver
@@ -26,6 +31,9 @@ HELM = $(BINS_DIR)/helm-$(HELM_VERSION)/helm
 # Where `make cluster-up` keeps certificates, kubeconfig, state.json and the daemons' logs.
 CLUSTER_DIR ?= $(DISPATCH_CACHE)/cluster
 CLUSTER_KUBECONFIG = $(CLUSTER_DIR)/kubeconfig
+# Where `make lab-up` keeps the same, plus the audit log; LAB_NODES kwok nodes.
+LAB_DIR ?= $(DISPATCH_CACHE)/lab
+LAB_NODES ?= 3
 
 # kind (only for e2e-kind; needs Docker). Empty KIND_NODE_IMAGE = kind's default image.
 KIND_VERSION ?= v0.30.0
@@ -36,12 +44,18 @@ KIND = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
 KIND_KUBECONFIG = $(DISPATCH_CACHE)/kind-$(KIND_CLUSTER).kubeconfig
 E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
-export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION
+export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down cluster-up cluster-down e2e-kind
 
-bins: ## build etcd, kube-apiserver, kubectl, helm into $(DISPATCH_CACHE)/bin (once per version)
+bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
+
+lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager, kwok, training operator) in $(LAB_DIR)
+	$(PY) -m tests.support.lab up --dir $(LAB_DIR) --nodes $(LAB_NODES)
+
+lab-down: $(STAMP) ## stop what lab-up started
+	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
 	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)

@@ -1,7 +1,7 @@
 """The operator on the real control plane, driven as a user drives it: ``kubectl apply`` of manifests.
 
-The operator runs as a process (``python -m dispatch._kube``); Kubeflow's training operator is
-stood in for by tests/support/fake_training_operator.py, which makes real Pods with real status.
+The operator runs as a process (``python -m dispatch._kube``) on the lab: Kubeflow's real training
+operator makes the pods, kube-scheduler binds and preempts them, kwok plays their kubelet.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ async def test_operator_with_webhook_events_and_metrics(
         ]
         assert any(
             d.get("job") == f"{namespace}/finetune"
-            and d.get("step") == "Authorize"
+            and str(d.get("step")).endswith("authorizing submission 2")
             and d.get("cause") == "preempted"
             for d in decisions
         ), op.log()[-3000:]

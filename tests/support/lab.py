@@ -1017,7 +1017,9 @@ class Kubeflow:
         self.lab.stop_training_operator(kill=True)
 
     async def start_training_operator(self) -> None:
-        await self._run(self.lab.start_training_operator)
+        # In this (the main) thread, not a worker: the child's parent-death signal is tied to the
+        # thread that forks it (see ControlPlane._spawn). It blocks the loop for ~2 s.
+        self.lab.start_training_operator()
 
     def restore(self) -> None:
         """Undo what this test changed in the shared lab."""
