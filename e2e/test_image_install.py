@@ -87,6 +87,7 @@ def test_the_install_walkthrough_runs_as_written(
             f"docs/install.md's walkthrough failed:\n{proc.stdout}\n{proc.stderr}\n"
             f"operator log:\n{(logs.stdout + logs.stderr)[-3000:]}"
         )
+        print(f"\n{proc.stdout}")
         assert "finetune-llama-1" in proc.stdout, proc.stdout
         pjs = [p["metadata"]["name"] for p in pytorchjobs(kube_cluster, namespace)]
         assert pjs == ["finetune-llama-1"], pjs
