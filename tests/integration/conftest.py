@@ -398,6 +398,7 @@ async def api(crds: KubeCluster) -> AsyncIterator[Any]:
     await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
     async with ApiClient(configuration=cfg) as client:
         yield client
+    await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop (else ResourceWarning)
 
 
 def released(pj: Mapping[str, Any]) -> bool:
