@@ -44,7 +44,7 @@ image-deps: ## podman, buildah, runc and debootstrap (Debian packages; needs roo
 	fi
 
 image: image-deps ## build the operator image $(IMAGE) (multi-stage, non-root, distroless-style)
-	@set -e; start=$$(date +%s); \
+	@set -e; start=$$(date +%s); mkdir -p $(DISPATCH_CACHE); \
 	if [ '$(IMAGE_BASES)' = local ]; then \
 	  eval "$$(bash hack/image-base.sh)"; \
 	  bases="--build-arg BUILD_IMAGE=$$BUILD_BASE --build-arg RUNTIME_IMAGE=$$RUNTIME_BASE"; \
