@@ -77,4 +77,4 @@ unit: gitops-tools
 e2e: image gitops-tools
 
 image-test: image gitops-tools bins $(STAMP) ## the built image as the operator, the chart's pod spec run by podman, GitOps health
-	DISPATCH_HELM=$(HELM) $(PYTEST) -m e2e e2e/test_image.py e2e/test_gitops.py
+	DISPATCH_HELM=$(HELM) $(PYTEST) -m e2e e2e/test_image.py e2e/test_image_install.py e2e/test_gitops.py
