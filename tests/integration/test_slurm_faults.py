@@ -59,6 +59,16 @@ async def supervise(cluster: Cluster, spec: JobSpec, within: float = 120) -> Rec
     return await asyncio.wait_for(cluster.supervisor(poll_interval=1.0).run(spec.name), within)
 
 
+async def supervised_and_running(
+    cluster: Cluster, backend: SlurmBackend, spec: JobSpec
+) -> asyncio.Task[Record]:
+    """Submit ``spec`` supervised, start its supervisor, and return once its object runs."""
+    await cluster.operator.submit(spec, ALICE, supervised=True)
+    run = asyncio.create_task(cluster.supervisor(poll_interval=1.0).run(spec.name))
+    await _wait(backend, spec.name, lambda v: v.phase is Phase.RUNNING, 60)
+    return run
+
+
 @pytest.fixture
 def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG, logger="dispatch")
@@ -119,9 +129,7 @@ async def test_slurmrestd_killed_and_started_again_mid_run(
     cluster = compose(backend)
     spec = JobSpec(name="rr", command=("sleep", "8"))
     try:
-        await cluster.operator.submit(spec, ALICE, supervised=True)
-        run = asyncio.create_task(cluster.supervisor(poll_interval=1.0).run("rr"))
-        await _wait(backend, "rr", lambda v: v.phase is Phase.RUNNING, 60)
+        run = await supervised_and_running(cluster, backend, spec)
         slurm.kill("slurmrestd")
         await asyncio.sleep(3)
         assert not run.done()  # supervision goes on while the released job runs
@@ -143,9 +151,7 @@ async def test_a_proxy_answering_faults_for_a_while(slurm: SlurmLab, logs: pytes
         cluster = compose(backend)
         spec = JobSpec(name="px", command=("sleep", "25"))
         try:
-            await cluster.operator.submit(spec, ALICE, supervised=True)
-            run = asyncio.create_task(cluster.supervisor(poll_interval=1.0).run("px"))
-            await _wait(backend, "px", lambda v: v.phase is Phase.RUNNING, 60)
+            run = await supervised_and_running(cluster, backend, spec)
             for mode in ("empty", "garbage", "truncate", "5xx", "stale", "slow", "echo", "empty"):
                 proxy.mode = mode
                 before = proxy.served[mode]
@@ -178,9 +184,7 @@ async def test_an_expired_token_then_a_rotated_token_file(
     cluster = compose(backend)
     spec = JobSpec(name="tok", command=("sleep", "14"))
     try:
-        await cluster.operator.submit(spec, ALICE, supervised=True)
-        run = asyncio.create_task(cluster.supervisor(poll_interval=1.0).run("tok"))
-        await _wait(backend, "tok", lambda v: v.phase is Phase.RUNNING, 60)
+        run = await supervised_and_running(cluster, backend, spec)
         deadline = time.monotonic() + 30
         while "token rejected or expired" not in logs.text:  # the 6 s token expires
             assert time.monotonic() < deadline, "the expired token was never reported"

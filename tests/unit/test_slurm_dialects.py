@@ -642,13 +642,13 @@ async def test_list_answers_from_a_listing_at_most_one_interval_old(slurm: str, 
         return response(rec(slurm, api, name))
 
     job = f"rec-held-{api}"
-    b = backend(handler, api, poll_interval=0.2)
+    b = backend(handler, api, poll_interval=0.2)  # no subscriber: no loop, only list() lists
     try:
         first = await b.list(job)
         await asyncio.gather(*(b.list(job) for _ in range(100)))
         assert len(seen) == 1  # one listing for 101 calls within the interval
-        await asyncio.sleep(0.25)
-        assert await b.list(job) == first  # older than the interval: a new listing first
+        await asyncio.sleep(0.35)
+        assert await b.list(job) == first  # older than max_age (0.3 s): a new listing first
         assert len(seen) == 2
     finally:
         await b.aclose()
@@ -661,7 +661,7 @@ async def test_list_answers_from_a_listing_at_most_one_interval_old(slurm: str, 
         assert b.poller.not_modified == 1
 
 
-async def test_a_new_object_is_returned_only_after_one_interval() -> None:
+async def test_a_new_object_is_returned_only_after_max_age() -> None:
     """What keeps decide's ordering rule across processes sharing nothing but Slurm (docs/slurm.md)."""
     slurm, api = "26.05", "v0.0.45"
     replay = Replay(slurm, api, {("POST", "/job/submit"): "submit-held", ("GET", "/jobs"): "jobs"})
@@ -675,7 +675,8 @@ async def test_a_new_object_is_returned_only_after_one_interval() -> None:
     finally:
         await b.aclose()
     assert (view.id, view.phase) == (oid, Phase.HELD)
-    assert waited >= 0.29
+    assert b.poller.max_age == pytest.approx(0.45)  # 1.5 intervals
+    assert waited >= 0.44
 
 
 async def test_stuck_jobs_are_cancelled_and_keep_their_cause() -> None:

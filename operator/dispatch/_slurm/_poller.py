@@ -11,13 +11,13 @@ What a listing may prove (docs/slurm.md, "What a listing proves"):
 
 * ``decide`` needs the objects listed after the record was read, or a canonical another process
   just created could be missing and read as gone. A cache shared by many supervisors keeps that
-  rule with two bounds of the same length ``max_age`` (the poll interval): :meth:`Poller.list`
+  rule with two bounds of the same length ``max_age`` (1.5 poll intervals): :meth:`Poller.list`
   answers from a listing that started at most ``max_age`` before the call, and never returns an
   object until ``max_age`` has passed since it was created (its ``submit_time``, or this process's
   own create). A record naming an object is written only after some process listed it, so at least
   ``max_age`` after its creation; whoever reads that record calls ``list`` later still, and gets a
   listing that started after the creation: the object is in it. So the cost stays one listing per
-  cycle for every supervised job, and a new object waits at most one interval before it is used.
+  cycle for every supervised job, and a new object waits at most 1.5 intervals before it is used.
 * A job seen before and missing from a listing is not taken as gone: a direct lookup (``GET
   /jobs/state`` on v0.0.40+, ``GET /job/{id}`` on v0.0.38) must confirm it first. A job the lookup
   still finds keeps its view (the listing was empty or truncated).
@@ -160,8 +160,12 @@ class Poller:
 
     @property
     def max_age(self) -> float:
-        """How old a listing list() may answer from, and how long a new object waits to be returned."""
-        return self.interval
+        """How old a listing list() may answer from, and how long a new object waits to be returned.
+
+        1.5 intervals: the loop lists every interval, so a caller never finds the cache just past
+        its age (which would cost a second listing per cycle), and the bound still holds.
+        """
+        return self.interval * 1.5
 
     async def list(self, job: str) -> list[ObjectView]:
         """The objects of ``job`` from a listing that started at most :attr:`max_age` before this call.
