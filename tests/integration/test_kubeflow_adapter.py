@@ -205,7 +205,8 @@ async def test_create_held_release_run_succeed_end(
             "controller": True,
         }
     ]
-    assert pj_spec["runPolicy"] == {"suspend": True, "backoffLimit": 0, "cleanPodPolicy": "Running"}
+    # No backoffLimit under Never: with one (even 0) the training operator deletes the failed pod too.
+    assert pj_spec["runPolicy"] == {"suspend": True, "cleanPodPolicy": "Running"}
     replicas = pj_spec["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
     for replica in replicas.values():
