@@ -211,9 +211,7 @@ class KubeflowBackend:
         self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
         self._resubmits: dict[str, frozenset[CauseKind]] = {}  # object id -> causes its plan resubmits
         self._refused: dict[str, ObjectView] = {}  # object id -> a create refused for good (never existed)
-        self._early: OrderedDict[str, list[tuple[Body, bool]]] = (
-            OrderedDict()
-        )  # pods seen before their object
+        self._early: OrderedDict[str, list[Body]] = OrderedDict()  # pods seen before their object
         self._incarnations: dict[str, dict[str, int]] = {}  # object id -> pod uid -> most restarts seen
         self._released_at: dict[str, float] = {}  # object id -> when this process released it
         self._looked: dict[str, float] = {}  # object id -> when its evidence may be looked for again
@@ -506,7 +504,7 @@ class KubeflowBackend:
             self._pjs[oid] = new
             if job is not None:
                 self._by_job.setdefault(job, set()).add(oid)
-            for pod, _ in self._early.pop(oid, ()):
+            for pod in self._early.pop(oid, ()):
                 self._retain(oid, new, pod)
             mine = self._overlay.get(oid)
             if mine is not None and (resource_version(new) or 0) >= (resource_version(mine) or 0):
@@ -545,11 +543,11 @@ class KubeflowBackend:
             if pj is not None:
                 self._retain(oid, pj, body)
             else:
-                self._keep_early(oid, body, gone=True)
+                self._keep_early(oid, body)
         else:
             self._pods.setdefault(oid, {})[pod_key] = new
             if pj is None:
-                self._keep_early(oid, new, gone=False)
+                self._keep_early(oid, new)
             else:
                 self._retain(oid, pj, new)
                 _, at = pod_evidence(
@@ -564,11 +562,11 @@ class KubeflowBackend:
             self._check_stop(oid)
         self._wake(job)
 
-    def _keep_early(self, oid: str, pod: Body, *, gone: bool) -> None:
+    def _keep_early(self, oid: str, pod: Body) -> None:
         """The pod watch is ahead of the PyTorchJob watch: keep every word of the pod until its
         PyTorchJob arrives (a preempted pod is deleted about a second after it says why; the
         container's lastState is replaced once it is terminated)."""
-        self._early.setdefault(oid, []).append((pod, gone))
+        self._early.setdefault(oid, []).append(pod)
         self._early.move_to_end(oid)
         while len(self._early) > MAX_TOMBSTONES:
             self._early.popitem(last=False)
