@@ -52,6 +52,7 @@ from tests.support.controlplane import (
     ControlPlane,
     ControlPlaneError,
     _build_script_env,
+    _ExitedEarly,
     _free_port,
     _pid_runs,
     down,
@@ -256,25 +257,23 @@ class Lab:
         deadline = time.monotonic() + self.start_timeout
         sched_port, kcm_port = _free_port(), _free_port()
         self.ports.update(kube_scheduler=sched_port, kube_controller_manager=kcm_port)
-        scheduler = cp.spawn(
-            "kube-scheduler",
-            self.bins.kube_scheduler,
-            [
-                f"--kubeconfig={cp.mint_user('system:kube-scheduler')}",
+        sched_kubeconfig = cp.mint_user("system:kube-scheduler")
+        kcm_kubeconfig = cp.mint_user("system:kube-controller-manager")
+
+        def scheduler_args(port: int) -> list[str]:
+            return [
+                f"--kubeconfig={sched_kubeconfig}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={sched_port}",
+                f"--secure-port={port}",
                 f"--cert-dir={self.dir / 'kube-scheduler'}",
                 "--leader-elect=false",
-            ],
-            detach=detach,
-        )
-        kcm = cp.spawn(
-            "kube-controller-manager",
-            self.bins.kube_controller_manager,
-            [
-                f"--kubeconfig={cp.mint_user('system:kube-controller-manager')}",
+            ]
+
+        def kcm_args(port: int) -> list[str]:
+            return [
+                f"--kubeconfig={kcm_kubeconfig}",
                 "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
+                f"--secure-port={port}",
                 f"--cert-dir={self.dir / 'kube-controller-manager'}",
                 "--leader-elect=false",
                 # Each controller under its own ServiceAccount and bootstrap role, as in a cluster.
@@ -283,8 +282,13 @@ class Lab:
                 f"--service-account-private-key-file={cp.pki / 'sa.key'}",
                 f"--root-ca-file={cp.pki / 'server-ca.crt'}",
                 *KCM_NODE_FLAGS,
-            ],
-            detach=detach,
+            ]
+
+        scheduler = cp.spawn(
+            "kube-scheduler", self.bins.kube_scheduler, scheduler_args(sched_port), detach=detach
+        )
+        kcm = cp.spawn(
+            "kube-controller-manager", self.bins.kube_controller_manager, kcm_args(kcm_port), detach=detach
         )
         kwok = cp.spawn(
             "kwok",
@@ -296,8 +300,8 @@ class Lab:
             detach=detach,
         )
         self.kubectl("create", "-f", "-", input=self._bootstrap_manifests())
-        cp.wait_http(scheduler, f"https://127.0.0.1:{sched_port}/healthz")
-        cp.wait_http(kcm, f"https://127.0.0.1:{kcm_port}/healthz")
+        self._wait_or_respawn(scheduler, "kube_scheduler", scheduler_args, detach=detach)
+        self._wait_or_respawn(kcm, "kube_controller_manager", kcm_args, detach=detach)
         if self.with_training_operator:
             self.start_training_operator(detach=detach)
         while True:
@@ -309,6 +313,22 @@ class Lab:
             if time.monotonic() > deadline:
                 raise LabError(f"kwok nodes not Ready ({sorted(ready)}); log {kwok.log}")
             time.sleep(0.2)
+
+    def _wait_or_respawn(
+        self, proc: Any, port_key: str, make_args: Any, *, detach: bool, attempts: int = 3
+    ) -> None:
+        """Wait for /healthz; a daemon that exits at start (its free port was taken meanwhile by
+        another process on the machine) is started again on a new port."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.cp.wait_http(proc, f"https://127.0.0.1:{self.ports[port_key]}/healthz")
+                return
+            except _ExitedEarly:
+                if attempt == attempts:
+                    raise
+            self.cp._procs.remove(proc)
+            self.ports[port_key] = _free_port()
+            proc = self.cp.spawn(proc.name, proc.binary, make_args(self.ports[port_key]), detach=detach)
 
     def _bootstrap_manifests(self) -> str:
         """Nodes, PriorityClasses and the training operator's upstream objects, in one create."""
@@ -392,25 +412,39 @@ class Lab:
             self._to_kubeconfig = self.cp.serviceaccount_kubeconfig(
                 TRAINING_OPERATOR_NAMESPACE, TRAINING_OPERATOR_SA
             )
-        webhook = self.ports.setdefault("training_operator_webhook", _free_port())
-        probe, metrics = _free_port(), _free_port()
-        self.ports.update(training_operator_probe=probe, training_operator_metrics=metrics)
-        self.cp._procs = [p for p in self.cp._procs if p.name != "training-operator"]
-        proc = self.cp.spawn(
-            "training-operator",
-            self.bins.training_operator,
-            [
-                "--enable-scheme=pytorchjob",
-                f"--metrics-bind-address=127.0.0.1:{metrics}",
-                f"--health-probe-bind-address=127.0.0.1:{probe}",
-                "--webhook-host=127.0.0.1",
-                f"--webhook-server-port={webhook}",
-                f"--webhook-cert-dir={self.dir / 'training-operator' / 'certs'}",
-            ],
-            detach=detach,
-            env={"MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE, "KUBECONFIG": str(self._to_kubeconfig)},
-        )
-        self.cp.wait_http(proc, f"http://127.0.0.1:{probe}/readyz")
+        for attempt in range(1, 4):
+            webhook = self.ports.setdefault("training_operator_webhook", _free_port())
+            probe, metrics = _free_port(), _free_port()
+            self.ports.update(training_operator_probe=probe, training_operator_metrics=metrics)
+            self.cp._procs = [p for p in self.cp._procs if p.name != "training-operator"]
+            proc = self.cp.spawn(
+                "training-operator",
+                self.bins.training_operator,
+                [
+                    "--enable-scheme=pytorchjob",
+                    f"--metrics-bind-address=127.0.0.1:{metrics}",
+                    f"--health-probe-bind-address=127.0.0.1:{probe}",
+                    "--webhook-host=127.0.0.1",
+                    f"--webhook-server-port={webhook}",
+                    f"--webhook-cert-dir={self.dir / 'training-operator' / 'certs'}",
+                ],
+                detach=detach,
+                env={"MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE, "KUBECONFIG": str(self._to_kubeconfig)},
+            )
+            try:
+                self.cp.wait_http(proc, f"http://127.0.0.1:{probe}/readyz")
+                return
+            except _ExitedEarly:  # one of its free ports was taken meanwhile: new ports, new URL
+                if attempt == 3:
+                    raise
+            del self.ports["training_operator_webhook"]
+            vwc = self._webhook_configuration(self.bins.training_operator_manifests)
+            self.request(
+                "PATCH",
+                f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{WEBHOOK_NAME}",
+                {"webhooks": vwc["webhooks"]},
+                content_type="application/merge-patch+json",
+            )
 
     def _training_operator_proc(self) -> Any:
         return next((p for p in self.cp._procs if p.name == "training-operator"), None)
