@@ -384,6 +384,7 @@ async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[Re
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    await asyncio.sleep(0.1)  # the aborted watch's TLS transport closes on the next turns of the loop
 
 
 # ---- an API client ------------------------------------------------------------------------------
