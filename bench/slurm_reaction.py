@@ -225,11 +225,8 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def report(results: list[Sample], intervals: list[float], samples: int, wall: float) -> None:
-    print(
-        "\n### Preemption -> next submission authorized"
-        f" (real Slurm 22.05 lab, v0.0.38), {samples} samples each\n"
-    )
+def report(results: list[Sample], intervals: list[float], samples: int, wall: float, lab: str) -> None:
+    print(f"\n### Preemption -> next submission authorized (real Slurm {lab}), {samples} samples each\n")
     print("t0 = Slurm shows the job PREEMPTED (`scontrol show job`, polled every 20 ms in a side thread);")
     print("t1 = the record authorizing submission 2 is written to the store (store subscription).\n")
     print("| poll interval | n | median | min | max | p90 | mean | expected median |")
@@ -320,7 +317,8 @@ async def bench(samples: int, intervals: list[float], seed: int, version: str) -
                     file=sys.stderr,
                     flush=True,
                 )
-    report(results, intervals, samples, time.monotonic() - began)
+        api = lab.api_version
+    report(results, intervals, samples, time.monotonic() - began, f"{version} lab, {api}")
 
 
 def main() -> None:
