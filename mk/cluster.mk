@@ -46,7 +46,7 @@ E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins lab-up lab-down cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down kubeflow-record cluster-up cluster-down e2e-kind
 
 bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
@@ -56,6 +56,9 @@ lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager
 
 lab-down: $(STAMP) ## stop what lab-up started
 	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
+
+kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (~2 min)
+	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
 	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)
