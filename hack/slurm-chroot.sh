@@ -38,6 +38,11 @@ if ! command -v debootstrap >/dev/null; then
 fi
 
 mkdir -p "$CACHE"
+# One build per suite at a time (two checkouts may run `make integration` at once); the second
+# finds the first's chroot ready and never replaces a chroot a lab may be running from.
+exec 9>"$CACHE/.$SUITE.lock"
+flock 9
+[ -e "$ROOT/.dispatch-ready" ] && { echo "slurm-chroot: $SUITE ready in $ROOT"; exit 0; }
 WORK=$(mktemp -d "$CACHE/.$SUITE.build.XXXXXX")
 LOG=$WORK.log
 chmod 755 "$WORK" # mktemp makes it 0700: every user in the chroot (munge, _apt) must traverse /
