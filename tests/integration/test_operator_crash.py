@@ -8,7 +8,10 @@ once, orphans ended, and the job settles with the seed's history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +110,7 @@ def check_invariants(
     canonicals = {s["canonical"].split("/", 1)[1] for s in status["submissions"]}
     mine = [pj for pj in pjs if pj["metadata"]["labels"]["dispatch.dev/job"] == job]
     assert {pj["metadata"]["labels"]["dispatch.dev/submission"] for pj in mine} <= {"1", "2"}
+    monitor.assert_held()  # checked at every watch event, not from snapshots
     assert monitor.max_live.get(job, 0) <= 1, "two released PyTorchJobs at once"
     assert monitor.released.get(job, set()) <= canonicals, "a non-canonical object was released"
     assert all(_ended(pj) for pj in mine), "settled with a live object"
@@ -192,3 +196,84 @@ async def test_two_operators_authorize_each_submission_once(
         for op in ops
     ]
     assert sum(steps) == 4 * len(jobs), steps
+
+
+async def test_sigkill_at_random_moments_during_mass_preemptions(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    release_monitor: ReleaseMonitor,
+) -> None:
+    """Several jobs, each preempted twice by kube-scheduler (preemptions issued together), while
+    the operator is SIGKILLed and restarted at random moments. Never two released PyTorchJobs of
+    a job at any watch event; every covered preemption recorded as preempted, never unknown."""
+    seed = int(os.environ.get("DISPATCH_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
+    rng = random.Random(seed)
+    print(f"DISPATCH_TEST_SEED={seed}")
+    jobs = [f"mass-{i}" for i in range(5)]
+    op = operator()
+    for job in jobs:
+        manifest = dispatch_job(job, nodes=1, rules=[{"on": ["preempted"], "budget": 2}])
+        await asyncio.to_thread(apply, crds, namespace, manifest)
+    stop = asyncio.Event()
+    kills = 0
+
+    async def killer() -> None:
+        nonlocal kills
+        while not stop.is_set():
+            await asyncio.sleep(rng.uniform(0.5, 3.0))
+            if op.running:
+                op.kill()
+                kills += 1
+            await asyncio.sleep(rng.uniform(0.0, 1.0))
+            op.start()
+
+    killing = asyncio.create_task(killer())
+    done: set[str] = set()
+    deadline = time.monotonic() + 3 * WAIT
+    bodies: dict[str, dict[str, Any]] = {}
+    try:
+        while time.monotonic() < deadline:
+            acts = []
+            for pj in await asyncio.to_thread(pytorchjobs, crds, namespace):
+                name = pj["metadata"]["name"]
+                if name in done or not released(pj) or _ended(pj):
+                    continue
+                pods = await kubeflow.pods(namespace, name)
+                if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
+                    continue
+                done.add(name)
+                submission = int(pj["metadata"]["labels"]["dispatch.dev/submission"])
+                acts.append(
+                    kubeflow.preempt(namespace, name) if submission < 3 else kubeflow.succeed(namespace, name)
+                )
+            await asyncio.gather(*acts)
+            bodies = {job: await asyncio.to_thread(get_job, crds, namespace, job) for job in jobs}
+            if all((b.get("status") or {}).get("settled") for b in bodies.values()):
+                break
+            await asyncio.sleep(0.3)
+        else:
+            statuses = json.dumps({j: b.get("status") for j, b in bodies.items()})
+            raise AssertionError(f"seed {seed}: jobs did not settle: {statuses}")
+    finally:
+        stop.set()
+        killing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await killing
+    if not op.running:
+        op.start()
+    print(f"seed {seed}: {kills} SIGKILLs")
+    release_monitor.assert_held()
+    pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    for job in jobs:
+        status = bodies[job]["status"]
+        causes = [h[3] for h in history(bodies[job])]
+        assert causes == ["preempted", "preempted", "none"], (seed, job, status.get("history"))
+        assert status["state"] == "succeeded", (seed, job, status)
+        assert [s["n"] for s in status["submissions"]] == [1, 2, 3], (seed, job)
+        assert status["plan"]["rules"][0]["firings"] == 2, (seed, job)
+        canonicals = {s["canonical"].split("/", 1)[1] for s in status["submissions"]}
+        assert release_monitor.released.get(job, set()) <= canonicals, (seed, job)
+        mine = [pj for pj in pjs if pj["metadata"]["labels"]["dispatch.dev/job"] == job]
+        assert all(_ended(pj) for pj in mine), (seed, job, "settled with a live object")
