@@ -67,17 +67,22 @@ async def drive_seed(
     operators: list[OperatorProcess],
     *,
     restart: bool = True,
+    preemptions: int = 1,
+    deadline: float = 2 * WAIT,
 ) -> dict[str, dict[str, Any]]:
-    """Play the scheduler's part of the seed for each job (preempt submission 1, let submission 2
-    succeed), restarting crashed operators (without the crash hook), until every job settles."""
+    """Play the scheduler's part of the seed for each job (kube-scheduler preempts submissions
+    1..``preemptions``, the next one succeeds; the preemptions that are due are issued together),
+    restarting crashed operators (without the crash hook) unless ``restart`` is off, until every
+    job settles."""
     done: set[str] = set()
-    deadline = time.monotonic() + 2 * WAIT
+    until = time.monotonic() + deadline
     bodies: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < until:
         if restart:
             for op in operators:
                 if not op.running:
                     op.start(env={"DISPATCH_TEST_CRASH_AFTER": ""})
+        acts = []
         for pj in await asyncio.to_thread(pytorchjobs, cluster, namespace):
             name = pj["metadata"]["name"]
             if name in done or not released(pj) or _ended(pj):
@@ -85,12 +90,11 @@ async def drive_seed(
             pods = await kubeflow.pods(namespace, name)
             if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
                 continue
-            submission = (pj["metadata"].get("labels") or {}).get("dispatch.dev/submission")
+            submission = int((pj["metadata"].get("labels") or {}).get("dispatch.dev/submission") or 0)
             done.add(name)
-            if submission == "1":
-                await kubeflow.preempt(namespace, name)
-            else:
-                await kubeflow.succeed(namespace, name)
+            preempt = submission <= preemptions
+            acts.append(kubeflow.preempt(namespace, name) if preempt else kubeflow.succeed(namespace, name))
+        await asyncio.gather(*acts)
         bodies = {job: await asyncio.to_thread(get_job, cluster, namespace, job) for job in jobs}
         if all((b.get("status") or {}).get("settled") for b in bodies.values()):
             return bodies
@@ -230,32 +234,12 @@ async def test_sigkill_at_random_moments_during_mass_preemptions(
             op.start()
 
     killing = asyncio.create_task(killer())
-    done: set[str] = set()
-    deadline = time.monotonic() + 3 * WAIT
-    bodies: dict[str, dict[str, Any]] = {}
     try:
-        while time.monotonic() < deadline:
-            acts = []
-            for pj in await asyncio.to_thread(pytorchjobs, crds, namespace):
-                name = pj["metadata"]["name"]
-                if name in done or not released(pj) or _ended(pj):
-                    continue
-                pods = await kubeflow.pods(namespace, name)
-                if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
-                    continue
-                done.add(name)
-                submission = int(pj["metadata"]["labels"]["dispatch.dev/submission"])
-                acts.append(
-                    kubeflow.preempt(namespace, name) if submission < 3 else kubeflow.succeed(namespace, name)
-                )
-            await asyncio.gather(*acts)
-            bodies = {job: await asyncio.to_thread(get_job, crds, namespace, job) for job in jobs}
-            if all((b.get("status") or {}).get("settled") for b in bodies.values()):
-                break
-            await asyncio.sleep(0.3)
-        else:
-            statuses = json.dumps({j: b.get("status") for j, b in bodies.items()})
-            raise AssertionError(f"seed {seed}: jobs did not settle: {statuses}")
+        bodies = await drive_seed(
+            crds, namespace, jobs, kubeflow, [op], restart=False, preemptions=2, deadline=3 * WAIT
+        )
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed}: {e}") from None
     finally:
         stop.set()
         killing.cancel()

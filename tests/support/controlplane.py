@@ -776,6 +776,24 @@ def down(workdir: Path | str) -> list[int]:
     return pids
 
 
+def already_running(workdir: Path | str) -> str:
+    """Why ``up`` must not start in WORKDIR (a recorded process still runs), or ''."""
+    state_file = Path(workdir).resolve() / "state.json"
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        if any(_pid_runs(int(p["pid"]), str(p["binary"])) for p in state.get("processes", [])):
+            return f"already running (see {state_file}); run `down --dir {workdir}` first"
+    return ""
+
+
+def abandon(cp: ControlPlane) -> None:
+    """Leave the detached daemons running when this process exits (``up``; ``down`` stops them)."""
+    for proc in cp._procs:
+        if proc.popen is not None:
+            proc.popen.returncode = 0  # keeps Popen.__del__ from warning "still running"
+            proc.popen = None
+
+
 def _cli(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.controlplane")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -787,24 +805,17 @@ def _cli(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "up":
-        state_file = args.dir.resolve() / "state.json"
-        if state_file.exists():
-            state = json.loads(state_file.read_text())
-            if any(_pid_runs(int(p["pid"]), str(p["binary"])) for p in state.get("processes", [])):
-                print(
-                    f"already running (see {state_file}); run `down --dir {args.dir}` first", file=sys.stderr
-                )
-                return 1
+        busy = already_running(args.dir)
+        if busy:
+            print(busy, file=sys.stderr)
+            return 1
         cp = ControlPlane(args.dir, start_timeout=args.timeout)
         try:
             cp.start(detach=True)
         except BaseException:
             cp.stop()
             raise
-        for proc in cp._procs:  # deliberately abandoned: the daemons outlive this process
-            if proc.popen is not None:
-                proc.popen.returncode = 0  # keeps Popen.__del__ from warning "still running"
-                proc.popen = None
+        abandon(cp)
         print(f"control plane ready in {cp.start_seconds:.1f}s: {cp.server}")
         print(f"pids: {cp.pids}")
         print(f"export KUBECONFIG={cp.kubeconfig}")

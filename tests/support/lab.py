@@ -55,6 +55,8 @@ from tests.support.controlplane import (
     _ExitedEarly,
     _free_port,
     _pid_runs,
+    abandon,
+    already_running,
     down,
     resolve_binaries,
 )
@@ -1091,24 +1093,17 @@ def _cli(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "up":
-        state_file = args.dir.resolve() / "state.json"
-        if state_file.exists():
-            state = json.loads(state_file.read_text())
-            if any(_pid_runs(int(p["pid"]), str(p["binary"])) for p in state.get("processes", [])):
-                print(
-                    f"already running (see {state_file}); run `down --dir {args.dir}` first", file=sys.stderr
-                )
-                return 1
+        busy = already_running(args.dir)
+        if busy:
+            print(busy, file=sys.stderr)
+            return 1
         running = Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout)
         try:
             running.start(detach=True)
         except BaseException:
             running.stop()
             raise
-        for proc in running.cp._procs:  # deliberately abandoned: the daemons outlive this process
-            if proc.popen is not None:
-                proc.popen.returncode = 0  # keeps Popen.__del__ from warning "still running"
-                proc.popen = None
+        abandon(running.cp)
         print(f"lab ready in {running.start_seconds:.1f}s: {running.server}")
         print(f"pids: {running.cp.pids}")
         print(f"export KUBECONFIG={running.kubeconfig}")
