@@ -429,6 +429,26 @@ def sc_notready_deleted(rec: Recording) -> None:
         kubectl("label", "node", node, "kwok.x-k8s.io/node=fake", "--overwrite", check=False)
 
 
+def sc_node_shutdown(rec: Recording) -> None:
+    """Never, 1 node; the kubelet's graceful node shutdown (the lab's kwok stage for it)."""
+    pj, _ = create("node-shutdown", nodes=1)
+    release(pj)
+    until("running", lambda: running(pj, 1))
+    annotate(f"{pj}-master-0", node_shutdown="true")
+    until("failed", lambda: condition(pj, "Failed"))
+    time.sleep(1)
+
+
+def sc_deadline(rec: Recording) -> None:
+    """Never, 1 node; the kubelet's activeDeadlineSeconds kill (the lab's kwok stage for it)."""
+    pj, _ = create("deadline", nodes=1)
+    release(pj)
+    until("running", lambda: running(pj, 1))
+    annotate(f"{pj}-master-0", deadline="true")
+    until("failed", lambda: condition(pj, "Failed"))
+    time.sleep(1)
+
+
 def sc_unschedulable(rec: Recording) -> None:
     pj, _ = create("unschedulable", nodes=1, gpu=64)
     release(pj)
@@ -494,6 +514,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
     ),
     "taint-never": ("Never, 1 node; NoExecute taint on its node (taint-eviction controller)", sc_taint_never),
     "unschedulable": ("Never, 1 node asking for 64 GPUs: kube-scheduler cannot place it", sc_unschedulable),
+    "node-shutdown": (
+        "Never, 1 node; graceful node shutdown: DisruptionTarget TerminationByKubelet",
+        sc_node_shutdown,
+    ),
+    "deadline": (
+        "Never, 1 node; the kubelet's activeDeadlineSeconds kill: pod reason DeadlineExceeded",
+        sc_deadline,
+    ),
     "notready-deleted": (
         "Never, 1 node; its node NotReady, then the pod deleted (no DisruptionTarget)",
         sc_notready_deleted,

@@ -39,6 +39,8 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
     "image-pull": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "ErrImagePull", 0),
     "env-refused": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "A=B", 0),
     "notready-deleted": (Phase.ENDED, CauseKind.NODE_LOST, None, "node is lost", 0),
+    "node-shutdown": (Phase.ENDED, CauseKind.NODE_LOST, None, "TerminationByKubelet", 0),
+    "deadline": (Phase.ENDED, CauseKind.TIME_LIMIT, None, "DeadlineExceeded", 0),
 }
 LATE_START_ONLY = {"env-refused"}
 """Only an API read can explain these (the cache never holds the training operator's events)."""
