@@ -132,14 +132,17 @@ def test_held_tagged_owned() -> None:
         ("1abc", True),
     ],
 )
-def test_env_names_kubernetes_refuses_are_refused_by_the_spec(name: str, accepted: bool) -> None:
+def test_env_names_kubernetes_refuses_are_refused_before_anything_is_created(
+    name: str, accepted: bool
+) -> None:
     """The recording env-refused shows the real API server accepting such a PyTorchJob and refusing
-    every pod of it; the spec refuses the name up front, naming the field."""
+    every pod of it; dispatch refuses the name up front, naming the field (the spec's validation
+    where it checks env names, else the builder)."""
     if accepted:
         built((), env={name: "x"})
         return
-    with pytest.raises(ValidationError) as refused:
-        KubeflowOptions(image="img:1", env={name: "x"})
+    with pytest.raises((ValidationError, Refused)) as refused:
+        built((), env={name: "x"})
     assert "env" in str(refused.value)
 
 

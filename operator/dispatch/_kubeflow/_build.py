@@ -21,8 +21,8 @@ docs/kubeflow.md, "What the training operator does by itself").
 
 What the API server would refuse only as a whole (a body over its size limit) is refused here with
 :class:`Refused`, naming the field: the job ends ``launch-failed`` at once instead of retrying a
-create that cannot succeed. Env names Kubernetes refuses for pods (while accepting the PyTorchJob)
-are refused by the spec itself (``dispatch._model.ENV_NAME_PATTERN``).
+create that cannot succeed, and so are env names Kubernetes refuses for pods while accepting the
+PyTorchJob (recording env-refused: every pod of it is refused, forever).
 
 ``cleanPodPolicy: Running`` deletes the pods still running once the job has finished, and keeps the
 failed ones, whose status is the evidence of the cause.
@@ -31,6 +31,7 @@ failed ones, whose status is the evidence of the cause.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 from .._constants import (
@@ -59,6 +60,11 @@ CLEAN_POD_POLICY: Final = "Running"
 MAX_OBJECT_BYTES: Final = 1_500_000
 """Below etcd's default request limit (1.5 MiB) with room for the status the training operator adds:
 a bigger PyTorchJob is refused by the API server, and its pods (each a copy of a template) too."""
+
+
+ENV_NAME: Final = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
+"""Kubernetes' rule for a container env name since 1.32 (IsRelaxedEnvVarName): printable ASCII,
+no '='."""
 
 
 class Refused(BackendError):
@@ -105,6 +111,12 @@ def build(
         raise BackendError(
             f"job {namespace}/{job_name}: the kubeflow backend needs spec.kubeflow (the image)"
         )
+    for key in sorted(options.env):
+        if not ENV_NAME.fullmatch(key):
+            raise Refused(
+                f"spec.kubeflow.env[{key!r}]",
+                "Kubernetes refuses this env name for a container (printable ASCII without '=')",
+            )
     budget = restart_budget(plan)
     tags = labels(job_name, submission)
     annotations = {ANNOTATION_NO_CAPACITY_AFTER: str(options.no_capacity_after_seconds)}
