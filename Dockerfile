@@ -4,34 +4,37 @@
 #   docker build -t dispatch-operator:0.1.0 .        # or: podman build / buildah bud
 #   make image                                       # here: bases made from Debian packages
 #
-# Two stages on two Debian 12 bases that share one interpreter, Debian's python3.11 at
-# /usr/bin/python3.11 (the virtual environment links to it):
+# Two stages that share one interpreter: python3.11 at the same path in both (the virtual
+# environment links to it). By default both stages start from the official python:3.11-slim-bookworm
+# (its interpreter is /usr/local/bin/python3.11):
 #
-#   builder   BUILD_IMAGE (debian:bookworm-slim): a virtual environment at /opt/dispatch with the
-#             operator's wheel and its runtime dependencies (the "kube" extra), byte-compiled,
-#             without pip, setuptools or wheel;
-#   final     RUNTIME_IMAGE (gcr.io/distroless/python3-debian12:nonroot): the interpreter and
-#             its libraries only: no shell, no package manager, no compiler. It gets only
-#             /opt/dispatch, runs as the numeric non-root user 65532 (the chart's runAsUser) and
-#             writes nothing outside /tmp, so it runs with a read-only root filesystem.
+#   builder   BUILD_IMAGE: a virtual environment at /opt/dispatch with the operator's wheel and its
+#             runtime dependencies (the "kube" extra), byte-compiled, without pip, setuptools or
+#             wheel;
+#   final     RUNTIME_IMAGE: gets only /opt/dispatch (no RUN), runs as the numeric non-root user
+#             65532 (the chart's runAsUser) and writes nothing outside /tmp, so it runs with a
+#             read-only root filesystem. The slim default still holds a shell and dpkg; pass a
+#             distroless-style base for one without (docs/install.md).
 #
-# `make image` (mk/image.mk) passes both bases made by hack/image-base.sh from Debian's packages,
-# the same layout, when no registry is reachable. tests/unit/test_dockerfile.py keeps these
-# properties true; e2e/test_image.py runs the built image as the operator.
+# `make image` (mk/image.mk) passes both bases made by hack/image-base.sh from Debian's packages
+# (Debian's python3.11 at /usr/bin/python3.11; the runtime one has no shell, no package manager and
+# no compiler), so it needs no registry. tests/unit/test_dockerfile.py keeps these properties true;
+# e2e/test_image.py runs the built image as the operator.
 
-ARG BUILD_IMAGE=debian:bookworm-slim
-ARG RUNTIME_IMAGE=gcr.io/distroless/python3-debian12:nonroot
+ARG BUILD_IMAGE=python:3.11-slim-bookworm
+ARG RUNTIME_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BUILD_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-# Debian's venv module (already in the locally made base; a slim base needs the package).
-RUN if ! /usr/bin/python3.11 -c 'import ensurepip' 2>/dev/null; then \
+# The interpreter on PATH (/usr/local/bin in the python image, /usr/bin in Debian's); a Debian base
+# without it, or without the venv module, gets Debian's python3-venv (python3.11 at /usr/bin).
+RUN if ! python3.11 -c 'import ensurepip' 2>/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends python3-venv \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
- && /usr/bin/python3.11 -m venv /opt/dispatch
+ && "$(command -v python3.11)" -m venv /opt/dispatch
 WORKDIR /src
 # The dependencies first, from pyproject.toml alone: a change to the operator's code rebuilds only
 # the layers below. A host whose TLS is intercepted passes its CA bundle as the secret pip-cert.

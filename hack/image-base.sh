@@ -9,8 +9,9 @@
 #                                                              /etc/passwd with nonroot (65532);
 #                                                              no shell, no apt, no dpkg
 #
-# These match the public bases the Dockerfile names by default (debian:bookworm-slim and
-# gcr.io/distroless/python3-debian12: Debian's python3.11 at /usr/bin/python3.11 in both).
+# Both have Debian's python3.11 at /usr/bin/python3.11, so the builder's virtual environment runs
+# on the runtime base (the Dockerfile's own defaults, python:3.11-slim-bookworm for both stages,
+# share /usr/local/bin/python3.11 instead); the runtime one is a distroless-style cut.
 # The root filesystems are cached as tarballs in $DISPATCH_CACHE/image-base/<suite>-<key>/, keyed
 # by the suite, the package list and this script, and imported into podman when the image is
 # missing. The Debian mirror is read from the host's apt configuration each run, never written

@@ -4,7 +4,7 @@
 #   make image         build $(IMAGE) with podman. IMAGE_BASES=local (default) makes both bases
 #                      from Debian packages (hack/image-base.sh: debootstrap, cached in
 #                      $(DISPATCH_CACHE)/image-base); IMAGE_BASES=public builds on the Dockerfile's
-#                      own defaults (debian:bookworm-slim, distroless python3-debian12)
+#                      own defaults (python:3.11-slim-bookworm for both stages)
 #   make image-size    the image's size and what takes the space
 #   make gitops-tools  hack/gitops/: Flux's kstatus verdict and Argo CD's Lua health, built with
 #                      `go build` into $(BINS_DIR)/<tool>-<version>/ (once per version)
