@@ -384,7 +384,6 @@ async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[Re
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
     await asyncio.sleep(0.1)  # the aborted watch's TLS transport closes on the next turns of the loop
 
 
@@ -400,7 +399,6 @@ async def api(crds: KubeCluster) -> AsyncIterator[Any]:
     await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
     async with ApiClient(configuration=cfg) as client:
         yield client
-    await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
     await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop (else ResourceWarning)
 
 
