@@ -429,24 +429,18 @@ def sc_notready_deleted(rec: Recording) -> None:
         kubectl("label", "node", node, "kwok.x-k8s.io/node=fake", "--overwrite", check=False)
 
 
-def sc_node_shutdown(rec: Recording) -> None:
-    """Never, 1 node; the kubelet's graceful node shutdown (the lab's kwok stage for it)."""
-    pj, _ = create("node-shutdown", nodes=1)
-    release(pj)
-    until("running", lambda: running(pj, 1))
-    annotate(f"{pj}-master-0", node_shutdown="true")
-    until("failed", lambda: condition(pj, "Failed"))
-    time.sleep(1)
+def kubelet_failure(job: str, **stage: str) -> Callable[[Recording], None]:
+    """Never, 1 node; one of the lab's kwok stages, triggered by its annotation, fails the pod."""
 
+    def run(rec: Recording) -> None:
+        pj, _ = create(job, nodes=1)
+        release(pj)
+        until("running", lambda: running(pj, 1))
+        annotate(f"{pj}-master-0", **stage)
+        until("failed", lambda: condition(pj, "Failed"))
+        time.sleep(1)
 
-def sc_deadline(rec: Recording) -> None:
-    """Never, 1 node; the kubelet's activeDeadlineSeconds kill (the lab's kwok stage for it)."""
-    pj, _ = create("deadline", nodes=1)
-    release(pj)
-    until("running", lambda: running(pj, 1))
-    annotate(f"{pj}-master-0", deadline="true")
-    until("failed", lambda: condition(pj, "Failed"))
-    time.sleep(1)
+    return run
 
 
 def sc_unschedulable(rec: Recording) -> None:
@@ -516,11 +510,11 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
     "unschedulable": ("Never, 1 node asking for 64 GPUs: kube-scheduler cannot place it", sc_unschedulable),
     "node-shutdown": (
         "Never, 1 node; graceful node shutdown: DisruptionTarget TerminationByKubelet",
-        sc_node_shutdown,
+        kubelet_failure("node-shutdown", node_shutdown="true"),
     ),
     "deadline": (
         "Never, 1 node; the kubelet's activeDeadlineSeconds kill: pod reason DeadlineExceeded",
-        sc_deadline,
+        kubelet_failure("deadline", deadline="true"),
     ),
     "notready-deleted": (
         "Never, 1 node; its node NotReady, then the pod deleted (no DisruptionTarget)",
