@@ -632,10 +632,11 @@ class Lab:
         timeout: float = 60.0,
     ) -> str:
         """Real preemption by kube-scheduler: a ``lab-high`` pod for the victim's node that needs
-        all the cpu left there plus the victim's, and (unless ``whole_node``) refuses to share the
-        node with the victim (required pod anti-affinity on a label put on the victim). The
-        scheduler's smallest set of victims is then exactly that pod; with ``whole_node`` the
-        preemptor asks for the node's whole cpu and every lower-priority pod there goes.
+        the victim's cpu and refuses to share the node with it (required pod anti-affinity on a
+        label put on the victim). The scheduler's smallest set of victims is then exactly that
+        pod, whatever else runs or arrives on the node meanwhile (so concurrent preemptions never
+        take a neighbour). With ``whole_node`` the preemptor asks for the node's whole cpu (a full
+        node) and every lower-priority pod there goes.
         Returns the preemptor's name; unless ``keep``, it is deleted once it is bound."""
         node_name = self.pod_node(namespace, name)
         node = self.node(node_name)
@@ -659,7 +660,7 @@ class Lab:
                 {"metadata": {"labels": {"lab.dispatch.io/victim": token}}},
                 content_type="application/merge-patch+json",
             )
-            cpu = f"{max(self._free_millicpu(node) + _millicpu(_pod_cpu(victim)), 1)}m"
+            cpu = f"{max(_millicpu(_pod_cpu(victim)), 1)}m"
             spec["affinity"] = {
                 "podAntiAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -706,17 +707,6 @@ class Lab:
         if not keep:
             self.delete_pod(namespace, preemptor, grace_seconds=0)
         return preemptor
-
-    def _free_millicpu(self, node: dict[str, Any]) -> int:
-        """Allocatable cpu of the node minus the requests of its pods that still hold it."""
-        name = node["metadata"]["name"]
-        pods = self.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={name}"})
-        used = sum(
-            _millicpu(_pod_cpu(p))
-            for p in pods.get("items") or ()
-            if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-        )
-        return _millicpu(node["status"]["allocatable"]["cpu"]) - used
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """The Eviction API (what ``kubectl drain`` uses): DisruptionTarget EvictionByEvictionAPI."""
