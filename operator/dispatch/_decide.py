@@ -147,7 +147,7 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     decision = _decide(record, objects)
     if decision.state is State.CANCELLED and not record.settled:
         latest = record.current.n if record.current is not None else 0
-        if any(o.phase is not Phase.ENDED and o.submission <= latest for o in objects):
+        if any((o.phase is not Phase.ENDED or o.terminating) and o.submission <= latest for o in objects):
             return Decision(decision.step, State.CANCELLING, decision.cause)
     return decision
 

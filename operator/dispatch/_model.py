@@ -192,8 +192,15 @@ class Resources(_Model):
     gpu: Annotated[int, Field(ge=0, le=64)] = 0
 
 
+ENV_NAME_PATTERN: Final = r"^[\x20-\x3c\x3e-\x7e]+$"
+"""What Kubernetes accepts as an environment variable's name (printable ASCII without ``=``): a
+PyTorchJob with another name is accepted but its pods are refused forever."""
+
 EnvMap = Annotated[
-    dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=32768)]],
+    dict[
+        Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)],
+        Annotated[str, Field(max_length=32768)],
+    ],
     Field(max_length=128),
 ]
 

@@ -2,9 +2,13 @@
 
 The machine drives both memory shapes with random scheduler events, steps supervisors one at a time,
 holds a supervisor's prepared intent across other steps (a slow supervisor) or throws it away (a
-killed one, including right after a Create and right after a RecordCanonical), restarts them, runs two
-supervisors on one job interleaved between read and write, and lets a human cancel. After every step
-it checks the seven invariants of semantics.md; at the end it checks that every job settles.
+killed one, including right after a Create and right after a RecordCanonical, and a creator that dies
+right after a late create), restarts them, runs two supervisors on one job interleaved between read
+and write, and lets a human cancel. Some jobs are submitted without a supervisor (every rule the
+scheduler's): anyone may run ``Operator.settle`` on them. After every step it checks the seven
+invariants of semantics.md (invariant 4 across submissions, against what the scheduler really did;
+invariant 5 at every moment, with the exact exception semantics.md states), what status shows, and
+at the end that every job settles.
 
 A second test runs the same machine over a record store whose ``put`` ignores the expected version,
 and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -43,6 +48,7 @@ from dispatch import (
     JobSpec,
     MemoryBackend,
     MemoryStore,
+    ObjectExists,
     ObjectView,
     Phase,
     Record,
@@ -50,12 +56,13 @@ from dispatch import (
     Rule,
     Shape,
     State,
+    Status,
     Supervisor,
     VersionConflict,
     compose,
 )
 from dispatch._cluster import Cluster
-from dispatch._decide import Authorize, Create, Decision, RecordCanonical, Step
+from dispatch._decide import Authorize, Create, Decision, Done, RecordCanonical, Step, Wait
 from dispatch._supervisor import Intent
 
 T = TypeVar("T")
@@ -66,6 +73,10 @@ SLOTS = ("a", "b")
 """Supervisors that may hold a prepared intent across other steps; "c", "x" and "y" never do."""
 MAX_JOBS = 4
 LIVENESS_ROUNDS = 60
+STEP_NAMES = re.compile(
+    r"\b(Authorize|Create|RecordCanonical|Release|End|RecordRestarts|RecordOutcome|RecordSettled|Wait|Done)\b"
+)
+"""The step classes: internal names no status message may show."""
 
 
 class NoCasStore(MemoryStore):
@@ -102,12 +113,14 @@ class Job:
     name: str
     cluster: Cluster
     backend: MemoryBackend
+    supervised: bool = True
     supervisors: dict[str, Supervisor] = field(default_factory=dict)
     intents: dict[str, Intent] = field(default_factory=dict)
     shown_failed: int | None = None
     """How many submissions the record had when status first showed ``failed``."""
     late: set[str] = field(default_factory=set)
-    """Objects a slow supervisor created after the record had settled (see invariant 5)."""
+    """Objects a creator made after the record had settled and then died before it could end them:
+    the one exception invariant 5 allows (semantics.md), while they stay held and never released."""
 
 
 RESUBMITTABLE = [c for c in CauseKind if c is not CauseKind.NONE]
@@ -132,6 +145,11 @@ def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
         else:
             rules.append(Rule(on=KUBEFLOW_NATIVE, action=Action.RESTART, budget=draw(st.integers(0, 3))))
             taken.update(KUBEFLOW_NATIVE)
+            if draw(st.booleans()):
+                # and a resubmission after restarts in place: the native budget must then hold
+                # across submissions (the next object restarts only what is left)
+                rules.append(Rule(on=(CauseKind.PREEMPTED,), budget=draw(st.integers(1, 3))))
+                taken.add(CauseKind.PREEMPTED)
     for _ in range(draw(st.integers(0, 3))):
         free = [c for c in RESUBMITTABLE if c not in taken]
         if not free:
@@ -191,17 +209,31 @@ class DispatchMachine(RuleBasedStateMachine):
         return self.jobs[index % len(self.jobs)]
 
     def perform(self, job: Job, slot: str, intent: Intent) -> None:
-        settled_before = self.record(job).settled
-        before = {o.id for o in self.objects(job)}
+        if not job.supervised:
+            self.settle(job)
+            return
         with contextlib.suppress(VersionConflict):
             self.run(self.supervisor(job, slot).perform(intent))
-        if isinstance(intent.decision.step, Create) and settled_before:
-            job.late.update(o.id for o in self.objects(job) if o.id not in before)
+
+    def settle(self, job: Job) -> None:
+        """What anyone may do for a job no supervisor runs."""
+        self.run(job.cluster.operator.settle(job.name, HUMAN))
 
     def step(self, job: Job, slot: str) -> Decision:
         intent = self.run(self.supervisor(job, slot).prepare(job.name))
         self.perform(job, slot, intent)
         return intent.decision
+
+    def create_and_die(self, job: Job, intent: Intent) -> None:
+        """A creator's create lands and it dies before anything else (it cannot end what it made)."""
+        step = intent.decision.step
+        assert isinstance(step, Create)
+        settled = self.record(job).settled
+        before = {o.id for o in self.objects(job)}
+        with contextlib.suppress(ObjectExists):
+            self.run(job.backend.create(job.name, step.submission, intent.record.spec, intent.record.plan))
+        if settled:
+            job.late.update(o.id for o in self.objects(job) if o.id not in before)
 
     # setup
 
@@ -212,8 +244,12 @@ class DispatchMachine(RuleBasedStateMachine):
             rules = data.draw(policies(shape), label=f"rules of j{i}")
             spec = JobSpec(name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules))
             cluster = self.clusters[shape]
-            self.run(cluster.operator.submit(spec, HUMAN, supervised=True))
-            self.jobs.append(Job(spec.name, cluster, self.backends[shape]))
+            # Without a supervisor when the scheduler can enforce every rule, sometimes.
+            alone = all(r.action is Action.RESTART for r in rules) and data.draw(
+                st.booleans(), label=f"j{i} unsupervised"
+            )
+            self.run(cluster.operator.submit(spec, HUMAN, supervised=not alone))
+            self.jobs.append(Job(spec.name, cluster, self.backends[shape], supervised=not alone))
 
     # supervisors
 
@@ -235,6 +271,41 @@ class DispatchMachine(RuleBasedStateMachine):
     @rule(job=st.integers(0, MAX_JOBS - 1), slot=st.sampled_from(SLOTS))
     def supervisor_is_killed(self, job: int, slot: str) -> None:
         self.kill(self.pick(job), slot)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), slot=st.sampled_from(SLOTS))
+    def stalled_creator_creates_and_dies(self, job: int, slot: str) -> None:
+        """A slow supervisor holding a Create performs only the create, then dies (the late create
+        after another settled the job, when it comes to that)."""
+        j = self.pick(job)
+        intent = j.intents.get(slot)
+        if intent is not None and isinstance(intent.decision.step, Create):
+            self.create_and_die(j, intent)
+            self.kill(j, slot)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), cancel=st.booleans(), dies=st.booleans())
+    def slow_creator_loses_the_race(self, job: int, cancel: bool, dies: bool) -> None:
+        """A creator decides Create; meanwhile another supervisor moves the job on (to settled when
+        a person cancels it); then the create lands. A creator that lives ends what it made once it
+        sees the settled record; one that dies right after the create leaves it held."""
+        j = self.pick(job)
+        if not j.supervised:
+            return
+        intent = self.run(self.supervisor(j, "s").prepare(j.name))
+        if isinstance(intent.decision.step, Authorize):  # the job is new: authorize it first
+            self.perform(j, "s", intent)
+            intent = self.run(self.supervisor(j, "s").prepare(j.name))
+        if not isinstance(intent.decision.step, Create):
+            return
+        if cancel:
+            self.run(j.cluster.operator.cancel(j.name, Actor(kind=ActorKind.HUMAN, id="bob")))
+        for _ in range(8):
+            if isinstance(self.step(j, "c").step, Wait | Done):
+                break
+        if dies:
+            self.create_and_die(j, intent)
+        else:
+            self.perform(j, "s", intent)
+        self.kill(j, "s")
 
     @rule(job=st.integers(0, MAX_JOBS - 1), after=st.sampled_from([Create, RecordCanonical]))
     def supervisor_is_killed_right_after(self, job: int, after: type[Create] | type[RecordCanonical]) -> None:
@@ -304,10 +375,45 @@ class DispatchMachine(RuleBasedStateMachine):
             )
         if event == "scancel":
             self.run(backend.end(o.id))
+        elif event == "out_of_memory" and o.phase is Phase.QUEUED:
+            return
         elif event == "exit":
             env.exit(o.id, data.draw(st.integers(0, 255), label="code"))
         else:
             getattr(env, event)(o.id)  # events are chosen by phase: InvalidTransition would be a bug
+
+    @precondition(lambda self: any(o.phase is Phase.RUNNING for o in self.backends[Shape.KUBEFLOW].objects()))
+    @rule(data=st.data(), oom=st.booleans())
+    def scheduler_fails_a_pod(self, data: st.DataObject, oom: bool) -> None:
+        """What Kubeflow restarts in place (often, so that budgets run out across submissions)."""
+        backend = self.backends[Shape.KUBEFLOW]
+        running = [o for o in backend.objects() if o.phase is Phase.RUNNING]
+        o = data.draw(st.sampled_from(running), label="pod of")
+        if oom:
+            backend.env.out_of_memory(o.id)
+        else:
+            backend.env.exit(o.id, 1)
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), fails=st.integers(1, 3))
+    def restarts_in_place_then_a_resubmission(self, job: int, fails: int) -> None:
+        """Kubeflow's story across submissions: pods fail and restart in place, then the job is
+        preempted and resubmitted, and the pods of the next object fail again."""
+        j = self.pick(job)
+        native = [r for r in self.record(j).plan.rules if r.action is Action.RESTART]
+        if j.backend.shape is not Shape.KUBEFLOW or not j.supervised or not native:
+            return
+        first = min(fails, native[0].budget)  # within budget: the job lives on to be preempted
+        for event in [*(["oom"] * first), "preempt", *(["oom"] * fails)]:
+            for _ in range(6):
+                if isinstance(self.step(j, "c").step, Wait | Done):
+                    break
+            running = [o for o in self.objects(j) if o.phase is Phase.RUNNING]
+            if not running:
+                return
+            if event == "oom":
+                j.backend.env.out_of_memory(running[0].id)
+            else:
+                j.backend.env.preempt(running[0].id)
 
     # invariants, after every step
 
@@ -338,6 +444,8 @@ class DispatchMachine(RuleBasedStateMachine):
             record = self.record(j)
             numbers = [s.n for s in record.submissions]
             assert numbers == list(range(1, len(numbers) + 1)), f"{j.name}: submissions {numbers}"
+            if not j.supervised:
+                continue  # its steps are taken by whoever settles it, outside the ledger
             counted = {n: c for (name, n), c in self.ledger.authorized.items() if name == j.name}
             assert counted == dict.fromkeys(numbers, 1), f"{j.name}: authorizations {counted} for {numbers}"
 
@@ -361,18 +469,29 @@ class DispatchMachine(RuleBasedStateMachine):
                     assert planned.firings == restarts, (
                         f"{j.name}: native firings {planned.firings} != {restarts}"
                     )
+                    # What the scheduler really did, over every object of every submission: the
+                    # budget belongs to the job, not to each object (issue 11, item 1).
+                    done = sum(o.restarts for o in self.objects(j))
+                    assert done <= planned.budget, (
+                        f"{j.name}: the scheduler restarted {done} times in place across submissions, "
+                        f"budget {planned.budget}"
+                    )
             assert record.submissions[0].rule is None if record.submissions else True
 
     @invariant()
     def settled_means_everything_ended(self) -> None:  # 5
-        """Except an object a slow supervisor created after the job settled (a Create it decided
-        before): no record write can fence a create, so it is ended by the next step on the job (the
-        creator's own, in ``run``), and the liveness check at the end requires it ended."""
+        """At every moment, with the one exception semantics.md states: an object whose creator
+        decided the Create before the job settled, created it after, and died before re-reading the
+        record. It is held and never released, and the next step anyone takes ends it. A creator
+        that lives ends it itself, so such an object never survives a whole step of this machine."""
         for j in self.jobs:
             if self.record(j).settled:
-                live = [o.id for o in self.objects(j) if o.phase is not Phase.ENDED and o.id not in j.late]
-                assert not live, f"{j.name}: settled with objects not ended: {live}"
-                assert not any(o.phase in LIVE for o in self.objects(j))
+                left = [o for o in self.objects(j) if o.phase is not Phase.ENDED]
+                unexplained = [o.id for o in left if o.id not in j.late]
+                assert not unexplained, f"{j.name}: settled with objects not ended: {unexplained}"
+                for o in left:
+                    assert o.phase is Phase.HELD, f"{j.name}: late object {o.id} is {o.phase}"
+                    assert not j.backend.ever_released(o.id), f"{j.name}: late object {o.id} was released"
 
     @invariant()
     def history_is_a_legal_path(self) -> None:  # 6
@@ -387,6 +506,9 @@ class DispatchMachine(RuleBasedStateMachine):
                 if t.to is State.RECOVERING:
                     recoveries += 1
                     assert t.submission == recoveries + 1
+                else:  # the outcome concerns the last submission, or none: never a submission 0
+                    last = record.submissions[-1].n if record.submissions else None
+                    assert t.submission == last, f"{j.name}: outcome for submission {t.submission}"
                 state = t.to
             assert state is record.state, f"{j.name}: history ends in {state}, record says {record.state}"
             assert recoveries == max(len(record.submissions) - 1, 0)
@@ -401,6 +523,20 @@ class DispatchMachine(RuleBasedStateMachine):
             if shown.state is State.FAILED and j.shown_failed is None:
                 j.shown_failed = len(shown.submissions)
 
+    @invariant()
+    def status_speaks_the_users_words(self) -> None:
+        """No step class in a message (issue 11, item 6); cancelling while objects live (item 5)."""
+        for j in self.jobs:
+            shown = self.run(j.cluster.observer.get(j.name))
+            found = STEP_NAMES.search(shown.message)
+            assert found is None, f"{j.name}: status message {shown.message!r} names {found.group()}"
+            alive = [o for o in self.objects(j) if o.phase is not Phase.ENDED and o.id not in j.late]
+            if shown.state is State.CANCELLED and not shown.settled:
+                assert not alive, f"{j.name}: shows cancelled while {[o.id for o in alive]} live"
+            if shown.state is State.CANCELLING:
+                assert alive, f"{j.name}: shows cancelling with nothing alive"
+                assert not shown.settled
+
     # 7: liveness, and what status showed
 
     def teardown(self) -> None:
@@ -409,10 +545,32 @@ class DispatchMachine(RuleBasedStateMachine):
         finally:
             self.loop.close()
 
+    def watch_ends(self, j: Job) -> Status:
+        async def watched() -> Status:
+            async with asyncio.timeout(10):
+                seen = [st async for st in j.cluster.observer.watch(j.name, poll_interval=0.01)]
+            return seen[-1]
+
+        return self.run(watched())
+
     def settle_everything(self) -> None:
         for j in self.jobs:
             for slot in list(j.supervisors):
                 self.kill(j, slot)
+        # A job nobody supervises: once the scheduler is done with it, status shows the outcome and
+        # watch ends, before anyone has recorded anything (issue 11, item 2).
+        for j in self.jobs:
+            if j.supervised or self.record(j).settled:
+                continue
+            for o in self.objects(j):
+                if o.phase is Phase.QUEUED:
+                    j.backend.env.run(o.id)
+                if o.phase in LIVE:
+                    j.backend.env.complete(o.id)
+            if any(o.phase is Phase.HELD for o in self.objects(j)):
+                continue  # a creator died before releasing it: only a step can move it on
+            shown = self.watch_ends(j)
+            assert shown.state.is_outcome, f"{j.name}: unsupervised, shows {shown.state}: {shown.message}"
         for _ in range(LIVENESS_ROUNDS):
             for backend in self.backends.values():
                 for o in backend.objects():
@@ -421,7 +579,10 @@ class DispatchMachine(RuleBasedStateMachine):
                     if o.phase in LIVE:
                         backend.env.complete(o.id)
             for j in self.jobs:
-                self.run(self.supervisor(j, "a").drive(j.name))
+                if j.supervised:
+                    self.run(self.supervisor(j, "a").drive(j.name))
+                else:
+                    self.settle(j)
             self.one_released_object_per_job()
             self.only_canonicals_were_released()
             self.submissions_run_one_to_n_each_authorized_once()
@@ -434,6 +595,8 @@ class DispatchMachine(RuleBasedStateMachine):
             assert record.settled, f"{j.name} did not settle in {LIVENESS_ROUNDS} rounds: {record.state}"
             left = [o.id for o in self.objects(j) if o.phase is not Phase.ENDED]
             assert not left, f"{j.name}: settled but objects never ended: {left}"
+
+            assert self.watch_ends(j).state is record.state
             if j.shown_failed is not None:
                 # status showed failed: the job was never recovered after that; its outcome is
                 # failed, or cancelled when a person asked for it after seeing it fail
