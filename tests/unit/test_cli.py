@@ -400,3 +400,92 @@ def test_watch_line_and_key() -> None:
 
 def test_manifest_errors_are_value_errors() -> None:
     assert issubclass(ManifestError, ValueError)
+
+
+# ---- issue 11, item 14: a user's mistake is one line, with the documented exit status ----------------
+
+
+def test_a_missing_or_directory_manifest_is_one_line_exit_2(tmp_path: Path) -> None:
+    for path, words in ((tmp_path / "nope.yaml", "No such file"), (tmp_path, "is a directory")):
+        code, out, err = run("plan", "-f", str(path))
+        assert (code, out) == (2, "")
+        assert words in err
+        assert "Traceback" not in err
+        assert err.count("\n") == 1
+
+
+def test_a_missing_kubeconfig_is_one_line_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run("get", "--kubeconfig", str(tmp_path / "kc"))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: kubeconfig {tmp_path / 'kc'} (--kubeconfig) does not exist")
+    assert err.count("\n") == 1
+    assert "Config not found" not in capfd.readouterr().err  # nothing logged by the client library
+
+
+def test_plan_uses_the_kubeconfig_contexts_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(manifest(recovery={"rules": [{"on": ["preempted"], "budget": 2}]}))
+    code, out, _ = run("plan", "-f", str(job), "--kubeconfig", str(kubeconfig), "-o", "json")
+    assert code == 0
+    assert json.loads(out)["job"] == "team-a/finetune"
+
+
+def test_exit_statuses_are_the_documented_ones() -> None:
+    import dispatch._cli.main as cli
+
+    assert (cli.Failure("x").code, cli.Usage("x").code, cli.TimedOut("x").code) == (1, 2, 3)
+    assert "3 ``watch --timeout`` expired" in (cli.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--webhook-managed", "nodots", "--webhook-port", "9443"], "--webhook-managed 'nodots'"),
+        (["--webhook-managed", "a.example.com"], "needs --webhook-port"),
+        (["--metrics-port", "70000"], "--metrics-port 70000"),
+        (["--health-addr", "not an address"], "--health-addr"),
+        (["--slurm-config", "/nonexistent/slurm.yaml"], "--slurm-config /nonexistent/slurm.yaml"),
+    ],
+)
+def test_operator_flags_are_checked_up_front(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatch._kube.main import main as operator_main
+
+    with pytest.raises(SystemExit) as caught:
+        operator_main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err
+    assert "Traceback" not in err
+
+
+def test_operator_missing_kubeconfig_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatch._kube.main import main as operator_main
+
+    assert operator_main(["--kubeconfig", str(tmp_path / "kc")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "does not exist" in err
+
+
+def test_every_operator_port_has_an_address_flag() -> None:
+    from dispatch._kube.main import parser
+
+    flags = {a for action in parser()._actions for a in action.option_strings}
+    for port in ("--metrics-port", "--health-port", "--webhook-port"):
+        assert port in flags
+        assert port.replace("-port", "-addr") in flags
