@@ -94,3 +94,9 @@ REASON_BACKEND_NOT_CONFIGURED: Final = "BackendNotConfigured"
 """Condition reason: this operator has no adapter for the DispatchJob's spec.backend (not final)."""
 EVENT_NAME_PREFIX: Final = "dispatch-event-"
 """kopf's own Events (handler failures) are named with this prefix."""
+
+# Observed status fields (what an observer sees now, for `kubectl get`; not part of the record).
+STATUS_OBSERVED_STATE: Final = "observedState"
+"""status field: the state status shows now (``running``, ``cancelling`` included), not the recorded one."""
+STATUS_OBSERVED_CAUSE: Final = "observedCause"
+"""status field: the cause status shows now; absent while a run is running or none ended yet."""

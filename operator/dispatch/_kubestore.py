@@ -51,10 +51,12 @@ from ._constants import (
     REASON_PENDING,
     REASON_RECOVERING,
     REASON_SUCCEEDED,
+    STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_STATE,
 )
 from ._errors import JobExists, JobNotFound, VersionConflict
 from ._kubeapi import Body, Conflict, CustomObjects, NotFound, WatchEvent, job_id, split_job, watch_forever
-from ._model import Actor, ActorKind, CancelRequest, Enforcer, JobSpec, Plan, Record, State
+from ._model import Actor, ActorKind, CancelRequest, Cause, CauseKind, Enforcer, JobSpec, Plan, Record, State
 from ._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
@@ -272,6 +274,19 @@ class _Seen:
     version: str
     generation: int
     conditions: tuple[Mapping[str, Any], ...]
+    observed: dict[str, str]
+    """The observed fields (:data:`OBSERVED_FIELDS`) as that version holds them."""
+
+
+OBSERVED_FIELDS: Final = (STATUS_OBSERVED_STATE, STATUS_OBSERVED_CAUSE)
+
+
+def observed_fields(state: State, cause: Cause) -> dict[str, str]:
+    """The observed status fields for what an observer sees now (no cause: the field is absent)."""
+    fields = {STATUS_OBSERVED_STATE: str(state)}
+    if cause.kind is not CauseKind.NONE:
+        fields[STATUS_OBSERVED_CAUSE] = str(cause.kind)
+    return fields
 
 
 class KubeRecordStore:
@@ -347,7 +362,32 @@ class KubeRecordStore:
         status["conditions"] = render_conditions(
             conditions_for(record), seen.conditions, seen.generation, self.clock()
         )
+        # The PUT replaces the status: carry the observed fields over, or set them when the record
+        # settles (nothing changes after that, so the observer would only write them again).
+        status.update(observed_fields(record.state, record.cause) if record.settled else seen.observed)
         return await self._put_status(record.job, status, expected)
+
+    async def observe(self, job: str, state: State, cause: Cause, expected: str) -> str | None:
+        """Write the observed fields when they differ from those of version ``expected``, else nothing.
+
+        The record store's own compare-and-swap PUT of /status (a stale ``expected`` raises
+        VersionConflict), remembered like a record write, so the next step reads it from the cache
+        and its write does not conflict with this one. Returns the new version, None when unchanged.
+        """
+        fields = observed_fields(state, cause)
+        seen = self._seen.get(job)
+        if seen is not None and seen.version == expected and seen.observed == fields:
+            return None
+        body = self._fresh.get(job)
+        if body is None or str(body["metadata"]["resourceVersion"]) != expected:
+            body = await self.read(job)
+            if str(body["metadata"]["resourceVersion"]) != expected:
+                self.conflicts += 1
+                raise VersionConflict(job, expected, str(body["metadata"]["resourceVersion"]))
+        status = {k: v for k, v in (body.get("status") or {}).items() if k not in OBSERVED_FIELDS}
+        if _observed_of(body) == fields:
+            return None
+        return await self._put_status(job, {**status, **fields}, expected)
 
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused (Ready=False, Stalled=True, why)."""
@@ -399,6 +439,7 @@ class KubeRecordStore:
             version=str(meta.get("resourceVersion", "")),
             generation=int(meta.get("generation") or 0),
             conditions=tuple((body.get("status") or {}).get("conditions") or ()),
+            observed=_observed_of(body),
         )
 
     # -- watching
@@ -457,6 +498,11 @@ class KubeRecordStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._watches = []
+
+
+def _observed_of(body: Mapping[str, Any]) -> dict[str, str]:
+    status = body.get("status") or {}
+    return {k: str(status[k]) for k in OBSERVED_FIELDS if k in status}
 
 
 def refusal(body: Mapping[str, Any]) -> str | None:

@@ -33,9 +33,11 @@ from .._constants import (
     PLURAL,
     SHORT_NAME,
     SINGULAR,
+    STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._model import FAILURE_CAUSES, MAX_NAME_LENGTH, JobSpec, Record
+from .._model import FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record, State
 
 Schema = dict[str, Any]
 
@@ -58,6 +60,14 @@ CANCEL_DESCRIPTION: Final = (
     "Set to true to cancel the job: dispatch ends its objects and records the outcome `cancelled` with "
     "the actor (annotation `dispatch.dev/cancelled-by`, set by the admission webhook, else `human:unknown`). "
     "The only field that may change after creation, and only from false to true."
+)
+OBSERVED_STATE_DESCRIPTION: Final = (
+    "The state status shows now (`running` and `cancelling` included), written by the operator when it "
+    "changes; `state` is the recorded one. The State printer column."
+)
+OBSERVED_CAUSE_DESCRIPTION: Final = (
+    "The cause status shows now: absent while a run is running or when no run has ended; `cause` is the "
+    "recorded one. The Cause printer column."
 )
 OBSERVED_GENERATION_DESCRIPTION: Final = "The metadata.generation of the spec the status was computed from."
 CONDITIONS_DESCRIPTION: Final = (
@@ -310,6 +320,16 @@ def status_schema() -> Schema:
         "minimum": 0,
         "description": OBSERVED_GENERATION_DESCRIPTION,
     }
+    props[STATUS_OBSERVED_STATE] = {
+        "type": "string",
+        "enum": [str(s) for s in State],
+        "description": OBSERVED_STATE_DESCRIPTION,
+    }
+    props[STATUS_OBSERVED_CAUSE] = {
+        "type": "string",
+        "enum": [str(k) for k in CauseKind if k is not CauseKind.NONE],
+        "description": OBSERVED_CAUSE_DESCRIPTION,
+    }
     props["conditions"] = {
         "type": "array",
         "maxItems": 16,
@@ -328,9 +348,9 @@ def status_schema() -> Schema:
 def printer_columns() -> list[Schema]:
     return [
         {"name": "Backend", "type": "string", "jsonPath": ".spec.backend", "priority": 1},
-        {"name": "State", "type": "string", "jsonPath": ".status.state"},
+        {"name": "State", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_STATE}"},
         {"name": "Submission", "type": "integer", "jsonPath": ".status.submissions[-1:].n"},
-        {"name": "Cause", "type": "string", "jsonPath": ".status.cause.kind"},
+        {"name": "Cause", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_CAUSE}"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {
             "name": "Reason",

@@ -48,7 +48,8 @@ from .._kubestore import KubeRecordStore, has_record, job_spec, new_record, reco
 from .._model import Phase
 from .._plan import make_plan
 from .._protocols import Backend
-from .._supervisor import Listener, Supervisor
+from .._supervisor import Listener
+from .observed import ObservingSupervisor
 
 log = logging.getLogger("dispatch.operator")
 
@@ -200,7 +201,7 @@ class Runtime:
                 self.metrics.observe(record)
         if record is not None and record.settled:
             return True
-        settled = await Supervisor(
+        settled = await ObservingSupervisor(
             backend, self.store, listener=self.listener, poll_interval=self.poll_interval
         ).run(job)
         log.info("job %s settled: %s", job, settled.state, extra={"job": job})

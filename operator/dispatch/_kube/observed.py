@@ -1,0 +1,31 @@
+"""The operator's supervisor: also writes what an observer sees into the DispatchJob, for ``kubectl get``.
+
+The record holds recorded states only (a running job is ``pending``, and the cause of the last
+ended run stays until the next one ends); the printer columns read the observed fields instead
+(``status.observedState``, ``status.observedCause``), written here from the decision every step
+already makes. Only when the supervisor has nothing to do but wait (a write step is followed by
+another decision anyway) and only when they changed: an idle job costs no write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from .._decide import Done, Wait
+from .._errors import VersionConflict
+from .._kubestore import KubeRecordStore
+from .._supervisor import Intent, Supervisor
+
+
+class ObservingSupervisor(Supervisor):
+    """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields."""
+
+    async def prepare(self, job: str) -> Intent:
+        intent = await super().prepare(job)
+        decision = intent.decision
+        store = self.store
+        if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
+            # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
+            with contextlib.suppress(VersionConflict):
+                await store.observe(job, decision.state, decision.cause, intent.version)
+        return intent
