@@ -163,6 +163,14 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
             node = {**option, **rest}
         else:
             raise ValueError(f"cannot make a structural schema of anyOf {node['anyOf']!r}")
+    # Kubernetes' structural schemas have no patternProperties (pydantic writes it for a dict whose
+    # keys carry a pattern): the values become additionalProperties and the key pattern a CEL rule.
+    key_pattern: str | None = None
+    if "patternProperties" in node:
+        patterns = node.pop("patternProperties")
+        if len(patterns) != 1:
+            raise ValueError(f"cannot make a structural schema of patternProperties {patterns!r}")
+        [(key_pattern, node["additionalProperties"])] = patterns.items()
     out: Schema = {}
     map_keys: Schema | None = None
     for key, value in node.items():
@@ -195,6 +203,11 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
                 "rule": f"self.all(k, k.size() >= {max(low, 1)} && k.size() <= {high})",
                 "message": f"keys must be 1 to {high} characters long",
             }
+        )
+    if key_pattern is not None:
+        cel_pattern = key_pattern.replace("\\", "\\\\").replace("'", "\\'")
+        out.setdefault("x-kubernetes-validations", []).append(
+            {"rule": f"self.all(k, k.matches('{cel_pattern}'))", "message": f"keys must match {key_pattern}"}
         )
     return out
 
