@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     released,
 )
 from tests.support.kube import KubeCluster
-from tests.support.lab import Kubeflow
+from tests.support.lab import Kubeflow, replica_count
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,11 @@ async def drive_seed(
             if name in done or not released(pj) or _ended(pj):
                 continue
             pods = await kubeflow.pods(namespace, name)
-            if not pods or any((p.get("status") or {}).get("phase") != "Running" for p in pods):
+            # Every replica, not just the pods listed so far: the training operator may create the
+            # workers before the master, and a job acted on half-made never settles.
+            if len(pods) < replica_count(pj) or any(
+                (p.get("status") or {}).get("phase") != "Running" for p in pods
+            ):
                 continue
             submission = int((pj["metadata"].get("labels") or {}).get("dispatch.dev/submission") or 0)
             done.add(name)

@@ -896,6 +896,12 @@ def pod_name(job: str, replica: str = "master", index: int = 0) -> str:
     return f"{job}-{replica.lower()}-{index}"
 
 
+def replica_count(pytorchjob: Mapping[str, Any]) -> int:
+    """The number of pods a PyTorchJob's spec asks for (every replica type's ``replicas``)."""
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    return sum(int((spec or {}).get("replicas", 1)) for spec in specs.values())
+
+
 class Kubeflow:
     """Async access to the lab's mechanisms, addressed like the training operator's pods.
 
@@ -934,9 +940,22 @@ class Kubeflow:
                 return
             await asyncio.sleep(0.1)
 
+    async def replicas(self, namespace: str, job: str) -> int:
+        """How many pods the PyTorchJob asks for (the training operator may create workers first);
+        waits for the PyTorchJob to exist, as ``wait_pods`` waits for its pods."""
+        path = f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{job}"
+        while True:
+            try:
+                return replica_count(await self._run(self.lab.request, "GET", path))
+            except ApiStatus as e:
+                if e.code != 404:
+                    raise
+            await asyncio.sleep(0.1)
+
     async def succeed(self, namespace: str, job: str) -> None:
-        """Every container exits 0, workers first, then the master."""
-        pods = await self.wait_pods(namespace, job, 1)
+        """Every container exits 0, workers first, then the master: waits for every replica first,
+        since exiting only the pods that happen to exist leaves a later one running forever."""
+        pods = await self.wait_pods(namespace, job, await self.replicas(namespace, job))
         pods.sort(
             key=lambda p: (
                 p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "master",
