@@ -49,7 +49,7 @@ clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
 # The integration tier needs the real components: the Go-built control plane and Debian's Slurm.
-integration: $(STAMP) bins slurm-deps slurm-chroots ## real kube-apiserver + etcd, real Slurm + slurmrestd
+integration: $(STAMP) bins slurm-deps slurm-chroots ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, training operator) and real Slurm 22.05, 24.11, 26.05
 	$(PYTEST) -m integration tests/integration
 
 bench: $(STAMP) ## benchmarks; results go to BENCHMARKS.md by hand, with the command

@@ -1,5 +1,5 @@
 """Two operator processes with leader election and admission webhooks (``--leader-elect
---webhook-port ...``), on the real control plane with the stand-in for Kubeflow's training operator.
+--webhook-port ...``), on the lab: the real control plane, scheduler and Kubeflow training operator.
 
 Every replica runs kopf, so every replica serves the admission webhooks; only the Lease holder
 supervises. Each process manages its own webhook configurations (``DISPATCH_WEBHOOK_MANAGED``), so

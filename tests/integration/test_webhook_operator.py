@@ -1,5 +1,5 @@
 """End to end with the real operator process (``python -m dispatch._kube --webhook-port ...
---metrics-port ...``) and the stand-in for Kubeflow's training operator: a user applies the seed's
+--metrics-port ...``) and the real Kubeflow training operator on the lab: a user applies the seed's
 job, it is preempted and recovered; the actor recorded is the user who applied it; ``kubectl
 dispatch history`` shows the seed's transitions; the operator posted an Event per transition; its
 metrics endpoint reports one recovery caused by ``preempted``; the webhook it serves refuses an
