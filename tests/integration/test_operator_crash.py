@@ -206,6 +206,18 @@ async def test_two_operators_authorize_each_submission_once(
     assert sum(steps) == 4 * len(jobs), steps
 
 
+async def _past_imports(op: OperatorProcess) -> None:
+    """Until the process has written a line after its start marker (or died, or a minute passed)."""
+    marker = f"===== start {op.starts}:"
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline and op.running:
+        text = op.log()
+        at = text.rfind(marker)
+        if at >= 0 and text[at:].count("\n") >= 2:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def test_sigkill_at_random_moments_during_mass_preemptions(
     crds: KubeCluster,
     namespace: str,
@@ -230,7 +242,10 @@ async def test_sigkill_at_random_moments_during_mass_preemptions(
     async def killer() -> None:
         nonlocal kills
         while not stop.is_set():
-            await asyncio.sleep(rng.uniform(0.5, 3.0))
+            # Kill only a process past its imports: on a loaded machine starting Python takes longer
+            # than the kill interval, and kills that land before any work test nothing.
+            await _past_imports(op)
+            await asyncio.sleep(rng.uniform(0.2, 2.0))
             if op.running:
                 op.kill()
                 kills += 1
