@@ -50,11 +50,11 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from cryptography import x509
@@ -389,6 +389,11 @@ class ControlPlane:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    @property
+    def control_plane(self) -> ControlPlane:
+        """Itself (the lab, built on a control plane, answers its own)."""
+        return self
 
     def start(self, *, detach: bool = False, attempts: int = 3) -> None:
         """Start etcd and kube-apiserver and wait for /readyz.
@@ -794,12 +799,38 @@ def abandon(cp: ControlPlane) -> None:
             proc.popen = None
 
 
-def _cli(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.controlplane")
+class _Detachable(Protocol):
+    """What ``detached_cli`` starts: a control plane, or something built on one (the lab)."""
+
+    start_seconds: float
+
+    @property
+    def server(self) -> str: ...
+    @property
+    def kubeconfig(self) -> Path: ...
+    @property
+    def control_plane(self) -> ControlPlane: ...
+    def start(self, *, detach: bool = False) -> None: ...
+    def stop(self) -> None: ...
+
+
+def detached_cli(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    what: str,
+    timeout: float,
+    make: Callable[[argparse.Namespace], _Detachable],
+    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _: None,
+) -> int:
+    """``up --dir D`` starts ``make(args)`` detached and prints its KUBECONFIG; ``down --dir D``
+    stops by PID what ``up`` started there. One command line for the control plane and the lab."""
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    up_p = sub.add_parser("up", help="start etcd + kube-apiserver in the background")
+    up_p = sub.add_parser("up", help=f"start {what} in the background")
     up_p.add_argument("--dir", required=True, type=Path)
-    up_p.add_argument("--timeout", type=float, default=60.0)
+    up_p.add_argument("--timeout", type=float, default=timeout)
+    add_arguments(up_p)
     down_p = sub.add_parser("down", help="stop what `up` started (by PID)")
     down_p.add_argument("--dir", required=True, type=Path)
     args = parser.parse_args(argv)
@@ -809,21 +840,35 @@ def _cli(argv: Sequence[str] | None = None) -> int:
         if busy:
             print(busy, file=sys.stderr)
             return 1
-        cp = ControlPlane(args.dir, start_timeout=args.timeout)
+        running = make(args)
         try:
-            cp.start(detach=True)
+            running.start(detach=True)
         except BaseException:
-            cp.stop()
+            running.stop()
             raise
-        abandon(cp)
-        print(f"control plane ready in {cp.start_seconds:.1f}s: {cp.server}")
-        print(f"pids: {cp.pids}")
-        print(f"export KUBECONFIG={cp.kubeconfig}")
+        abandon(running.control_plane)
+        print(f"{what} ready in {running.start_seconds:.1f}s: {running.server}")
+        print(f"pids: {running.control_plane.pids}")
+        print(f"export KUBECONFIG={running.kubeconfig}")
         return 0
 
-    pids = down(args.dir)
+    try:
+        pids = down(args.dir)
+    except ControlPlaneError as e:
+        print(str(e), file=sys.stderr)
+        return 1
     print(f"stopped {pids}" if pids else f"nothing running in {args.dir}")
     return 0
+
+
+def _cli(argv: Sequence[str] | None = None) -> int:
+    return detached_cli(
+        argv,
+        prog="python -m tests.support.controlplane",
+        what="control plane",
+        timeout=60.0,
+        make=lambda args: ControlPlane(args.dir, start_timeout=args.timeout),
+    )
 
 
 if __name__ == "__main__":

@@ -50,14 +50,11 @@ import yaml
 
 from tests.support.controlplane import (
     ControlPlane,
-    ControlPlaneError,
     _build_script_env,
     _ExitedEarly,
     _free_port,
     _pid_runs,
-    abandon,
-    already_running,
-    down,
+    detached_cli,
     resolve_binaries,
 )
 
@@ -231,6 +228,10 @@ class Lab:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @property
+    def control_plane(self) -> ControlPlane:
+        return self.cp
 
     def start(self, *, detach: bool = False) -> None:
         """Start everything and wait until each part is ready (nodes Ready, webhook serving)."""
@@ -1091,40 +1092,17 @@ def lab(workdir: Path | str, **kwargs: Any) -> Iterator[Lab]:
 
 
 def _cli(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.lab")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up_p = sub.add_parser("up", help="start the lab in the background")
-    up_p.add_argument("--dir", required=True, type=Path)
-    up_p.add_argument("--nodes", type=int, default=3)
-    up_p.add_argument("--timeout", type=float, default=120.0)
-    down_p = sub.add_parser("down", help="stop what `up` started (by PID)")
-    down_p.add_argument("--dir", required=True, type=Path)
-    args = parser.parse_args(argv)
+    def nodes(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--nodes", type=int, default=3)
 
-    if args.cmd == "up":
-        busy = already_running(args.dir)
-        if busy:
-            print(busy, file=sys.stderr)
-            return 1
-        running = Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout)
-        try:
-            running.start(detach=True)
-        except BaseException:
-            running.stop()
-            raise
-        abandon(running.cp)
-        print(f"lab ready in {running.start_seconds:.1f}s: {running.server}")
-        print(f"pids: {running.cp.pids}")
-        print(f"export KUBECONFIG={running.kubeconfig}")
-        return 0
-
-    try:
-        pids = down(args.dir)
-    except ControlPlaneError as e:
-        print(str(e), file=sys.stderr)
-        return 1
-    print(f"stopped {pids}" if pids else f"nothing running in {args.dir}")
-    return 0
+    return detached_cli(
+        argv,
+        prog="python -m tests.support.lab",
+        what="lab",
+        timeout=120.0,
+        make=lambda args: Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout),
+        add_arguments=nodes,
+    )
 
 
 if __name__ == "__main__":
