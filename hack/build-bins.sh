@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Build the test cluster's binaries from Go modules, without Docker and without release tarballs:
 # etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kwok, Kubeflow's
-# training operator (with the project's own main, hack/training-operator-lab/main.go) and helm.
+# training operator (with the project's own main, hack/training-operator-lab/main.go), JobSet,
+# Kubeflow Trainer v2 and helm.
 #
 # Output (outside the repo, keyed by version, rebuilt only when missing):
 #   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/<name>-<version>/<name>
 #   .../bin/training-operator-<TRAINING_OPERATOR_VERSION>/training-operator-lab
 #       (+ main.go.sha256: rebuilt when hack/training-operator-lab/main.go changes;
 #        + manifests/: the upstream CRD, RBAC and webhook manifests of that version)
+#   .../bin/jobset-<JOBSET_VERSION>/jobset (+ manifests/: CRD and webhook configurations)
+#   .../bin/trainer-<TRAINER_VERSION>/trainer-controller-manager
+#       (+ manifests/: CRDs, webhook configurations, the torch-distributed ClusterTrainingRuntime)
 #
 # Go's module and build caches stay at their defaults (GOMODCACHE, GOCACHE), so a
 # second machine-local build is fast. The script is idempotent and safe to run
@@ -22,7 +26,10 @@
 # The kube-* binaries are built from k8s.io/kubernetes with a throwaway wrapper go.mod (k/k's own
 # go.mod replaces its staging modules with ./staging/..., which `go install pkg@version` refuses),
 # so every staging module is replaced by its published v0.X.Y. etcd is built the same way (its
-# server/go.mod has replaces too). kwok and helm build with a plain `go install pkg@version`.
+# server/go.mod has replaces too). kwok, helm and Trainer build with a plain `go install pkg@version`.
+# JobSet cannot: `go install` reads the module's @v/list for deprecations, which the proxy refuses
+# for sigs.k8s.io/jobset (403); a wrapper module never asks for it. JobSet and Trainer build in
+# parallel (their dependency graphs share little, so the go tool's own parallelism leaves idle time).
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
@@ -30,6 +37,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.14}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.9.3}"
+JOBSET_VERSION="${JOBSET_VERSION:-v0.11.1}"
+TRAINER_VERSION="${TRAINER_VERSION:-v2.2.0}"
 
 DISPATCH_CACHE="${DISPATCH_CACHE:-${HOME}/.cache/dispatch}"
 BIN_DIR="${DISPATCH_CACHE}/bin"
@@ -47,6 +56,10 @@ KWOK="${BIN_DIR}/kwok-${KWOK_VERSION}/kwok"
 TO_DIR="${BIN_DIR}/training-operator-${TRAINING_OPERATOR_VERSION}"
 TRAINING_OPERATOR="${TO_DIR}/training-operator-lab"
 TO_MANIFESTS="${TO_DIR}/manifests"
+JOBSET="${BIN_DIR}/jobset-${JOBSET_VERSION}/jobset"
+JOBSET_MANIFESTS="${BIN_DIR}/jobset-${JOBSET_VERSION}/manifests"
+TRAINER="${BIN_DIR}/trainer-${TRAINER_VERSION}/trainer-controller-manager"
+TRAINER_MANIFESTS="${BIN_DIR}/trainer-${TRAINER_VERSION}/manifests"
 
 print_env() {
   cat <<EOF
@@ -56,6 +69,8 @@ ETCD_VERSION=${ETCD_VERSION}
 HELM_VERSION=${HELM_VERSION}
 KWOK_VERSION=${KWOK_VERSION}
 TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION}
+JOBSET_VERSION=${JOBSET_VERSION}
+TRAINER_VERSION=${TRAINER_VERSION}
 DISPATCH_KUBE_APISERVER=${KUBE_APISERVER}
 DISPATCH_KUBECTL=${KUBECTL}
 DISPATCH_KUBE_SCHEDULER=${KUBE_SCHEDULER}
@@ -65,6 +80,10 @@ DISPATCH_HELM=${HELM}
 DISPATCH_KWOK=${KWOK}
 DISPATCH_TRAINING_OPERATOR=${TRAINING_OPERATOR}
 DISPATCH_TRAINING_OPERATOR_MANIFESTS=${TO_MANIFESTS}
+DISPATCH_JOBSET=${JOBSET}
+DISPATCH_JOBSET_MANIFESTS=${JOBSET_MANIFESTS}
+DISPATCH_TRAINER=${TRAINER}
+DISPATCH_TRAINER_MANIFESTS=${TRAINER_MANIFESTS}
 EOF
 }
 
@@ -75,6 +94,10 @@ to_current() {
     [[ "$(cat "${TO_DIR}/main.go.sha256" 2>/dev/null)" == "$(to_main_sum)" ]]
 }
 
+# JobSet and Trainer are current when the binary and the manifests copied next to it are there.
+jobset_current() { [[ -x "${JOBSET}" && -f "${JOBSET_MANIFESTS}/webhook-manifests.yaml" ]]; }
+trainer_current() { [[ -x "${TRAINER}" && -f "${TRAINER_MANIFESTS}/torch_distributed.yaml" ]]; }
+
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
   --check)
@@ -83,6 +106,8 @@ case "${1:-}" in
       [[ -x "$b" ]] || { echo "missing: $b" >&2; rc=1; }
     done
     to_current || { echo "missing or stale: ${TRAINING_OPERATOR}" >&2; rc=1; }
+    jobset_current || { echo "missing: ${JOBSET} or its manifests" >&2; rc=1; }
+    trainer_current || { echo "missing: ${TRAINER} or its manifests" >&2; rc=1; }
     exit "$rc" ;;
   "") ;;
   *) echo "usage: $0 [--print-env|--check]" >&2; exit 2 ;;
@@ -283,6 +308,65 @@ EOF
   to_main_sum >"${TO_DIR}/main.go.sha256"
 }
 
+# --- JobSet and Kubeflow Trainer v2 ------------------------------------------------------
+# The upstream manifests the lab needs are copied next to each binary (no Go toolchain at test
+# time): JobSet's CRD and webhook configurations; Trainer's CRDs, webhook configurations and the
+# torch-distributed ClusterTrainingRuntime. A binary already built (e.g. by the notes' lab script
+# into the same path) is kept; only missing manifests are copied then.
+build_jobset() {
+  local mod
+  if [[ ! -x "${JOBSET}" ]]; then
+    local wd="${SRC_DIR}/jobset-${JOBSET_VERSION}-dispatch"
+    mkdir -p "${wd}"
+    printf 'module dispatch.local/jobset-bin\n\ngo 1.25.0\n\nrequire sigs.k8s.io/jobset %s\n' "${JOBSET_VERSION}" >"${wd}/go.mod"
+    printf '//go:build tools\n\n// Package tools pins the command this wrapper module builds.\npackage tools\n\nimport _ "sigs.k8s.io/jobset"\n' >"${wd}/tools.go"
+    rm -f "${wd}/go.sum"
+    log "go mod tidy (jobset wrapper)"
+    (cd "${wd}" && "${GO}" mod tidy)
+    log "go build jobset ${JOBSET_VERSION}"
+    timed jobset bash -c 'cd "$1" && "$2" build -p "$3" -trimpath -ldflags "-s -w" -o "$1/jobset.tmp" sigs.k8s.io/jobset' \
+      _ "${wd}" "${GO}" "${BUILD_JOBS}"
+    install_atomically "${wd}/jobset.tmp" "${JOBSET}"
+  else
+    log "jobset ${JOBSET_VERSION}: cached"
+  fi
+  mod="$(mod_dir "sigs.k8s.io/jobset@${JOBSET_VERSION}")"
+  mkdir -p "${JOBSET_MANIFESTS}"
+  install -m 0644 "${mod}/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "${JOBSET_MANIFESTS}/"
+  install -m 0644 "${mod}/config/components/webhook/manifests.yaml" "${JOBSET_MANIFESTS}/webhook-manifests.yaml"
+}
+
+build_trainer() {
+  local mod f
+  if [[ ! -x "${TRAINER}" ]]; then
+    local gobin="${SRC_DIR}/trainer-${TRAINER_VERSION}-gobin"
+    mkdir -p "${gobin}"
+    log "go install trainer-controller-manager ${TRAINER_VERSION}"
+    timed trainer env GOBIN="${gobin}" "${GO}" install -p "${BUILD_JOBS}" -trimpath -ldflags "-s -w" \
+      "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@${TRAINER_VERSION}"
+    install_atomically "${gobin}/trainer-controller-manager" "${TRAINER}"
+  else
+    log "trainer ${TRAINER_VERSION}: cached"
+  fi
+  mod="$(mod_dir "github.com/kubeflow/trainer/v2@${TRAINER_VERSION}")"
+  mkdir -p "${TRAINER_MANIFESTS}"
+  for f in "${mod}"/manifests/base/crds/trainer.kubeflow.org_*.yaml; do
+    install -m 0644 "${f}" "${TRAINER_MANIFESTS}/"
+  done
+  install -m 0644 "${mod}/manifests/base/webhook/manifests.yaml" "${TRAINER_MANIFESTS}/webhook-manifests.yaml"
+  install -m 0644 "${mod}/manifests/base/runtimes/torch_distributed.yaml" "${TRAINER_MANIFESTS}/"
+}
+
+# Both in the background, then wait for each (a failure of either fails the script).
+build_extras() {
+  local pids=() rc=0 p
+  jobset_current || { build_jobset & pids+=($!); }
+  trainer_current || { build_trainer & pids+=($!); }
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  ((rc == 0)) || { echo "build-bins: jobset or trainer build failed (see above)" >&2; exit 1; }
+  jobset_current && trainer_current && log "jobset ${JOBSET_VERSION}, trainer ${TRAINER_VERSION}: ready"
+}
+
 # --- helm -------------------------------------------------------------------------------
 build_helm() {
   if [[ -x "${HELM}" ]]; then
@@ -304,6 +388,7 @@ build_etcd
 build_kube
 build_kwok
 build_training_operator
+build_extras
 build_helm
 log "done in $(( $(date +%s) - start ))s"
 print_env

@@ -245,6 +245,19 @@ def lab(kube_cluster: KubeCluster) -> Lab:
     return kube_cluster.lab
 
 
+@pytest.fixture(scope="session")
+def lab_extras(lab: Lab) -> Lab:
+    """The session's lab with JobSet and Kubeflow Trainer v2 started on it (once, on first use:
+    about 10 s). One lab per session holds them: Trainer's cert dir is machine-global, and a
+    second lab's Trainer waits for it (see tests.support.lab)."""
+    try:
+        lab.start_extras(("jobset", "trainer"))
+    except LabError as e:
+        pytest.fail(str(e), pytrace=False)
+    print(f"\nlab extras up in {lab.extras_seconds}", file=sys.stderr)
+    return lab
+
+
 @pytest.fixture
 def kubeflow(lab: Lab) -> Iterator[Kubeflow]:
     """The lab's failure mechanisms for one test (async); node changes are undone afterwards."""

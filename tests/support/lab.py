@@ -14,6 +14,15 @@ node is deleted, the Eviction API. Only what a kubelet itself reports is played 
 container's exit (code and reason), an image that cannot be pulled, a deadline kill, a container
 waiting, and the termination of a deleted pod (see docs/testing.md).
 
+Opt-in extras (``Lab(extras=("jobset", "trainer"))``, ``up --with jobset,trainer``, or
+:meth:`Lab.start_extras` on a running lab): JobSet v0.11.1 with its JobSet mutating and
+validating webhooks registered (its reconciler relies on the defaults the mutating one sets), and
+Kubeflow Trainer v2.2.0 (``trainer`` implies ``jobset``) with its CRDs, its webhooks, namespace
+``kubeflow-system`` and the ``torch-distributed`` ClusterTrainingRuntime. Both serve their
+webhooks on 127.0.0.1 with a cert from the lab's CA. Trainer reads its serving cert from the
+hard-coded ``/tmp/k8s-webhook-server/serving-certs``: one Trainer per machine, so the lab takes
+that directory under a lock, waits while another live lab holds it, and removes it when it stops.
+
 Python use::
 
     with Lab(tmp_dir) as lab:
@@ -30,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -51,9 +62,15 @@ import yaml
 from tests.support.controlplane import (
     ControlPlane,
     _build_script_env,
+    _cert_pem,
     _ExitedEarly,
     _free_port,
+    _issue,
+    _key_pem,
+    _load_ca,
+    _pid_alive,
     _pid_runs,
+    _write,
     detached_cli,
     resolve_binaries,
 )
@@ -76,6 +93,17 @@ TRAINING_OPERATOR_NAMESPACE: Final = "kubeflow"
 TRAINING_OPERATOR_SA: Final = "training-operator"
 WEBHOOK_NAME: Final = "validator.training-operator.kubeflow.org"
 WRITE_VERBS: Final = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+EXTRAS: Final = ("jobset", "trainer")
+TRAINER_NAMESPACE: Final = "kubeflow-system"
+"""Trainer's namespace: read from the in-Pod ServiceAccount file, else this default (no flag)."""
+TRAINER_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
+"""Hard-coded in trainer's pkg/util/cert/cert.go (and controller-runtime's default)."""
+TRAINER_RUNTIME: Final = "torch-distributed"
+JOBSET_WEBHOOKS: Final = ("jobset-mutating-webhook-configuration", "jobset-validating-webhook-configuration")
+TRAINER_WEBHOOKS: Final = (
+    "trainer-mutating-webhook-configuration",
+    "trainer-validating-webhook-configuration",
+)
 
 # Faster than the defaults so that node loss shows within seconds (tests wait, never assert time).
 KCM_NODE_FLAGS: Final = ("--node-monitor-period=1s", "--node-monitor-grace-period=12s")
@@ -106,13 +134,28 @@ class LabBinaries:
     kwok: str
     training_operator: str
     training_operator_manifests: Path
+    jobset: str = ""
+    jobset_manifests: Path = Path()
+    trainer: str = ""
+    trainer_manifests: Path = Path()
 
 
-def resolve_lab_binaries(*, training_operator: bool = True) -> LabBinaries:
+def _extras(names: Sequence[str]) -> tuple[str, ...]:
+    """The extras asked for, checked, in start order (Trainer runs its TrainJobs on JobSet)."""
+    unknown = sorted(set(names) - set(EXTRAS))
+    if unknown:
+        raise LabError(f"unknown lab extra(s) {unknown}; known: {list(EXTRAS)}")
+    wanted = set(names) | ({"jobset"} if "trainer" in names else set())
+    return tuple(e for e in EXTRAS if e in wanted)
+
+
+def resolve_lab_binaries(*, training_operator: bool = True, extras: Sequence[str] = ()) -> LabBinaries:
     """Find the lab's binaries (env vars first, then the paths ``hack/build-bins.sh`` prints)."""
     keys: tuple[str, ...] = ("DISPATCH_KUBE_SCHEDULER", "DISPATCH_KUBE_CONTROLLER_MANAGER", "DISPATCH_KWOK")
     if training_operator:
         keys += ("DISPATCH_TRAINING_OPERATOR", "DISPATCH_TRAINING_OPERATOR_MANIFESTS")
+    for extra in _extras(extras):
+        keys += (f"DISPATCH_{extra.upper()}", f"DISPATCH_{extra.upper()}_MANIFESTS")
     found = {k: os.environ.get(k, "") for k in keys}
     if not all(found.values()):
         script = _build_script_env()
@@ -131,6 +174,10 @@ def resolve_lab_binaries(*, training_operator: bool = True) -> LabBinaries:
         kwok=found["DISPATCH_KWOK"],
         training_operator=found.get("DISPATCH_TRAINING_OPERATOR", ""),
         training_operator_manifests=Path(found.get("DISPATCH_TRAINING_OPERATOR_MANIFESTS", "")),
+        jobset=found.get("DISPATCH_JOBSET", ""),
+        jobset_manifests=Path(found.get("DISPATCH_JOBSET_MANIFESTS", "")),
+        trainer=found.get("DISPATCH_TRAINER", ""),
+        trainer_manifests=Path(found.get("DISPATCH_TRAINER_MANIFESTS", "")),
     )
 
 
@@ -174,11 +221,15 @@ class Lab:
         nodes: int = 3,
         start_timeout: float = 120.0,
         training_operator: bool = True,
+        extras: Sequence[str] = (),
     ) -> None:
         self.dir = Path(workdir).resolve()
         self.node_count = nodes
         self.start_timeout = start_timeout
         self.with_training_operator = training_operator
+        self.extras = _extras(extras)
+        self.extras_seconds: dict[str, float] = {}
+        self._trainer_lock: Any = None
         self.audit_log = self.dir / "audit.log"
         self.cp = ControlPlane(
             self.dir,
@@ -236,7 +287,7 @@ class Lab:
     def start(self, *, detach: bool = False) -> None:
         """Start everything and wait until each part is ready (nodes Ready, webhook serving)."""
         t0 = time.monotonic()
-        self.bins = resolve_lab_binaries(training_operator=self.with_training_operator)
+        self.bins = resolve_lab_binaries(training_operator=self.with_training_operator, extras=self.extras)
         self.cp.binaries = self.cp.binaries or resolve_binaries()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -252,7 +303,10 @@ class Lab:
 
     def stop(self) -> None:
         """Stop every process (components first, then the apiserver and etcd) by PID."""
-        self.cp.stop()
+        try:
+            self.cp.stop()
+        finally:
+            self._release_trainer_cert_dir()
 
     def _start_components(self, *, detach: bool) -> None:
         assert self.bins is not None
@@ -307,6 +361,7 @@ class Lab:
         self._wait_or_respawn(kcm, "kube_controller_manager", kcm_args, detach=detach)
         if self.with_training_operator:
             self.start_training_operator(detach=detach)
+        self.start_extras(self.extras, detach=detach)
         while True:
             ready = self._ready_nodes()
             if all(n in ready for n in self.nodes):
@@ -473,6 +528,260 @@ class Lab:
             if time.monotonic() > deadline:
                 os.kill(proc.pid, signal.SIGKILL)
             time.sleep(0.05)
+
+    # ---- the extras: JobSet and Kubeflow Trainer v2 ----------------------------------
+
+    def start_extras(self, names: Sequence[str], *, detach: bool = False) -> None:
+        """Start the extras not yet running (``jobset``, ``trainer``; trainer implies jobset) and
+        wait until each serves its webhooks; callable on a running lab (the ``lab_extras``
+        fixture). Their start-up seconds go to ``extras_seconds`` and the state file."""
+        wanted = _extras(names)
+        if not wanted:
+            return
+        assert self.bins is not None
+        if any(not getattr(self.bins, e) for e in wanted):
+            self.bins = resolve_lab_binaries(
+                training_operator=self.with_training_operator, extras=(*self.extras, *wanted)
+            )
+        for extra in wanted:
+            if self._extra_running(extra):
+                continue
+            t0 = time.monotonic()
+            if extra == "jobset":
+                self._start_jobset(detach=detach)
+            else:
+                self._start_trainer(detach=detach)
+            self.extras_seconds[extra] = round(time.monotonic() - t0, 2)
+        self.extras = _extras((*self.extras, *wanted))
+        if self.cp.state_file.exists():
+            self._write_lab_state()
+
+    def _extra_running(self, name: str) -> bool:
+        proc = next((p for p in self.cp._procs if p.name == name), None)
+        if proc is None:
+            return False
+        if proc.popen is not None:
+            return bool(proc.popen.poll() is None)
+        return _pid_runs(proc.pid, proc.binary)
+
+    def _serving_cert(self, directory: Path) -> tuple[Path, str]:
+        """tls.crt/tls.key for ``localhost`` and 127.0.0.1 from the lab's server CA (the one the
+        apiserver's webhook calls verify against, as caBundle); returns the dir and the bundle."""
+        ca_key, ca_cert = _load_ca(self.cp.pki, "server-ca")
+        key, cert = _issue(
+            ca_key,
+            ca_cert,
+            common_name="lab-webhook",
+            server=True,
+            dns_names=["localhost"],
+            ips=["127.0.0.1"],
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        _write(directory / "tls.crt", _cert_pem(cert), 0o644)
+        _write(directory / "tls.key", _key_pem(key))
+        return directory, base64.b64encode((self.cp.pki / "server-ca.crt").read_bytes()).decode()
+
+    def _webhooks_on_loopback(
+        self, manifest: Path, names: Sequence[str], port: int, ca_bundle: str, resources: set[str]
+    ) -> list[dict[str, Any]]:
+        """Upstream's webhook configurations with a loopback URL instead of the Service (no
+        Service DNS here), keeping only the webhooks for RESOURCES (JobSet's pod webhooks would
+        apply to every pod in the lab), renamed NAMES (mutating, validating)."""
+        out: list[dict[str, Any]] = []
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            if not doc:
+                continue
+            hooks = []
+            for hook in doc.get("webhooks") or ():
+                if (
+                    not {r for rule in hook.get("rules") or () for r in rule.get("resources") or ()}
+                    & resources
+                ):
+                    continue
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://localhost:{port}{path}", "caBundle": ca_bundle}
+                hooks.append(hook)
+            name = names[0] if doc["kind"] == "MutatingWebhookConfiguration" else names[1]
+            out.append(
+                {
+                    "apiVersion": doc["apiVersion"],
+                    "kind": doc["kind"],
+                    "metadata": {"name": name},
+                    "webhooks": hooks,
+                }
+            )
+        return out
+
+    def _spawn_ready(self, name: str, binary: str, make_args: Any, *, detach: bool) -> dict[str, int]:
+        """Spawn a controller-runtime manager on fresh loopback ports (probe, metrics, webhook)
+        and wait for /readyz; a port taken meanwhile by another process means new ports."""
+        for attempt in range(1, 4):
+            ports = {"probe": _free_port(), "metrics": _free_port(), "webhook": _free_port()}
+            self.cp._procs = [p for p in self.cp._procs if p.name != name]
+            user = self.cp.mint_user(f"lab-{name}", ["system:masters"])
+            proc = self.cp.spawn(name, binary, make_args(ports, user), detach=detach)
+            try:
+                self.cp.wait_http(proc, f"http://127.0.0.1:{ports['probe']}/readyz")
+            except _ExitedEarly:
+                if attempt == 3:
+                    raise
+                continue
+            self.ports.update({f"{name}_{k}": v for k, v in ports.items()})
+            return ports
+        raise AssertionError("unreachable")
+
+    def _start_jobset(self, *, detach: bool) -> None:
+        assert self.bins is not None
+        m = self.bins.jobset_manifests
+        self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(m / "jobset.x-k8s.io_jobsets.yaml")
+        )
+        self._wait_established("jobsets")
+        certs, ca_bundle = self._serving_cert(self.dir / "jobset" / "certs")
+        config = self.dir / "jobset" / "config.yaml"
+
+        def args(ports: dict[str, int], user: Path) -> list[str]:
+            # internalCertManagement off: its cert dir would be the machine-global one; certDir is ours.
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+                        "kind": "Configuration",
+                        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['probe']}"},
+                        "metrics": {"bindAddress": f"127.0.0.1:{ports['metrics']}"},
+                        "webhook": {"port": ports["webhook"], "host": "127.0.0.1", "certDir": str(certs)},
+                        "leaderElection": {"leaderElect": False},
+                        "internalCertManagement": {"enable": False},
+                    }
+                )
+            )
+            return [
+                f"--kubeconfig={user}",
+                f"--config={config}",
+                f"--metrics-bind-address=127.0.0.1:{ports['metrics']}",
+            ]
+
+        ports = self._spawn_ready("jobset", self.bins.jobset, args, detach=detach)
+        # Without the mutating webhook's defaults (spec.network) the reconciler panics on every
+        # JobSet (dnsHostnamesEnabled, pkg/controllers/jobset_controller.go).
+        hooks = self._webhooks_on_loopback(
+            m / "webhook-manifests.yaml", JOBSET_WEBHOOKS, ports["webhook"], ca_bundle, {"jobsets"}
+        )
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(hooks, sort_keys=False))
+
+    def _wait_established(self, *plurals: str) -> None:
+        group = {"jobsets": "jobset.x-k8s.io"}
+        # Polled here: `kubectl wait` fails at once while a new CRD has no conditions yet.
+        for plural in plurals:
+            name = f"{plural}.{group.get(plural, 'trainer.kubeflow.org')}"
+            path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            self.wait(
+                f"CRD {plural} Established",
+                lambda path=path: any(
+                    c.get("type") == "Established" and c.get("status") == "True"
+                    for c in (self.request("GET", path).get("status") or {}).get("conditions") or ()
+                ),
+                60,
+            )
+
+    def _start_trainer(self, *, detach: bool) -> None:
+        assert self.bins is not None
+        m = self.bins.trainer_manifests
+        for crd in sorted(m.glob("trainer.kubeflow.org_*.yaml")):
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        # It exits at start when a kind is not served yet ("no matches for kind TrainJob").
+        self._wait_established("trainjobs", "trainingruntimes", "clustertrainingruntimes")
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TRAINER_NAMESPACE}}
+            ),
+        )
+        self._take_trainer_cert_dir()
+        _, ca_bundle = self._serving_cert(TRAINER_CERT_DIR)
+        config = self.dir / "trainer" / "config.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+
+        def args(ports: dict[str, int], user: Path) -> list[str]:
+            # certManagement off: the serving cert is the lab CA's, in the hard-coded dir.
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+                        "kind": "Configuration",
+                        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['probe']}"},
+                        "metrics": {"bindAddress": f"127.0.0.1:{ports['metrics']}", "secureServing": True},
+                        "webhook": {"port": ports["webhook"], "host": "127.0.0.1"},
+                        "leaderElection": {"leaderElect": False},
+                        "certManagement": {"enable": False},
+                    }
+                )
+            )
+            return [f"--kubeconfig={user}", f"--config={config}"]
+
+        ports = self._spawn_ready("trainer", self.bins.trainer, args, detach=detach)
+        self._note_trainer_pid()
+        hooks = self._webhooks_on_loopback(
+            m / "webhook-manifests.yaml",
+            TRAINER_WEBHOOKS,
+            ports["webhook"],
+            ca_bundle,
+            {"trainjobs", "trainingruntimes", "clustertrainingruntimes"},
+        )
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(hooks, sort_keys=False))
+        # Through the validating webhook just registered (the apiserver may still miss it).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.kubectl("apply", "-f", str(m / "torch_distributed.yaml"))
+                return
+            except LabError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    # The machine-global cert dir: mkdir of its parent is the mutex; owner.json names the holder
+    # (its lab dir and the pids that keep it: this process until the Trainer runs, then the Trainer).
+
+    def _owner_file(self) -> Path:
+        return TRAINER_CERT_DIR.parent / "owner.json"
+
+    def _take_trainer_cert_dir(self) -> None:
+        root = TRAINER_CERT_DIR.parent
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                root.mkdir()
+                break
+            except FileExistsError:
+                holder = _cert_dir_holder(self._owner_file())
+                if holder is None:  # stale: its holder is gone
+                    shutil.rmtree(root, ignore_errors=True)
+                    continue
+                if holder == str(self.dir):
+                    shutil.rmtree(TRAINER_CERT_DIR, ignore_errors=True)
+                    break
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"{TRAINER_CERT_DIR} is held by the lab in {holder} (Trainer v2's hard-coded "
+                        "cert dir: one Trainer per machine); stop that lab first"
+                    ) from None
+                time.sleep(1.0)
+        self._write_owner([{"pid": os.getpid(), "binary": ""}])
+
+    def _note_trainer_pid(self) -> None:
+        proc = next(p for p in self.cp._procs if p.name == "trainer")
+        self._write_owner([{"pid": proc.pid, "binary": proc.binary}])
+
+    def _write_owner(self, pids: list[dict[str, Any]]) -> None:
+        tmp = self._owner_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps({"lab": str(self.dir), "pids": pids}))
+        tmp.replace(self._owner_file())
+
+    def _release_trainer_cert_dir(self) -> None:
+        release_trainer_cert_dir(self.dir)
 
     # ---- API access ----------------------------------------------------------------
 
@@ -857,6 +1166,8 @@ class Lab:
             ports=self.ports,
             nodes=self.nodes,
             audit_log=str(self.audit_log),
+            extras=list(self.extras),
+            extras_seconds=self.extras_seconds,
         )
         state_file.write_text(json.dumps(state, indent=2))
 
@@ -879,6 +1190,34 @@ def _pod_cpu(pod: dict[str, Any]) -> str:
     main = sum(cpu(c) for c in spec.get("containers") or ())
     init = max((cpu(c) for c in spec.get("initContainers") or ()), default=0)
     return f"{max(main, init)}m"
+
+
+def _cert_dir_holder(owner_file: Path) -> str | None:
+    """The lab dir holding Trainer's global cert dir, or None when no recorded holder lives.
+    A dir without owner.json yet is held (its creator is between mkdir and the write)."""
+    try:
+        owner = json.loads(owner_file.read_text())
+    except FileNotFoundError:
+        age = time.time() - owner_file.parent.stat().st_mtime
+        return "(a lab starting)" if age < 10 else None
+    except (OSError, ValueError):
+        return None
+    alive = any(
+        _pid_runs(int(p["pid"]), str(p["binary"])) if p.get("binary") else _pid_alive(int(p["pid"]))
+        for p in owner.get("pids") or ()
+    )
+    return str(owner.get("lab")) if alive else None
+
+
+def release_trainer_cert_dir(lab_dir: Path | str) -> None:
+    """Remove Trainer's global cert dir if the lab in LAB_DIR took it (``stop`` and ``down``)."""
+    root = TRAINER_CERT_DIR.parent
+    try:
+        owner = json.loads((root / "owner.json").read_text())
+    except (OSError, ValueError):
+        return
+    if owner.get("lab") == str(Path(lab_dir).resolve()):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class ApiStatus(LabError):
@@ -1092,17 +1431,26 @@ def lab(workdir: Path | str, **kwargs: Any) -> Iterator[Lab]:
 
 
 def _cli(argv: Sequence[str] | None = None) -> int:
-    def nodes(parser: argparse.ArgumentParser) -> None:
+    def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--nodes", type=int, default=3)
+        parser.add_argument(
+            "--with",
+            dest="extras",
+            default="",
+            help=f"comma-separated opt-in extras: {','.join(EXTRAS)} (trainer implies jobset)",
+        )
 
-    return detached_cli(
-        argv,
-        prog="python -m tests.support.lab",
-        what="lab",
-        timeout=120.0,
-        make=lambda args: Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout),
-        add_arguments=nodes,
+    def make(args: argparse.Namespace) -> Lab:
+        extras = [e.strip() for e in args.extras.split(",") if e.strip()]
+        return Lab(args.dir, nodes=args.nodes, start_timeout=args.timeout, extras=extras)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rc = detached_cli(
+        argv, prog="python -m tests.support.lab", what="lab", timeout=120.0, make=make, add_arguments=options
     )
+    if rc == 0 and argv[:1] == ["down"] and "--dir" in argv:
+        release_trainer_cert_dir(argv[argv.index("--dir") + 1])
+    return rc
 
 
 if __name__ == "__main__":
