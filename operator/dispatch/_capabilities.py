@@ -1,8 +1,9 @@
-"""What each real scheduler enforces by itself: the one source of every backend's capabilities.
+"""What Kubeflow and Slurm enforce by themselves: the one source of those two backends' capabilities.
 
-The real adapters (``dispatch._kubeflow``, ``dispatch._slurm``), the memory adapter's shapes, the
-kubectl plugin's ``plan`` and the operator's admission webhook all read these, so a plan made
-without a cluster is the plan the operator makes. Pure data: importing it loads no client.
+Their registry entries (``dispatch._backends.kubeflow``, ``.slurm``) declare these values, and the
+real adapters and the memory adapter's shapes read them here, so the kubectl plugin's ``plan`` and
+the operator's webhook (which read the registry) plan exactly as the adapters do. A newer backend
+declares its capabilities in its registry entry only. Pure data: importing it loads no client.
 """
 
 from __future__ import annotations
@@ -33,6 +34,3 @@ and node-failure requeues but not on preemption requeues (PreemptMode=REQUEUE ra
 unchecked), so a budget is not exact for preemption; and a job's requeue flag allows node-failure
 requeues only together with preemption requeues, so [node-lost] alone is not exact either. Every
 rule goes to the supervisor, and a restart rule is refused by the plan."""
-
-BY_BACKEND: Final = {"kubeflow": KUBEFLOW, "slurm": SLURM}
-"""By the name a DispatchJob's ``spec.backend`` uses."""

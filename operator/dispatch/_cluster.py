@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
-from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
+from . import _registry
 from ._decide import decide, status
 from ._errors import (
     AdapterNotFound,
@@ -27,8 +27,6 @@ from ._model import Actor, CancelRequest, JobSpec, Phase, Plan, Record, Status
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore
 from ._supervisor import Supervisor, utcnow
-
-ADAPTER_GROUP = "dispatch.adapters"
 
 
 class Operator:
@@ -208,10 +206,9 @@ async def open(
     ``config`` may come from YAML, the environment or a command line: values given as text are
     parsed strictly, and an invalid one raises :class:`~dispatch.ConfigError` naming the key.
     """
-    found = {ep.name: ep for ep in entry_points(group=ADAPTER_GROUP)}
-    if name not in found:
-        raise AdapterNotFound(name, sorted(found))
-    factory = found[name].load()
+    factory = _registry.opener(name)
+    if factory is None:
+        raise AdapterNotFound(name, _registry.names())
     try:
         backend = factory(config)
         if inspect.isawaitable(backend):

@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 MAX_BUDGET: Final = 100
@@ -33,6 +33,11 @@ class _Model(BaseModel):
         serialize_by_alias=True,
         use_enum_values=False,
     )
+
+
+class OptionsModel(_Model):
+    """The base of a backend's options model (``spec.<backend>``): frozen, camelCase on the wire,
+    unknown keys refused, like every model of the API."""
 
 
 class CauseKind(StrEnum):
@@ -205,7 +210,7 @@ EnvMap = Annotated[
 ]
 
 
-class KubeflowOptions(_Model):
+class KubeflowOptions(OptionsModel):
     """How to run on Kubeflow as a PyTorchJob (Master plus Workers for ``nodes``)."""
 
     image: Annotated[str, Field(min_length=1, max_length=512)]
@@ -215,7 +220,7 @@ class KubeflowOptions(_Model):
     """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
 
 
-class SlurmOptions(_Model):
+class SlurmOptions(OptionsModel):
     """How to run on Slurm: partition, limits, environment and working directory."""
 
     partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -237,6 +242,23 @@ class JobSpec(_Model):
     recovery: RecoveryPolicy = RecoveryPolicy()
     kubeflow: KubeflowOptions | None = None
     slurm: SlurmOptions | None = None
+    options: dict[str, SerializeAsAny[OptionsModel]] = Field(default_factory=dict)
+    """The options of every other backend, by backend name, each an instance of the options model
+    its registry entry declares (``spec.<backend>`` on the wire; kubeflow and slurm keep their own
+    fields). Built by the API codec, which knows the models; a plain mapping is refused here, since
+    the core cannot tell which model it is."""
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _built_options(cls, options: object) -> object:
+        if isinstance(options, dict):
+            for name, value in options.items():
+                if not isinstance(value, OptionsModel):
+                    raise ValueError(
+                        f"options[{name!r}] must be an instance of backend {name!r}'s options model, "
+                        f"not {type(value).__name__} (dispatch._api.job_spec builds it from spec.{name})"
+                    )
+        return options
 
 
 class NativeRule(_Model):

@@ -25,11 +25,12 @@ import pytest
 import yaml
 
 import dispatch
+from dispatch._api import job_spec, new_record
 from dispatch._kube.events import EventRecorder
 from dispatch._kube.listeners import Fanout
 from dispatch._kube.metrics import Metrics
+from dispatch._kube.store import KubeRecordStore
 from dispatch._kubeapi import new_client
-from dispatch._kubestore import KubeRecordStore, job_spec, new_record
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.integration

@@ -83,6 +83,7 @@ PUBLIC = [
     "ObjectView",
     "Observer",
     "Operator",
+    "OptionsModel",  # the base of every backend's options model (JobSpec.options holds them)
     "Phase",
     "Plan",
     "PlanError",

@@ -92,34 +92,20 @@ No wildcards: every group, resource and verb is named.
 - apiGroups: ["dispatch.dev"]
   resources: ["dispatchjobs/status"]
   verbs: ["get", "update", "patch"]
-# Creating a PyTorchJob whose ownerReference to its DispatchJob sets blockOwnerDeletion needs
+# Creating a backend's object whose ownerReference to its DispatchJob sets blockOwnerDeletion needs
 # update on the owner's finalizers subresource (OwnerReferencesPermissionEnforcement).
 - apiGroups: ["dispatch.dev"]
   resources: ["dispatchjobs/finalizers"]
   verbs: ["update"]
-# The Kubeflow backend: one PyTorchJob per submission; patch to release (unsuspend) it; delete to
-# end it (cancel, supervisor-side restarts).
-- apiGroups: ["kubeflow.org"]
-  resources: ["pytorchjobs"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
-# Pods of those PyTorchJobs: read to classify how a submission ended (preemption, eviction, OOM,
-# unschedulable = no capacity). delete/deletecollection only because a cluster without a garbage
-# collector (a bare API server, some managed test setups) leaves a deleted PyTorchJob's pods
-# behind: the operator deletes them in one request with the label selector
-# dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only pods of a submission it ended.
-# No other write (no create, update or patch).
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete", "deletecollection"]
 # Events about DispatchJobs (the operator's own, and kopf's handler logs posted as events).
-# list: the Kubeflow backend reads the scheduler's Preempted and the taint manager's
-# TaintManagerEviction events of its pods when the pods are gone (after a restart of the operator).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch", "list"]
+  verbs: ["create", "patch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# What each enabled backend needs (.Values.backends), generated from the backend registry.
+{{- include "dispatch-operator.backendRules" . }}
 {{- end }}
 
 {{/*

@@ -12,18 +12,14 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
-from .._capabilities import BY_BACKEND
+from .. import _api
 from .._constants import API_VERSION, KIND
 from .._model import Capabilities, JobSpec, Plan
 from .._plan import make_plan
-
-BACKENDS: Final = ("kubeflow", "slurm")
-OPTION_FIELDS: Final = {"kubeflow": "kubeflow", "slurm": "slurm"}
 
 
 class ManifestError(ValueError):
@@ -33,12 +29,13 @@ class ManifestError(ValueError):
 def capabilities_for(backend: str) -> Capabilities:
     """What ``backend``'s scheduler enforces natively, with its default configuration.
 
-    Read from ``dispatch._capabilities``, the one source the adapters themselves declare, so the
+    Read from the backend's registry entry, the one source its adapter declares too, so the
     plugin's plan is the operator's.
     """
-    if backend not in BACKENDS:
-        raise ManifestError(f"spec.backend must be one of {list(BACKENDS)}, not {backend!r}")
-    return BY_BACKEND[backend]
+    try:
+        return _api.backend_of({"backend": backend}).capabilities
+    except _api.SpecError as error:
+        raise ManifestError(str(error)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +55,6 @@ class Manifest:
         return make_plan(self.job, self.spec, caps, supervised=True)
 
 
-def backend_options_error(backend: str, spec: Mapping[str, Any]) -> str | None:
-    """Options for a backend other than ``backend`` (or none where they are required), or None."""
-    for other, key in OPTION_FIELDS.items():
-        if other != backend and spec.get(key) is not None:
-            return f"spec.{key} is set but spec.backend is {backend}: options for {other} would be ignored"
-    if backend == "kubeflow" and spec.get("kubeflow") is None:
-        return "spec.kubeflow (the image, at least) is required when spec.backend is kubeflow"
-    return None
-
-
 def from_object(obj: Mapping[str, Any], *, namespace: str | None = None) -> Manifest:
     """A DispatchJob object (a dict) -> :class:`Manifest`; raises :class:`ManifestError`."""
     if obj.get("kind") != KIND:
@@ -81,25 +68,17 @@ def from_object(obj: Mapping[str, Any], *, namespace: str | None = None) -> Mani
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise ManifestError("spec is required")
-    backend = spec.get("backend")
-    if not isinstance(backend, str):
-        raise ManifestError(f"spec.backend is required: one of {list(BACKENDS)}")
-    capabilities_for(backend)  # validates the name
-    problem = backend_options_error(backend, spec)
-    if problem is not None:
-        raise ManifestError(problem)
     bool_key = _bool_key(spec, "spec")
     if bool_key is not None:
         raise ManifestError(
             f"{bool_key}: a key was read as a boolean (YAML 1.1 reads an unquoted on/off/yes/no as one, and "
             'so does kubectl): quote it, e.g. "on": [preempted]'
         )
-    fields = {k: v for k, v in spec.items() if k not in ("backend", "cancel")}
-    fields["name"] = name
     try:
-        job_spec = JobSpec.model_validate(fields)
-    except ValidationError as error:
-        raise ManifestError(_validation_message(error)) from None
+        backend = _api.backend_of(spec).name
+        job_spec = _api.job_spec({"metadata": {"name": name}, "spec": spec})
+    except _api.SpecError as error:
+        raise ManifestError(str(error)) from None
     ns = meta.get("namespace") or namespace or "default"
     return Manifest(namespace=str(ns), name=name, backend=backend, spec=job_spec)
 
@@ -119,15 +98,6 @@ def _bool_key(node: object, path: str) -> str | None:
             if found is not None:
                 return found
     return None
-
-
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for e in error.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        where = "metadata.name" if loc == "name" else f"spec.{loc}" if loc else "spec"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
 
 
 def load(path: str, *, namespace: str | None = None) -> list[Manifest]:

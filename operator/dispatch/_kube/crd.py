@@ -17,13 +17,14 @@ import ast
 import copy
 import inspect
 import itertools
+import sys
 import textwrap
-from enum import StrEnum
+from types import ModuleType
 from typing import Any, Final
 
 from pydantic import BaseModel
 
-from .. import _model
+from .. import _model, _registry
 from .._constants import (
     API_VERSION,
     CATEGORY,
@@ -42,20 +43,12 @@ from .._model import FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record
 Schema = dict[str, Any]
 
 
-class BackendName(StrEnum):
-    """Which scheduler runs the job."""
-
-    KUBEFLOW = "kubeflow"
-    SLURM = "slurm"
-
-
 DEFAULT_MAX_LENGTH: Final = 1024
 """For strings the models leave unbounded (ids, details written by dispatch)."""
 DEFAULT_MAX_ITEMS: Final = 4096
 """For lists the models leave unbounded (submissions, history: bounded in practice by the budgets)."""
 DATE_TIME_MAX_LENGTH: Final = 64
 
-BACKEND_DESCRIPTION: Final = "Which scheduler runs the job: `kubeflow` (PyTorchJobs) or `slurm`."
 CANCEL_DESCRIPTION: Final = (
     "Set to true to cancel the job: dispatch ends its objects and records the outcome `cancelled` with "
     "the actor (annotation `dispatch.dev/cancelled-by`, set by the admission webhook, else `human:unknown`). "
@@ -85,17 +78,23 @@ SPEC_DESCRIPTION: Final = (
 )
 
 
+def backend_description() -> str:
+    """``spec.backend``'s description: every backend a DispatchJob may name, from the registry."""
+    names = "; ".join(f"`{b.name}`: {b.summary}" for b in _registry.spec_backends())
+    return f"Which scheduler runs the job ({names})."
+
+
 # ---- pydantic JSON schema -> structural OpenAPI v3 -------------------------------------------------
 
 
-def _attribute_docstrings(cls: type) -> dict[str, str]:
-    """Attribute docstrings (a string right after an annotated field) of one class of ``_model``.
+def _attribute_docstrings(cls: type, module: ModuleType = _model) -> dict[str, str]:
+    """Attribute docstrings (a string right after an annotated field) of one class of ``module``.
 
-    Read from ``_model``'s source, not ``inspect.getsource(cls)``: public models report
+    Read from the module's source, not ``inspect.getsource(cls)``: public models report
     ``__module__ == "dispatch"``, where their source is not.
     """
     try:
-        source = textwrap.dedent(inspect.getsource(_model))
+        source = textwrap.dedent(inspect.getsource(module))
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}
@@ -115,24 +114,34 @@ def _attribute_docstrings(cls: type) -> dict[str, str]:
     return found
 
 
-def _models() -> dict[str, type[BaseModel]]:
-    return {
-        name: obj
+def _models() -> dict[str, tuple[type[BaseModel], ModuleType]]:
+    """The core's models and every registered backend's options model, by class name."""
+    found: dict[str, tuple[type[BaseModel], ModuleType]] = {
+        name: (obj, _model)
         for name, obj in vars(_model).items()
         if isinstance(obj, type)
         and issubclass(obj, BaseModel)
         and obj.__module__ in (_model.__name__, "dispatch")  # public models report dispatch
     }
+    for info in _registry.option_fields().values():
+        assert info.options is not None
+        for cls in info.options.__mro__:
+            if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__name__ not in found:
+                module = sys.modules.get(cls.__module__)
+                if module is not None:
+                    found[cls.__name__] = (cls, module)
+    return found
 
 
 def _describe_defs(defs: dict[str, Schema]) -> None:
     """Put each field's attribute docstring into its schema's description."""
     models = _models()
     for name, schema in defs.items():
-        cls = models.get(name)
-        if cls is None or "properties" not in schema:
+        entry = models.get(name)
+        if entry is None or "properties" not in schema:
             continue
-        docs = _attribute_docstrings(cls)
+        cls, module = entry
+        docs = _attribute_docstrings(cls, module)
         for field_name, info in cls.model_fields.items():
             alias = info.alias or field_name
             text = info.description or docs.get(field_name)
@@ -239,11 +248,16 @@ def spec_schema() -> Schema:
     schema = _schema_of(JobSpec, keep_defaults=True)
     props: Schema = schema["properties"]
     del props["name"]
+    del props["options"]  # on the wire each backend's options are spec.<backend>
+    for name, info in _registry.option_fields().items():
+        if name not in props and info.options is not None and info.in_spec:
+            props[name] = _schema_of(info.options, keep_defaults=True)
+            props[name]["description"] = f"How to run on backend `{name}`: {info.summary}."
     schema["required"] = [r for r in schema.get("required", []) if r != "name"]
     props["backend"] = {
         "type": "string",
-        "enum": [b.value for b in BackendName],
-        "description": BACKEND_DESCRIPTION,
+        "enum": [b.name for b in _registry.spec_backends()],
+        "description": backend_description(),
     }
     props["cancel"] = {"type": "boolean", "default": False, "description": CANCEL_DESCRIPTION}
     schema["required"] = sorted({*schema["required"], "backend"})
@@ -281,13 +295,17 @@ def spec_schema() -> Schema:
             "fieldPath": ".cancel",
         }
     )
-    validations.append(
-        {
-            "rule": "self.backend != 'kubeflow' || has(self.kubeflow)",
-            "message": "kubeflow (the image, at least) is required when backend is kubeflow",
-            "fieldPath": ".kubeflow",
-        }
-    )
+    for info in _registry.spec_backends():
+        name = info.name
+        if info.options_required:
+            hint = f" ({info.options_hint})" if info.options_hint else ""
+            validations.append(
+                {
+                    "rule": f"self.backend != '{name}' || has(self.{name})",
+                    "message": f"{name}{hint} is required when backend is {name}",
+                    "fieldPath": f".{name}",
+                }
+            )
     schema["x-kubernetes-validations"] = validations
     return schema
 

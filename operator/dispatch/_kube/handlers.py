@@ -7,7 +7,7 @@ store's one shared watch on DispatchJobs, so the path from a failure on the API 
 record write never waits for kopf.
 
 Every handler returns None, so kopf writes nothing into ``.status``; the record is written only by
-:class:`~dispatch._kubestore.KubeRecordStore` (PUT of /status carrying the resourceVersion read).
+:class:`~dispatch._kube.store.KubeRecordStore` (PUT of /status carrying the resourceVersion read).
 
 Leadership (``--leader-elect``): every replica runs kopf, so every replica serves the admission
 webhooks, but only the Lease holder supervises. ``Runtime.leading`` is an :class:`asyncio.Event` the
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import kopf
-from pydantic import ValidationError
 
+from .._api import SpecError, has_record, job_spec, new_record, record_from, refusal
 from .._constants import (
     FINALIZER,
     GROUP,
@@ -44,12 +44,12 @@ from .._constants import (
 )
 from .._errors import JobNotFound, PlanError, VersionConflict
 from .._kubeapi import job_id
-from .._kubestore import KubeRecordStore, has_record, job_spec, new_record, record_from, refusal
 from .._model import Phase
 from .._plan import make_plan
 from .._protocols import Backend
 from .._supervisor import Listener
 from .observed import ObservingSupervisor
+from .store import KubeRecordStore
 
 log = logging.getLogger("dispatch.operator")
 
@@ -211,8 +211,8 @@ class Runtime:
         """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run."""
         try:
             spec = job_spec(body)
-        except ValidationError as error:
-            await self._refuse(job, REASON_INVALID_SPEC, _validation_message(error), version)
+        except SpecError as error:
+            await self._refuse(job, REASON_INVALID_SPEC, str(error), version)
             return False
         try:
             plan = make_plan(job, spec, backend.capabilities, supervised=True)
@@ -251,15 +251,6 @@ class Runtime:
 
 async def _stopped(stopped: Any) -> None:
     await stopped.wait()
-
-
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for e in error.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        where = "metadata.name" if where == "name" else f"spec.{where}"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:

@@ -2,11 +2,13 @@
 
     dispatch-operator --kubeconfig ~/.kube/config --all-namespaces
     dispatch-operator --namespace team-a --namespace team-b --slurm-config slurm.yaml
+    dispatch-operator --backend kubeflow --backend job
     dispatch-operator --leader-elect --lease-namespace dispatch-system --metrics-port 8080
 
 Without ``--kubeconfig`` the operator uses $KUBECONFIG or ~/.kube/config, else the pod's service
-account. The Kubeflow adapter is always configured; the Slurm adapter when ``--slurm-config`` names
-its YAML configuration.
+account. The Kubernetes backends ``--backend`` names (each a registry entry, ``dispatch._registry``;
+default ``kubeflow``) are opened with the operator's API client; the Slurm adapter when
+``--slurm-config`` names its YAML configuration.
 
 With ``--leader-elect`` every replica runs kopf (so every replica serves the admission webhooks
 and answers its health endpoint) while the elector campaigns for the Lease in the background; the
@@ -34,11 +36,11 @@ import kopf
 import yaml
 from kubernetes_asyncio.config import ConfigException
 
+from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
 from .._decide import Step
 from .._errors import ConfigError
 from .._kubeapi import client_for, kubeconfig_problem, load_configuration
-from .._kubestore import KubeRecordStore
 from .._model import Record
 from .._protocols import Backend
 from .._version import __version__
@@ -46,6 +48,7 @@ from . import webhook
 from .handlers import Runtime, register
 from .listeners import Fanout
 from .settings import operator_settings
+from .store import KubeRecordStore
 
 log = logging.getLogger("dispatch.operator")
 
@@ -86,7 +89,7 @@ class CrashAfter:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dispatch-operator",
-        description="Supervise DispatchJobs: run them on Kubeflow or Slurm and recover them by their rules.",
+        description="Supervise DispatchJobs: run them on their backends and recover them by their rules.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
@@ -96,6 +99,15 @@ def parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="open this Kubernetes backend (repeatable; one of the registered: "
+        f"{', '.join(b.name for b in _registry.kubernetes_backends())}; default: {DEFAULT_BACKEND}; "
+        f"{NO_BACKEND}: no Kubernetes backend)",
+    )
     p.add_argument("--slurm-config", type=Path, help="YAML configuration of the Slurm adapter")
     p.add_argument("--leader-elect", action="store_true", help="supervise only while holding a Lease")
     p.add_argument("--lease-namespace", default="default", help="namespace of the Lease (default: default)")
@@ -233,11 +245,13 @@ async def _accepts(port: int) -> bool:
 async def open_backends(
     api: Any, args: argparse.Namespace, namespaces: Sequence[str] | None
 ) -> dict[str, Backend]:
-    # Plain imports (inside the function: an adapter's client loads only when it is used), so the
-    # import contracts see them.
-    from .. import _kubeflow
-
-    backends: dict[str, Backend] = {"kubeflow": _kubeflow.KubeflowBackend(api, namespaces=namespaces)}
+    # Each from its registry entry, which imports the adapter (and its client) only now.
+    backends: dict[str, Backend] = {}
+    for name in enabled_backends(args):
+        info = _registry.get(name)
+        if info is None:
+            raise ArgumentError(f"--backend {name!r}: no such backend registered")
+        backends[name] = await info.open_operator(api, namespaces=namespaces)
     if args.slurm_config is not None:
         from .. import _slurm
 
@@ -253,6 +267,35 @@ async def open_backends(
 
 class ArgumentError(Exception):
     """A flag's value the operator would fail on later (or the API server would refuse)."""
+
+
+DEFAULT_BACKEND: Final = "kubeflow"
+"""Opened when no ``--backend`` is given: what the operator always opened before backends were
+chosen, so an existing deployment keeps its behaviour (and the chart's RBAC its default)."""
+
+
+NO_BACKEND: Final = "none"
+"""``--backend none``: no Kubernetes backend (a Slurm-only operator, the chart's ``backends: []``)."""
+
+
+def enabled_backends(args: argparse.Namespace) -> list[str]:
+    """The Kubernetes backends ``--backend`` names (default :data:`DEFAULT_BACKEND`), checked."""
+    names: list[str] = list(dict.fromkeys(getattr(args, "backend", None) or [DEFAULT_BACKEND]))
+    if NO_BACKEND in names:
+        if len(names) > 1:
+            raise ArgumentError(f"--backend {NO_BACKEND} opens no Kubernetes backend: it goes alone")
+        return []
+    known = [b.name for b in _registry.kubernetes_backends()]
+    for name in names:
+        if name not in known:
+            other = _registry.get(name)
+            why = (
+                f"{name} is configured with --{name}-config, not --backend"
+                if other is not None and other.in_spec
+                else f"known: {', '.join(known)}"
+            )
+            raise ArgumentError(f"--backend {name!r}: not a registered Kubernetes backend ({why})")
+    return names
 
 
 DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -316,6 +359,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ArgumentError("--webhook-managed needs --webhook-port: no webhook server would serve it")
     if args.poll_interval <= 0:
         raise ArgumentError(f"--poll-interval {args.poll_interval:g}: must be more than 0 seconds")
+    enabled_backends(args)
     if args.slurm_config is not None:
         args.slurm_settings = read_slurm_config(args.slurm_config)
 

@@ -36,6 +36,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .. import _registry
 from .._decide import Authorize, RecordRestarts, Step
 from .._model import (
     FAILURE_CAUSES,
@@ -54,13 +55,10 @@ from .._version import __version__
 
 RECORDED_STATES: Final = tuple(s for s in State if s not in (State.RUNNING, State.CANCELLING))  # status-only
 VERBS: Final = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
-RESOURCES: Final = frozenset(
+OPERATOR_RESOURCES: Final = frozenset(
     {
         "dispatchjobs",
         "dispatchjobs/status",
-        "pytorchjobs",
-        "pytorchjobs/status",
-        "pods",
         "events",
         "leases",
         "customresourcedefinitions",
@@ -68,6 +66,11 @@ RESOURCES: Final = frozenset(
         "mutatingwebhookconfigurations",
     }
 )
+"""What the operator itself requests; each backend adds the resources its registry entry names."""
+RESOURCES: Final = OPERATOR_RESOURCES | {
+    r for b in _registry.registered().values() for r in b.metric_resources
+}
+"""The resource label's values: a bounded set, so an unexpected path cannot grow the series."""
 REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}

@@ -13,8 +13,8 @@ import contextlib
 
 from .._decide import Done, Wait
 from .._errors import VersionConflict
-from .._kubestore import KubeRecordStore
 from .._supervisor import Intent, Supervisor
+from .store import KubeRecordStore
 
 
 class ObservingSupervisor(Supervisor):

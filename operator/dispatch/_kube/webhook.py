@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import kopf
-from pydantic import ValidationError
 
-from .._capabilities import BY_BACKEND
+from .. import _registry
+from .._api import SpecError, backend_of, job_spec
 from .._constants import (
     ANNOTATION_CANCELLED_BY,
     ANNOTATION_SUBMITTED_BY,
@@ -61,14 +61,11 @@ from .._constants import (
     WEBHOOK_VALIDATE_ID,
 )
 from .._errors import PlanError
-from .._kubestore import job_spec
 from .._model import ActorKind, Capabilities
 from .._plan import make_plan
 
 log = logging.getLogger("dispatch.webhook")
 
-BACKENDS: Final = ("kubeflow", "slurm")
-OPTION_FIELDS: Final = {"kubeflow": "kubeflow", "slurm": "slurm"}
 MAX_ACTOR_ID: Final = 253
 CERT_FILE: Final = "tls.crt"
 KEY_FILE: Final = "tls.key"
@@ -80,12 +77,9 @@ CapabilitiesOf = Callable[[str], Capabilities | None]
 
 
 def default_capabilities(backend: str) -> Capabilities | None:
-    """Each backend's capabilities with its default configuration.
-
-    Kubeflow restarts failed pods in place (exactly [non-zero-exit out-of-memory], budget 0..100);
-    Slurm enforces no rule exactly, so its capabilities are empty and a ``restart`` rule is refused.
-    """
-    return BY_BACKEND.get(backend)  # the one source the adapters themselves declare
+    """Each registered backend's capabilities with its default configuration (its declaration)."""
+    info = _registry.get(backend)
+    return info.capabilities if info is not None and info.in_spec else None
 
 
 def runtime_capabilities(runtime: Any) -> CapabilitiesOf:
@@ -107,15 +101,6 @@ def runtime_capabilities(runtime: Any) -> CapabilitiesOf:
 
 class Refused(Exception):
     """The admission request is refused; the message is what the user sees."""
-
-
-def _validation_message(error: ValidationError) -> str:
-    parts = []
-    for e in error.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        where = "metadata.name" if where == "name" else f"spec.{where}" if where else "spec"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
 
 
 def _without_cancel(spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -141,23 +126,16 @@ def check(
         return
     meta = body.get("metadata") or {}
     job = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-    backend = spec.get("backend")
-    caps = capabilities(backend) if isinstance(backend, str) else None
-    if caps is None:
-        raise Refused(f"spec.backend must be one of {list(BACKENDS)}, not {backend!r}")
-    for other, key in OPTION_FIELDS.items():
-        if other != backend and spec.get(key) is not None:
-            raise Refused(
-                f"spec.{key} is set but spec.backend is {backend}: options for {other} would be ignored"
-            )
-    if backend == "kubeflow" and spec.get("kubeflow") is None:
-        raise Refused("spec.kubeflow (the image, at least) is required when spec.backend is kubeflow")
     try:
+        backend = backend_of(spec).name
         job_spec_ = job_spec(body)
-    except ValidationError as error:
-        raise Refused(_validation_message(error)) from None
+    except SpecError as error:
+        raise Refused(str(error)) from None
     except (KeyError, TypeError) as error:
         raise Refused(f"not a DispatchJob: {error}") from None
+    caps = capabilities(backend)
+    if caps is None:
+        raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")
     try:
         make_plan(job, job_spec_, caps, supervised=True)
     except PlanError as error:

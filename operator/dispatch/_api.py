@@ -1,0 +1,372 @@
+"""The DispatchJob API: the one codec between a DispatchJob object (a dict) and the core's types.
+
+Used by the record store, the admission webhook, the operator's handlers and the kubectl plugin, so
+each reads a spec, a record, a refusal and the conditions exactly alike.
+
+* **spec**: :func:`job_spec` turns ``.spec`` into the core's :class:`~dispatch.JobSpec` (``backend``
+  and ``cancel`` are the DispatchJob's own; the name is ``metadata.name``). ``spec.backend`` must be
+  a registered backend a DispatchJob may name; ``spec.<backend>`` holds that backend's options,
+  validated with the options model its registry entry declares; options of another backend are
+  refused (they would be ignored). Every problem is a :class:`SpecError` naming the field.
+* **record**: the record is ``.status`` (:func:`record_from`, :func:`record_status`,
+  :func:`new_record`), a cancel is ``spec.cancel`` with the actor from an annotation.
+* **conditions**: kstatus conditions computed from the record (:func:`conditions_for`), or from a
+  refusal (:func:`refusal_conditions`, read back by :func:`refusal`):
+
+  * ``Ready``: the summary, always present, reason always set. True only once the job has
+    succeeded and settled.
+  * ``Reconciling`` (present only while true): no outcome yet, or one but objects still ending.
+  * ``Stalled`` (present only while true): no more progress without a person: failed, cancelled,
+    or refused (a rule nobody can enforce, an invalid spec).
+  * ``Succeeded`` / ``Failed``: the outcome; a cancelled job is ``Failed=True`` with reason
+    ``Cancelled``. Both are present (False) while the job runs.
+
+Pure: importing it loads no Kubernetes or HTTP client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from . import _registry
+from ._constants import (
+    ANNOTATION_CANCELLED_BY,
+    ANNOTATION_SUBMITTED_BY,
+    COND_FAILED,
+    COND_READY,
+    COND_RECONCILING,
+    COND_STALLED,
+    COND_SUCCEEDED,
+    REASON_CANCELLED,
+    REASON_FAILED,
+    REASON_PENDING,
+    REASON_RECOVERING,
+    REASON_SUCCEEDED,
+    STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_STATE,
+)
+from ._errors import JobNotFound
+from ._model import Actor, ActorKind, CancelRequest, Cause, CauseKind, Enforcer, JobSpec, Plan, Record, State
+
+
+def job_id(namespace: str, name: str) -> str:
+    """The job id of a DispatchJob: ``"<namespace>/<name>"``."""
+    return f"{namespace}/{name}"
+
+
+# ---- spec --------------------------------------------------------------------------------------------
+
+
+class SpecError(ValueError):
+    """A DispatchJob's spec the core cannot take: the message names each field (``spec.x.y: ...``)."""
+
+
+def _where(loc: Sequence[object], prefix: str = "") -> str:
+    path = ".".join(str(p) for p in loc)
+    if not prefix and path == "name":
+        return "metadata.name"
+    path = ".".join(p for p in (prefix, path) if p)
+    return f"spec.{path}" if path else "spec"
+
+
+def validation_message(error: ValidationError, prefix: str = "") -> str:
+    """Pydantic's errors, each with the DispatchJob field it is about (``spec.kubeflow.image: ...``)."""
+    return "; ".join(f"{_where(e['loc'], prefix)}: {e['msg']}" for e in error.errors())
+
+
+def backend_names() -> list[str]:
+    """What ``spec.backend`` may say, sorted."""
+    return [b.name for b in _registry.spec_backends()]
+
+
+def backend_of(spec: Mapping[str, Any]) -> _registry.BackendInfo[Any]:
+    """The registered backend ``spec.backend`` names; :class:`SpecError` when it names none."""
+    name = spec.get("backend")
+    info = _registry.get(name) if isinstance(name, str) else None
+    if info is None or not info.in_spec:
+        if name is None:
+            raise SpecError(f"spec.backend is required: one of {backend_names()}")
+        raise SpecError(f"spec.backend must be one of {backend_names()}, not {name!r}")
+    return info
+
+
+def options_problem(backend: _registry.BackendInfo[Any], spec: Mapping[str, Any]) -> str | None:
+    """Options of a backend other than ``backend``, or none where ``backend`` requires them."""
+    for name in _registry.option_fields():
+        if name != backend.name and spec.get(name) is not None:
+            return (
+                f"spec.{name} is set but spec.backend is {backend.name}: options for {name} would be ignored"
+            )
+    if backend.options_required and spec.get(backend.name) is None:
+        hint = f" ({backend.options_hint})" if backend.options_hint else ""
+        return f"spec.{backend.name}{hint} is required when spec.backend is {backend.name}"
+    return None
+
+
+SPEC_EXTRAS: Final = ("backend", "cancel")
+"""Spec fields of the DispatchJob that are not fields of the core's JobSpec."""
+
+
+def job_spec(body: Mapping[str, Any]) -> JobSpec:
+    """The core's JobSpec of a DispatchJob: its spec without backend and cancel, named metadata.name.
+
+    Raises :class:`SpecError` naming the field when the spec is not valid (an unknown backend,
+    another backend's options, an invalid value).
+    """
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    backend = backend_of(spec)
+    problem = options_problem(backend, spec)
+    if problem is not None:
+        raise SpecError(problem)
+    fields = {k: v for k, v in spec.items() if k not in SPEC_EXTRAS}
+    options: dict[str, Any] = {}
+    problems: list[str] = []
+    if backend.options is not None and backend.name not in JobSpec.model_fields and backend.name in fields:
+        try:
+            options[backend.name] = backend.options.model_validate(fields.pop(backend.name))
+        except ValidationError as error:
+            problems.append(validation_message(error, backend.name))
+    try:
+        result = JobSpec.model_validate({**fields, "options": options, "name": body["metadata"]["name"]})
+    except ValidationError as error:
+        problems.insert(0, validation_message(error))
+    if problems:
+        raise SpecError("; ".join(problems))
+    return result
+
+
+def spec_options(spec: JobSpec) -> dict[str, Any]:
+    """The inverse of :func:`job_spec` for the options: ``spec.<backend>`` fields as the wire has them."""
+    return {
+        name: value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for name, value in spec.options.items()
+    }
+
+
+# ---- record ------------------------------------------------------------------------------------------
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+UNKNOWN_HUMAN: Final = Actor(kind=ActorKind.HUMAN, id="unknown")
+RECORD_FIELDS: Final = tuple(
+    info.alias or name for name, info in Record.model_fields.items() if name not in ("job", "spec")
+)
+
+
+def parse_actor(text: str | None, default: Actor = UNKNOWN_HUMAN) -> Actor:
+    """``"kind:id"`` (kind one of human, supervisor, scheduler) or a bare name (a human)."""
+    if not text:
+        return default
+    kind, sep, ident = text.partition(":")
+    if sep and kind in {k.value for k in ActorKind} and ident:
+        return Actor(kind=ActorKind(kind), id=ident)
+    return Actor(kind=ActorKind.HUMAN, id=text)
+
+
+def _annotations(body: Mapping[str, Any]) -> Mapping[str, str]:
+    return body.get("metadata", {}).get("annotations") or {}
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def submitted_by(body: Mapping[str, Any]) -> Actor:
+    return parse_actor(_annotations(body).get(ANNOTATION_SUBMITTED_BY))
+
+
+def submitted_at(body: Mapping[str, Any]) -> datetime:
+    return _time(body.get("metadata", {}).get("creationTimestamp")) or utcnow()
+
+
+def _cancel_time(body: Mapping[str, Any], clock: Callable[[], datetime]) -> datetime:
+    """When spec.cancel was set: the latest managedFields entry that owns it, else now."""
+    latest: datetime | None = None
+    for entry in body.get("metadata", {}).get("managedFields") or ():
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:cancel" in fields:
+            when = _time(entry.get("time"))
+            if when is not None and (latest is None or when > latest):
+                latest = when
+    return latest or clock()
+
+
+def has_record(body: Mapping[str, Any]) -> bool:
+    return "plan" in (body.get("status") or {})
+
+
+def record_from(body: Mapping[str, Any], *, clock: Callable[[], datetime] = utcnow) -> Record:
+    """The record a DispatchJob holds (spec + status); raises JobNotFound when it holds none yet."""
+    meta = body["metadata"]
+    job = job_id(meta["namespace"], meta["name"])
+    status = body.get("status") or {}
+    if "plan" not in status:
+        raise JobNotFound(job)
+    data = {k: status[k] for k in RECORD_FIELDS if k in status}
+    record = Record.model_validate({**data, "job": job, "spec": job_spec(body)})
+    if record.cancel is None and (body.get("spec") or {}).get("cancel"):
+        actor = parse_actor(_annotations(body).get(ANNOTATION_CANCELLED_BY))
+        record = record.model_copy(
+            update={"cancel": CancelRequest(actor=actor, time=_cancel_time(body, clock))}
+        )
+    return record
+
+
+def record_status(record: Record) -> dict[str, Any]:
+    """The record as the status holds it (camelCase, no nulls, without job and spec)."""
+    data: dict[str, Any] = record.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude={"job", "spec"}
+    )
+    return data
+
+
+def new_record(body: Mapping[str, Any], spec: JobSpec, plan: Plan) -> Record:
+    """The first record of a DispatchJob: planned, supervised, nothing authorized yet."""
+    meta = body["metadata"]
+    return Record(
+        job=job_id(meta["namespace"], meta["name"]),
+        spec=spec,
+        plan=plan,
+        submitted_by=submitted_by(body),
+        submitted_at=submitted_at(body),
+        supervised=True,
+    )
+
+
+# ---- conditions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+def _outcome_message(record: Record) -> str:
+    cause = record.cause
+    what = cause.kind.value + (f" ({cause.detail})" if cause.detail else "")
+    if record.state is State.SUCCEEDED:
+        return f"succeeded in submission {len(record.submissions)}"
+    if record.state is State.CANCELLED:
+        return f"cancelled by {record.cancel.actor}" if record.cancel else f"cancelled: {cause.detail}"
+    index = record.spec.recovery.rule_for(cause.kind)
+    if index is None:
+        if cause.kind in record.plan.uncovered:
+            return f"failed: cause {what} is not covered by any rule"
+        return f"failed: cause {what}"
+    rule = record.plan.rules[index]
+    if rule.left == 0 and rule.enforcer is Enforcer.SUPERVISOR:
+        return f"failed: cause {what}; rule {index} has used its budget ({rule.firings}/{rule.budget})"
+    return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
+
+
+def conditions_for(record: Record) -> list[Condition]:
+    """The kstatus conditions of a record (see the module docstring)."""
+    state = record.state
+    n = len(record.submissions)
+    if not state.is_outcome:
+        if state is State.RECOVERING:
+            cause = record.cause.kind.value
+            reason, message = REASON_RECOVERING, f"recovering from {cause}: submission {n} authorized"
+        elif n:
+            reason, message = REASON_PENDING, f"submission {n} authorized"
+        else:
+            reason, message = REASON_PENDING, "planned; no submission authorized yet"
+        return [
+            Condition(COND_READY, False, reason, message),
+            Condition(COND_RECONCILING, True, reason, message),
+            Condition(COND_SUCCEEDED, False, reason, message),
+            Condition(COND_FAILED, False, reason, message),
+        ]
+    message = _outcome_message(record)
+    reason = {
+        State.SUCCEEDED: REASON_SUCCEEDED,
+        State.FAILED: REASON_FAILED,
+        State.CANCELLED: REASON_CANCELLED,
+    }[state]
+    out = [
+        Condition(COND_READY, state is State.SUCCEEDED and record.settled, reason, message),
+        Condition(COND_SUCCEEDED, state is State.SUCCEEDED, reason, message),
+        Condition(COND_FAILED, state is not State.SUCCEEDED, reason, message),
+    ]
+    if not record.settled:
+        out.append(Condition(COND_RECONCILING, True, reason, f"{message}; ending the job's objects"))
+    elif state is not State.SUCCEEDED:
+        out.append(Condition(COND_STALLED, True, reason, message))
+    return out
+
+
+def refusal_conditions(reason: str, message: str) -> list[Condition]:
+    """A job dispatch refuses (nothing will be created): not ready, stalled, failed."""
+    return [
+        Condition(COND_READY, False, reason, message),
+        Condition(COND_STALLED, True, reason, message),
+        Condition(COND_SUCCEEDED, False, reason, message),
+        Condition(COND_FAILED, True, reason, message),
+    ]
+
+
+def render_conditions(
+    conditions: Iterable[Condition], previous: Sequence[Mapping[str, Any]], generation: int, now: datetime
+) -> list[dict[str, Any]]:
+    """metav1.Conditions, keeping lastTransitionTime where the status did not change."""
+    before = {c.get("type"): c for c in previous}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = []
+    for c in conditions:
+        status = "True" if c.status else "False"
+        old = before.get(c.type)
+        changed = old is None or old.get("status") != status
+        out.append(
+            {
+                "type": c.type,
+                "status": status,
+                "observedGeneration": generation,
+                "lastTransitionTime": stamp if changed else old["lastTransitionTime"],  # type: ignore[index]
+                "reason": c.reason,
+                "message": c.message[:32768],
+            }
+        )
+    return out
+
+
+OBSERVED_FIELDS: Final = (STATUS_OBSERVED_STATE, STATUS_OBSERVED_CAUSE)
+
+
+def observed_fields(state: State, cause: Cause) -> dict[str, str]:
+    """The observed status fields for what an observer sees now (no cause: the field is absent)."""
+    fields = {STATUS_OBSERVED_STATE: str(state)}
+    if cause.kind is not CauseKind.NONE:
+        fields[STATUS_OBSERVED_CAUSE] = str(cause.kind)
+    return fields
+
+
+def observed_of(body: Mapping[str, Any]) -> dict[str, str]:
+    status = body.get("status") or {}
+    return {k: str(status[k]) for k in OBSERVED_FIELDS if k in status}
+
+
+def refusal(body: Mapping[str, Any]) -> str | None:
+    """The reason the current generation was refused (a status with Stalled=True and no record), if so."""
+    status = body.get("status") or {}
+    if "plan" in status:
+        return None
+    generation = int(body.get("metadata", {}).get("generation") or 0)
+    if status.get("observedGeneration") != generation:
+        return None
+    for c in status.get("conditions") or ():
+        if c.get("type") == COND_STALLED and c.get("status") == "True":
+            return str(c.get("reason"))
+    return None

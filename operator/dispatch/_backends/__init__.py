@@ -1,0 +1,5 @@
+"""Backend declarations (:class:`dispatch._registry.BackendInfo`), one light module per backend.
+
+Each module is named by an entry point of ``dispatch.adapters``; importing one loads pydantic and
+the core only, never the adapter's clients (a unit test checks it).
+"""

@@ -1,0 +1,25 @@
+"""RBAC rules every backend whose jobs run as pods needs: declared once, named by each backend."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .._registry import PolicyRule
+
+POD_RULE: Final = PolicyRule(
+    ("",),
+    ("pods",),
+    ("get", "list", "watch", "delete", "deletecollection"),
+    why="Pods of the backend's objects: read to classify how a submission ended (preemption, eviction, "
+    "OOM, unschedulable = no capacity). delete/deletecollection only because a cluster without a garbage "
+    "collector leaves a deleted object's pods behind: the operator deletes them in one request with the "
+    "label selector dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only pods of a submission it "
+    "ended. No other write.",
+)
+POD_EVENT_RULE: Final = PolicyRule(
+    ("",),
+    ("events",),
+    ("list",),
+    why="The scheduler's Preempted and the taint manager's TaintManagerEviction events of the backend's "
+    "pods, read when the pods are gone (after a restart of the operator).",
+)
