@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
+from dispatch._constants import OBJECT_FINALIZER  # noqa: E402
 from dispatch._kubeflow._build import build  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
@@ -327,6 +328,19 @@ def sc_success(rec: Recording) -> None:
     until("succeeded", lambda: condition(pj, "Succeeded"))
 
 
+def sc_deleted(rec: Recording) -> None:
+    """A person deletes the running PyTorchJob; dispatch's finalizer keeps it readable (with its
+    deletionTimestamp) until dispatch lets go, which the recorder does after a moment."""
+    pj, _ = create("deleted")
+    release(pj)
+    until("running", lambda: running(pj, 2))
+    kubectl("delete", "pytorchjob", pj, "-n", NAMESPACE, "--wait=false")
+    until("deleting", lambda: bool(get("pytorchjob", pj)["metadata"].get("deletionTimestamp")))
+    time.sleep(2.0)
+    let_go()
+    until("gone", lambda: gone(pj))
+
+
 def sc_oom_never(rec: Recording) -> None:
     pj, _ = create("oom-never")
     release(pj)
@@ -498,6 +512,10 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
         "OnFailure, restart budget 1 (backoffLimit 2); master OOM in place, then worker exit 1",
         sc_oom_onfailure,
     ),
+    "deleted": (
+        "Never; the running PyTorchJob deleted by a person (dispatch's finalizer holds it)",
+        sc_deleted,
+    ),
     "preempt-never": (
         "Never; worker-0 preempted by kube-scheduler (a lab-high pod needing the node)",
         sc_preempt_never,
@@ -535,8 +553,29 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
 }
 
 
+def let_go() -> None:
+    """Remove dispatch's finalizer from every PyTorchJob left in the namespace (no operator runs)."""
+    listed = kubectl("get", "pytorchjobs", "-n", NAMESPACE, "-o", "json", check=False)
+    for item in (json.loads(listed) if listed else {}).get("items") or []:
+        finalizers = item["metadata"].get("finalizers") or []
+        if OBJECT_FINALIZER in finalizers:
+            at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
+            patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
+            kubectl(
+                "patch",
+                "pytorchjob",
+                item["metadata"]["name"],
+                "-n",
+                NAMESPACE,
+                "--type=json",
+                f"--patch={json.dumps(patch)}",
+                check=False,
+            )
+
+
 def record(name: str) -> None:
     what, run = SCENARIOS[name]
+    let_go()
     kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
     kubectl("create", "namespace", NAMESPACE)
     rec = Recording(name, what)
@@ -579,6 +618,7 @@ def main() -> None:
         raise SystemExit("set KUBECONFIG to the lab's kubeconfig")
     for name in args.only or list(SCENARIOS):
         record(name)
+    let_go()
     kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 

@@ -26,6 +26,10 @@ MANAGED_BY: Final = "dispatch"
 ANNOTATION_SUBMITTED_BY: Final = f"{GROUP}/submitted-by"
 ANNOTATION_CANCELLED_BY: Final = f"{GROUP}/cancelled-by"
 FINALIZER: Final = f"{GROUP}/finalizer"
+# On every object dispatch creates: someone else's deletion leaves the object readable (with its
+# deletionTimestamp) until dispatch has recorded how it ended, so the record is the same whether or
+# not a supervisor was running when it happened.
+OBJECT_FINALIZER: Final = f"{GROUP}/record-before-delete"
 PROGRESS_PREFIX: Final = GROUP  # kopf's progress annotations, renamed into our group
 REPORTING_COMPONENT: Final = "dispatch-operator"
 LEASE_NAME: Final = "dispatch-operator"

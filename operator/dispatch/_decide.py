@@ -156,9 +156,9 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     if record.settled:
         # A slow supervisor may perform a Create it decided before the job settled: end what it
         # made, or it would outlive the settled job (held, never released, never ended).
-        late = next((o for o in objects if o.phase is not Phase.ENDED), None)
+        late = next((o for o in objects if o.phase is not Phase.ENDED or o.retained), None)
         if late is not None:
-            return Decision(End(late.id, orphan=True), record.state, record.cause)
+            return Decision(End(late.id, orphan=not late.retained), record.state, record.cause)
         return Decision(Done(), record.state, record.cause)
     state, cause = record.state, record.cause
     outcome = state.is_outcome
@@ -171,6 +171,8 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
 
     live: list[ObjectView] = []
     for o in objects:
+        if o.retained and not _needed(record, o):
+            return Decision(End(o.id, orphan=False), *_shown(record))
         if o.phase is Phase.ENDED or (o.submission > latest and not outcome):
             continue  # (after an outcome no submission will follow: such an object is an orphan)
         if o.id in canonicals or (choosing and cur is not None and o.submission == cur.n):
@@ -231,6 +233,26 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
             return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+
+
+def _needed(record: Record, o: ObjectView) -> bool:
+    """Whether the record has yet to take in how ``o`` ended: it is (or may become) the canonical
+    of the current submission and no outcome is recorded."""
+    cur = record.current
+    if record.state.is_outcome or cur is None or o.submission != cur.n:
+        return False
+    return cur.canonical is None or cur.canonical == o.id
+
+
+def unseen_canonical(record: Record, objects: Sequence[ObjectView]) -> str | None:
+    """The current submission's canonical when ``objects`` do not show it and :func:`decide` would
+    therefore record it vanished: a cached backend confirms that on the scheduler itself first."""
+    cur = record.current
+    if record.settled or record.state.is_outcome or record.cancel is not None:
+        return None
+    if cur is None or cur.canonical is None or any(o.id == cur.canonical for o in objects):
+        return None
+    return cur.canonical
 
 
 def _shown(record: Record) -> tuple[State, Cause]:

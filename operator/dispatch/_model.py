@@ -332,6 +332,10 @@ class ObjectView(_Model):
     terminating: bool = False
     """Ended, but some of its processes still run (a pod in its termination grace period): the job
     is not settled until they have stopped."""
+    retained: bool = False
+    """Deleted on the scheduler by someone else, and kept there by dispatch (a Kubernetes finalizer)
+    only until the record has what it shows: ``decide`` ends it (which lets it go) once the record no
+    longer needs it. So a deletion made while no supervisor runs is read exactly as one seen live."""
 
 
 class Submission(_Model):

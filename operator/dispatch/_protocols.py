@@ -50,6 +50,17 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class Confirming(Protocol):
+    """A backend whose :meth:`Backend.list` answers from a cache that may lag a write made by another
+    process (a watch cache). Before a canonical the cache does not show counts as vanished, the
+    supervisor asks it to look the object up on the scheduler itself."""
+
+    async def confirm(self, job: str, object_id: str) -> Sequence[ObjectView]:
+        """``list(job)`` again, once ``object_id`` has been looked up on the scheduler directly."""
+        ...
+
+
 class Versioned(NamedTuple):
     record: Record
     version: str

@@ -30,10 +30,11 @@ from ._decide import (
     apply,
     decide,
     describe_step,
+    unseen_canonical,
 )
 from ._errors import ObjectExists, TransientBackendError, VersionConflict
 from ._model import SUPERVISOR, Actor, ObjectView, Record
-from ._protocols import Backend, RecordStore
+from ._protocols import Backend, Confirming, RecordStore
 
 log = logging.getLogger("dispatch.supervisor")
 
@@ -149,6 +150,10 @@ class Supervisor:
         """Read the record, then list the objects (in that order: see :func:`decide`), then decide."""
         record, version = await self.store.get(job)
         objects = tuple(await self.backend.list(job))
+        missing = unseen_canonical(record, objects)
+        if missing is not None and isinstance(self.backend, Confirming):
+            # Another process may have created it a moment ago and our cache not seen it yet.
+            objects = tuple(await self.backend.confirm(job, missing))
         return Intent(record, version, objects, decide(record, objects))
 
     async def perform(self, intent: Intent) -> None:

@@ -440,9 +440,19 @@ async def test_deleted_by_someone_is_cancelled(
     oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
     await backend.release(oid)
     await until(backend, job, phase_is(oid, Phase.RUNNING))
-    kube_cluster.kubectl("delete", "pytorchjob", "gone-1", f"--namespace={namespace}")
+    # dispatch's finalizer keeps it (deletionTimestamp set) until dispatch has read how it ended
+    kube_cluster.kubectl("delete", "pytorchjob", "gone-1", f"--namespace={namespace}", "--wait=false")
     (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
     assert view.cancelled
+    assert view.retained
+    await backend.end(oid)  # what the supervisor does once the record has it: lets it go
+    (view,) = await backend.list(job)
+    assert view.phase is Phase.ENDED
+    assert view.cancelled
+    assert not view.retained
+    kube_cluster.kubectl(
+        "wait", "pytorchjob/gone-1", f"--namespace={namespace}", "--for=delete", "--timeout=30s"
+    )  # gone once dispatch let go of it
 
 
 async def test_release_stops_the_older_objects_of_the_job_first(
@@ -528,3 +538,29 @@ async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
     pj = await get_pj(api, oid)
     assert pj is not None
     assert json.loads(pj["metadata"]["annotations"]["dispatch.dev/ended"])["kind"] == "launch-failed"
+
+
+async def test_a_canonical_the_watch_has_not_shown_yet_is_confirmed_on_the_api_server(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, backend: KubeflowBackend
+) -> None:
+    """Two processes: B's watch cache has not seen A's create yet (frozen here, so the lag is
+    certain). B's listing lacks the object; ``confirm`` looks it up and shows it, so a supervisor
+    in B never records a canonical that exists as vanished."""
+    job = await create_owner(kube_cluster, namespace, "lag")
+    other = KubeflowBackend(api)
+    try:
+        assert await other.list(job) == []  # synced
+        for task in other._tasks:  # freeze B's cache: its watches see nothing from now on
+            task.cancel()
+        await asyncio.gather(*other._tasks, return_exceptions=True)
+        spec = spec_of("lag")
+        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+        await backend.release(oid)
+        assert await other.list(job) == []
+        (view,) = await other.confirm(job, oid)
+        assert view.id == oid
+        assert view.phase is not Phase.ENDED
+        assert [v.id for v in await other.list(job)] == [oid]  # kept until the watch brings it
+        assert [v.id for v in await other.confirm(job, f"{namespace}/lag-9")] == [oid]  # absent: no view
+    finally:
+        await other.aclose()

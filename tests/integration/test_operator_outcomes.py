@@ -229,3 +229,37 @@ async def test_settled_job_is_deleted_quickly(
     await asyncio.to_thread(
         crds.kubectl, "delete", "dispatchjob", "done", "-n", namespace, "--wait=true", "--timeout=30s"
     )
+
+
+@pytest.mark.parametrize("operator_down", [False, True], ids=["seen-live", "while-down"])
+async def test_a_pytorchjob_deleted_by_a_person_gives_one_record(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    operator_down: bool,
+) -> None:
+    """The same external act, the same record, whether or not the operator ran when it happened:
+    dispatch's finalizer keeps the deleted PyTorchJob readable until the outcome is recorded, then
+    dispatch lets it go (and the garbage collector takes its pods)."""
+    op = operator()
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("deleted", nodes=1))
+    name = await running_pj(crds, namespace, "deleted", 1, kubeflow)
+    if operator_down:
+        op.kill()
+    await asyncio.to_thread(crds.kubectl, "delete", "pytorchjob", name, "-n", namespace, "--wait=false")
+    if operator_down:
+        await asyncio.sleep(2)  # held by the finalizer meanwhile: nobody else may remove it
+        (held,) = await asyncio.to_thread(pytorchjobs, crds, namespace)
+        assert held["metadata"]["deletionTimestamp"]
+        assert "dispatch.dev/record-before-delete" in held["metadata"]["finalizers"]
+        op.start()
+    body = await settled(crds, namespace, "deleted")
+    status = body["status"]
+    assert status["state"] == "cancelled"
+    assert history(body)[-1][1] == "cancelled"
+    assert status["history"][-1]["actor"]["kind"] == "scheduler"
+    assert status["cause"]["detail"] == "cancelled on the scheduler, outside dispatch"
+    await asyncio.to_thread(
+        crds.kubectl, "wait", "-n", namespace, f"pytorchjob/{name}", "--for=delete", "--timeout=60s"
+    )

@@ -3,6 +3,7 @@ backend's cause classification (including native restarts under scheduler-enforc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -45,6 +46,7 @@ from dispatch._decide import (
     Wait,
     Write,
     apply,
+    unseen_canonical,
 )
 from dispatch._memory import CAPABILITIES
 from dispatch._model import NO_CAUSE, SCHEDULER, SUPERVISOR, CancelRequest
@@ -446,6 +448,85 @@ def test_a_vanished_canonical_is_recovered_when_unknown_is_covered() -> None:
     assert (d.step.submission, d.step.rule) == (2, 0)
     assert d.state is State.RECOVERING
     assert d.cause.kind is CauseKind.UNKNOWN
+
+
+def retained(id: str, n: int, cause: Cause = SUCCESS) -> ObjectView:
+    """Deleted by someone else, still readable thanks to dispatch's finalizer."""
+    return obj(id, n, Phase.ENDED, cause, cancelled=True).model_copy(update={"retained": True})
+
+
+def test_a_retained_canonical_is_read_before_it_is_let_go() -> None:
+    """Deleted while no supervisor ran: the same record as a deletion seen live, then ended."""
+    r = started(PREEMPT_TWICE)
+    d = decide(r, [retained("1", 1)])
+    assert isinstance(d.step, RecordOutcome)
+    assert d.step.state is State.CANCELLED
+    assert d.step.cause.detail == CANCELLED_OUTSIDE
+    after = apply(r, d.step, actor=SUPERVISOR, now=T0)
+    assert decide(after, [retained("1", 1)]).step == End("1", orphan=False)
+    assert isinstance(decide(after, []).step, RecordSettled)
+
+
+def test_a_retained_candidate_is_kept_while_the_canonical_is_chosen() -> None:
+    r = step(new_record(PREEMPT_TWICE), Authorize(1))
+    assert decide(r, [retained("1", 1)]).step == RecordCanonical(1, "1")
+
+
+def test_retained_objects_the_record_no_longer_needs_are_let_go() -> None:
+    # an older submission's object, deleted after the job moved on
+    r = step(started(PREEMPT_TWICE), Authorize(2, 0, PREEMPTED), RecordCanonical(2, "2"))
+    d = decide(r, [retained("1", 1, PREEMPTED), obj("2", 2, Phase.RUNNING)])
+    assert d.step == End("1", orphan=False)
+    # a settled job
+    settled = step(r, RecordOutcome(State.SUCCEEDED, SUCCESS), RecordSettled())
+    assert decide(settled, [retained("2", 2)]).step == End("2", orphan=False)
+
+
+def test_a_missing_canonical_is_confirmed_only_while_the_record_needs_it() -> None:
+    r = started(PREEMPT_TWICE)
+    assert unseen_canonical(r, []) == "1"
+    assert unseen_canonical(r, [obj("1", 1, Phase.RUNNING)]) is None
+    assert unseen_canonical(new_record(PREEMPT_TWICE), []) is None
+    assert unseen_canonical(step(new_record(PREEMPT_TWICE), Authorize(1)), []) is None
+    done = step(r, RecordOutcome(State.SUCCEEDED, SUCCESS))
+    assert unseen_canonical(done, []) is None
+
+
+class _LaggingBackend(MemoryBackend):
+    """A memory backend whose listing misses one object until it is confirmed (a watch cache
+    behind another process's create): the protocol a cached backend implements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: str | None = None
+        self.confirmed: list[str] = []
+
+    async def list(self, job: str) -> Sequence[ObjectView]:
+        return [o for o in await super().list(job) if o.id != self.hidden]
+
+    async def confirm(self, job: str, object_id: str) -> Sequence[ObjectView]:
+        self.confirmed.append(object_id)
+        self.hidden = None
+        return await super().list(job)
+
+
+async def test_the_supervisor_confirms_a_canonical_its_backend_does_not_show() -> None:
+    backend, store = _LaggingBackend(), MemoryStore()
+    await store.create(new_record(PREEMPT_TWICE))
+    sup = Supervisor(backend, store)
+    await sup.drive("job")  # authorized, created, recorded canonical, released
+    (canonical,) = [o.id for o in await backend.list("job")]
+    backend.hidden = canonical
+    decision = await sup.step("job")
+    assert backend.confirmed == [canonical]
+    assert decision.step == Wait("queued on the scheduler")
+    assert (await store.get("job")).record.state is State.PENDING
+    # without the confirmation the cache's word would have failed the job
+    backend.hidden = canonical
+    record, _ = await store.get("job")
+    blind = decide(record, await backend.list("job")).step
+    assert isinstance(blind, RecordOutcome)
+    assert blind.state is State.FAILED
 
 
 def test_an_external_cancel_is_recorded_as_cancelled_by_the_scheduler() -> None:

@@ -303,3 +303,29 @@ async def test_an_ended_object_whose_pods_still_run_is_terminating(observer: lis
     assert early.terminating
     done = await replay(observer, data, stream)
     assert not done.terminating
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["watching", "started-after"])
+async def test_a_pytorchjob_deleted_by_a_person_is_retained_cancelled(
+    observer: list[KubeflowBackend], late: bool
+) -> None:
+    """Recording ``deleted``: dispatch's finalizer holds the PyTorchJob (deletionTimestamp set, pods
+    still running) until dispatch lets go. Whether this process watched it happen or starts while
+    it is held, the view is the same: ended, cancelled, retained (decide records it, then ends it)."""
+    data = load("deleted")
+    stream = data["stream"]
+    gone = next(i for i, e in enumerate(stream) if e["resource"] == "pytorchjobs" and e["type"] == "DELETED")
+    held = {**data, "stream": stream[:gone]}
+    events = held["stream"]
+    if late:
+        events = [
+            {"resource": r, "type": "ADDED", "object": o}
+            for r in ("pytorchjobs", "pods")
+            for o in final(held, r)
+        ]
+    view = await replay(observer, held, events, born=late_clock(held) if late else None)
+    assert view.phase is Phase.ENDED
+    assert view.cancelled
+    assert view.retained
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.NONE

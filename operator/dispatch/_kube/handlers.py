@@ -235,11 +235,17 @@ class Runtime:
             log.warning("job %s refused (%s): %s", job, reason, message, extra={"job": job})
 
     async def end_objects(self, job: str, backend: Backend) -> None:
-        """End every object of ``job`` and wait until they have all ended (the finalizer's work)."""
+        """End every object of ``job`` and wait until they have all ended (the finalizer's work).
+
+        Ended objects are ended too: that deletes them and lets go of dispatch's finalizer on each,
+        which would otherwise hold them once the garbage collector deletes them with the job."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + END_WAIT
+        first = True
         while True:
-            live = [o for o in await backend.list(job) if o.phase is not Phase.ENDED]
+            objects = await backend.list(job)
+            live = [o for o in objects if o.phase is not Phase.ENDED or o.retained or first]
+            first = False
             if not live:
                 return
             for o in live:

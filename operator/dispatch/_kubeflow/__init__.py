@@ -42,6 +42,7 @@ from .._constants import (
     LABEL_MANAGED_BY,
     LABEL_SUBMISSION,
     MANAGED_BY,
+    OBJECT_FINALIZER,
     PLURAL,
     PYTORCHJOB_PLURAL,
     VERSION,
@@ -79,7 +80,7 @@ from ._classify import (
     restart_budget,
     vanished,
 )
-from ._http import MERGE_PATCH, Body, KubeError, request
+from ._http import JSON_PATCH, MERGE_PATCH, Body, KubeError, request
 from ._informer import Informer, key_of, resource_version
 
 log = logging.getLogger("dispatch.kubeflow")
@@ -334,6 +335,8 @@ class KubeflowBackend:
                 await stop.task
         body = self._current(object_id)
         owner = owner_of(body) if body is not None else None
+        # Ours to let go of first: once deleted, this process no longer lists it as held by it.
+        await self._let_go(namespace, name, body)
         try:
             await request(
                 self.api, "DELETE", self._pj_path(namespace, name), query={"propagationPolicy": "Background"}
@@ -347,6 +350,23 @@ class KubeflowBackend:
             stop.landed = True  # deleted: nothing of it can run any more
         await self._delete_pods(namespace, name, body)
         self._wake(owner[0] if owner is not None else None)
+
+    async def confirm(self, job: str, object_id: str) -> Sequence[ObjectView]:
+        """The watch cache lags writes made by another process (a second supervisor, the one before a
+        restart): a canonical it does not show is looked up on the API server before it counts as
+        gone, and kept as our own write until the watch brings it."""
+        split_id(job)
+        await self._synced()
+        if self._current(object_id) is None and object_id not in self._tombstones:
+            namespace, name = split_id(object_id, "object")
+            body = await self._get_pj(namespace, name)
+            owner = owner_of(body) if body is not None else None
+            if body is not None and owner is not None and owner[0] == job:
+                log.info(
+                    "job %s: canonical %s found on the API server before the watch showed it", job, object_id
+                )
+                self._remember(object_id, job, body)
+        return await self.list(job)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         split_id(job)
@@ -1124,6 +1144,34 @@ class KubeflowBackend:
             self._sweeping.discard(oid)
 
     # ---- writes ------------------------------------------------------------------------------
+
+    async def _let_go(self, namespace: str, name: str, body: Body | None) -> None:
+        """Remove dispatch's finalizer (a JSON patch with a test, so no other finalizer is touched)."""
+        for attempt in range(5):
+            if body is None or attempt:
+                body = await self._get_pj(namespace, name)
+                if body is None:
+                    return
+            finalizers = list(body.get("metadata", {}).get("finalizers") or ())
+            if OBJECT_FINALIZER not in finalizers:
+                return
+            at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
+            patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
+            try:
+                patched = await request(
+                    self.api, "PATCH", self._pj_path(namespace, name), body=patch, content_type=JSON_PATCH
+                )
+            except KubeError as error:
+                if error.status == 404:
+                    return
+                if error.status in (409, 422):
+                    continue  # the list changed since read: read again
+                raise self._explain(error, f"remove the finalizer of PyTorchJob {namespace}/{name}") from None
+            self._remember(f"{namespace}/{name}", None, patched)
+            return
+        raise TransientBackendError(
+            f"remove the finalizer of PyTorchJob {namespace}/{name}: it kept changing"
+        )
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None

@@ -46,6 +46,7 @@ from .._constants import (
     LABEL_MANAGED_BY,
     LABEL_SUBMISSION,
     MANAGED_BY,
+    OBJECT_FINALIZER,
     PYTORCH_CONTAINER,
     PYTORCHJOB_KIND,
 )
@@ -143,6 +144,7 @@ def build(
             "namespace": namespace,
             "labels": tags,
             "annotations": annotations,
+            "finalizers": [OBJECT_FINALIZER],
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,

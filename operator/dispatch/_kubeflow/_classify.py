@@ -24,6 +24,7 @@ from .._constants import (
     ANNOTATION_RESTART_BUDGET,
     LABEL_JOB,
     LABEL_SUBMISSION,
+    OBJECT_FINALIZER,
     PYTORCH_CONTAINER,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
@@ -464,6 +465,9 @@ def classify(
     # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
     restart_cause = last_restart or (restart_causes[-1] if restart_causes else None)
 
+    # Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended).
+    held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
+
     def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False) -> ObjectView:
         return ObjectView(
             id=oid,
@@ -473,6 +477,7 @@ def classify(
             cause=cause,
             cancelled=cancelled,
             restarts=restarts,
+            retained=held,
         )
 
     def is_true(kind: str) -> bool:
@@ -506,7 +511,7 @@ def classify(
 def vanished(last: ObjectView) -> ObjectView:
     """The view of an object deleted from the API server after it was seen as ``last``."""
     if last.phase is Phase.ENDED:
-        return last
+        return last.model_copy(update={"retained": False}) if last.retained else last
     return last.model_copy(
         update={
             "phase": Phase.ENDED,

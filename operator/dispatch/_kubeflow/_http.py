@@ -22,6 +22,7 @@ Body = dict[str, Any]
 
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 DEFAULT_TIMEOUT: Final = 30.0
 
 
@@ -120,4 +121,4 @@ def _status_text(raw: bytes, fallback: str) -> tuple[str, str]:
     return str(status.get("reason") or fallback), str(status.get("message") or fallback)
 
 
-__all__ = ["JSON", "MERGE_PATCH", "Body", "KubeError", "open_request", "request"]
+__all__ = ["JSON", "JSON_PATCH", "MERGE_PATCH", "Body", "KubeError", "open_request", "request"]
