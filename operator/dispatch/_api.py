@@ -51,7 +51,20 @@ from ._constants import (
     STATUS_OBSERVED_STATE,
 )
 from ._errors import JobNotFound
-from ._model import Actor, ActorKind, CancelRequest, Cause, CauseKind, Enforcer, JobSpec, Plan, Record, State
+from ._model import (
+    Actor,
+    ActorKind,
+    CancelRequest,
+    Cause,
+    CauseKind,
+    Enforcer,
+    JobSpec,
+    Plan,
+    Record,
+    State,
+    Submission,
+    Transition,
+)
 
 
 def job_id(namespace: str, name: str) -> str:
@@ -370,3 +383,48 @@ def refusal(body: Mapping[str, Any]) -> str | None:
         if c.get("type") == COND_STALLED and c.get("status") == "True":
             return str(c.get("reason"))
     return None
+
+
+# ---- a status as it is (leniently, for display: a field a reader cannot decode is left out) -------
+
+
+def status_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = obj.get("status")
+    return status if isinstance(status, Mapping) else {}
+
+
+def condition(obj: Mapping[str, Any], kind: str = COND_READY) -> Mapping[str, Any] | None:
+    for cond in status_of(obj).get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
+
+
+def transitions(obj: Mapping[str, Any]) -> list[Transition]:
+    found = []
+    for item in status_of(obj).get("history") or ():
+        try:
+            found.append(Transition.model_validate(item))
+        except ValidationError:
+            continue
+    return found
+
+
+def submissions(obj: Mapping[str, Any]) -> list[Submission]:
+    found = []
+    for item in status_of(obj).get("submissions") or ():
+        try:
+            found.append(Submission.model_validate(item))
+        except ValidationError:
+            continue
+    return found
+
+
+def plan_of(obj: Mapping[str, Any]) -> Plan | None:
+    raw = status_of(obj).get("plan")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError:
+        return None

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Final
 
 from . import _capabilities as capabilities
+from . import _registry
 from ._config import choice, flag, known_keys
 from ._errors import InvalidTransition, ObjectExists
 from ._model import (
@@ -45,6 +46,24 @@ CAPABILITIES: Final = {
     Shape.SLURM: capabilities.SLURM,
     Shape.KUBEFLOW: capabilities.KUBEFLOW,
 }
+
+
+def shapes() -> list[str]:
+    """What ``shape`` may be: slurm, kubeflow, or any other backend a DispatchJob may name."""
+    own = [s.value for s in Shape]
+    return [*own, *(b.name for b in _registry.spec_backends() if b.name not in own)]
+
+
+def _imitation(name: str) -> tuple[str, Shape, Capabilities]:
+    """The backend imitated, its object naming (Slurm's numbers or Kubernetes' chosen names) and its
+    capabilities: another backend's come from its registry entry, never a copy."""
+    if name in {s.value for s in Shape}:
+        return name, Shape(name), CAPABILITIES[Shape(name)]
+    info = _registry.get(name)
+    if info is None or not info.in_spec:
+        raise ValueError(f"shape must be one of {', '.join(shapes())}, not {name!r}")
+    naming = Shape.SLURM if info.where is _registry.Where.EXTERNAL else Shape.KUBEFLOW
+    return name, naming, info.capabilities
 
 
 # Causes are immutable: one instance each, shared by every object that ends that way.
@@ -93,7 +112,7 @@ class MemoryBackend:
     """A :class:`~dispatch.Backend` whose scheduler is :attr:`env`."""
 
     def __init__(self, shape: Shape | str = Shape.SLURM, *, auto_run: bool = False) -> None:
-        self.shape = Shape(shape)
+        self.imitates, self.shape, self._capabilities = _imitation(str(shape))
         self.auto_run = auto_run
         self._entries: dict[str, _Entry] = {}
         self._by_job: dict[str, list[_Entry]] = {}
@@ -105,11 +124,11 @@ class MemoryBackend:
 
     @property
     def name(self) -> str:
-        return f"memory-{self.shape}"
+        return f"memory-{self.imitates}"
 
     @property
     def capabilities(self) -> Capabilities:
-        return CAPABILITIES[self.shape]
+        return self._capabilities
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         if self.shape is Shape.KUBEFLOW:
@@ -246,15 +265,15 @@ class Env:
 
 
 def open_adapter(config: Mapping[str, object] | None = None) -> MemoryBackend:
-    """Entry point ``dispatch.adapters: memory``. Config: ``shape`` (slurm|kubeflow), ``auto_run``.
+    """Entry point ``dispatch.adapters: memory``. Config: ``shape`` (:func:`shapes`), ``auto_run``.
 
     Values may be text (from YAML, the environment or a command line): ``auto_run: "false"`` is
     false and ``"maybe"`` is a :class:`~dispatch.ConfigError` naming the key.
     """
     config = dict(config or {})
     known_keys("memory", config, {"shape", "auto_run"})
-    shape = choice("memory", config, "shape", Shape.SLURM.value, [s.value for s in Shape])
-    return MemoryBackend(Shape(shape), auto_run=flag("memory", config, "auto_run", False))
+    shape = choice("memory", config, "shape", Shape.SLURM.value, shapes())
+    return MemoryBackend(shape, auto_run=flag("memory", config, "auto_run", False))
 
 
 __all__ = ["CAPABILITIES", "Env", "InvalidTransition", "MemoryBackend", "Shape", "open_adapter"]

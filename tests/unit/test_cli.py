@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import dispatch
+from dispatch import _api
 from dispatch._cli import _render as render
 from dispatch._cli._manifest import ManifestError, parse
 from dispatch._cli.main import main
@@ -155,7 +156,7 @@ def test_plan_of_several_jobs_names_each(monkeypatch: pytest.MonkeyPatch) -> Non
         (SEED.read_text().replace('"on"', "on"), 'quote it, e.g. "on": [preempted]'),
         (manifest(kubeflow={"image": "x"}), "spec.kubeflow is set but spec.backend is slurm"),
         (manifest(backend="kubeflow"), "spec.kubeflow (the image, at least) is required"),
-        (manifest(backend="lsf"), "spec.backend must be one of ['kubeflow', 'slurm']"),
+        (manifest(backend="lsf"), f"spec.backend must be one of {_api.backend_names()}, not 'lsf'"),
         (manifest(nodes=0), "spec.nodes: Input should be greater than or equal to 1"),
         (
             manifest(
@@ -285,7 +286,7 @@ def recovered_object() -> dict[str, Any]:
 
 
 def test_history_table_shows_the_seeds_transitions() -> None:
-    text = render.history_table(render.transitions(recovered_object()))
+    text = render.history_table(_api.transitions(recovered_object()))
     assert [re.split(r" {3,}", line) for line in text.splitlines()] == [
         ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"],
         [
@@ -301,7 +302,7 @@ def test_history_table_shows_the_seeds_transitions() -> None:
 
 
 def test_history_as_json() -> None:
-    data = [render.transition_data(t) for t in render.transitions(recovered_object())]
+    data = [render.transition_data(t) for t in _api.transitions(recovered_object())]
     assert [(d["from"], d["to"], d["submission"], d["cause"]["kind"], d["actor"]) for d in data] == [
         ("pending", "recovering", 2, "preempted", "supervisor:supervisor"),
         ("recovering", "succeeded", 2, "none", "supervisor:supervisor"),

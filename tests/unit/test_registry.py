@@ -263,7 +263,7 @@ def test_a_new_backend_is_opened_by_the_operator_and_the_library(fake: BackendIn
 
 def test_a_new_backend_gets_exactly_its_rbac_rules_in_the_chart(fake: BackendInfo[FakeOptions]) -> None:
     rbac = gen_chart.render_backend_rules()
-    assert '(list "fakeflow" "kubeflow"' in rbac
+    assert '(list "fakeflow" ' in rbac  # first of the sorted Kubernetes backends
     rule = (
         '{{- if (has "fakeflow" $enabled) }}\n'
         "# fakeflow: One per submission.\n"
@@ -271,9 +271,22 @@ def test_a_new_backend_gets_exactly_its_rbac_rules_in_the_chart(fake: BackendInf
     )
     assert rule in rbac
     schema = json.loads(gen_chart.render_values_schema())
-    assert schema["properties"]["backends"]["items"]["enum"][:2] == ["fakeflow", "kubeflow"]
+    enum = schema["properties"]["backends"]["items"]["enum"]
+    assert enum[0] == "fakeflow"
+    assert "kubeflow" in enum
 
 
 def test_the_docs_table_lists_a_new_backend(fake: BackendInfo[FakeOptions]) -> None:
     table = gen.render_backends_docs()
     assert "| `fakeflow` | kubernetes | FakeFlows of a test-only declaration |" in table
+
+
+def test_the_memory_backend_imitates_a_new_backend_with_its_declared_capabilities(
+    fake: BackendInfo[FakeOptions],
+) -> None:
+    memory = dispatch.MemoryBackend("fakeflow")
+    assert memory.capabilities is FAKE.capabilities
+    assert memory.shape is dispatch.Shape.KUBEFLOW  # a Kubernetes object's name, chosen by its creator
+    assert memory.name == "memory-fakeflow"
+    with pytest.raises(ValueError, match=r"shape must be one of slurm, kubeflow, .*fakeflow.*, not 'lsf'"):
+        dispatch.MemoryBackend("lsf")

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
-from .._constants import ANNOTATION_SUBMITTED_BY, COND_READY
-from .._model import Plan, Submission, Transition
+from .._api import condition, plan_of, status_of, submissions, transitions
+from .._constants import ANNOTATION_SUBMITTED_BY
+from .._model import Plan, Transition
 
 Body = Mapping[str, Any]
 
@@ -92,11 +92,6 @@ def show_time(value: object) -> str:
 # ---- reading a DispatchJob --------------------------------------------------------------------------
 
 
-def _status(obj: Body) -> Mapping[str, Any]:
-    status = obj.get("status")
-    return status if isinstance(status, Mapping) else {}
-
-
 def _actor(value: object) -> str | None:
     if isinstance(value, Mapping) and value.get("id"):
         return f"{value.get('kind', 'human')}:{value['id']}"
@@ -118,43 +113,6 @@ def _cause_text(cause: Mapping[str, Any] | None) -> str:
     return text
 
 
-def condition(obj: Body, kind: str = COND_READY) -> Mapping[str, Any] | None:
-    for cond in _status(obj).get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond
-    return None
-
-
-def transitions(obj: Body) -> list[Transition]:
-    found = []
-    for item in _status(obj).get("history") or ():
-        try:
-            found.append(Transition.model_validate(item))
-        except ValidationError:
-            continue
-    return found
-
-
-def submissions(obj: Body) -> list[Submission]:
-    found = []
-    for item in _status(obj).get("submissions") or ():
-        try:
-            found.append(Submission.model_validate(item))
-        except ValidationError:
-            continue
-    return found
-
-
-def plan_of(obj: Body) -> Plan | None:
-    raw = _status(obj).get("plan")
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return Plan.model_validate(raw)
-    except ValidationError:
-        return None
-
-
 def transition_data(t: Transition) -> dict[str, Any]:
     return {
         "time": show_time(t.time),
@@ -170,7 +128,7 @@ def summary(obj: Body) -> dict[str, Any]:
     """What ``get`` shows of one DispatchJob (all of it with ``-o json|yaml``)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    status = _status(obj)
+    status = status_of(obj)
     subs = submissions(obj)
     plan = plan_of(obj)
     ready = condition(obj)
@@ -256,7 +214,7 @@ def _cause_model(t: Transition) -> dict[str, Any]:
 
 def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
     """Everything ``describe`` shows, as data."""
-    status = _status(obj)
+    status = status_of(obj)
     plan = plan_of(obj)
     data = summary(obj)
     data["spec"] = dict(obj.get("spec") or {})

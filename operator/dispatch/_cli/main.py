@@ -28,6 +28,7 @@ from typing import Any, Final, TextIO
 
 import aiohttp
 
+from .. import _api
 from .._constants import GROUP, KIND, PLURAL, SINGULAR, VERSION
 from .._errors import PlanError
 from . import _render as render
@@ -309,7 +310,7 @@ async def describe(args: argparse.Namespace, objects: Any, namespace: str, out: 
 
 async def history(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
     obj = await objects.get(namespace, args.name)
-    ts = render.transitions(obj)
+    ts = _api.transitions(obj)
     if args.output:
         print(render.dump([render.transition_data(t) for t in ts], args.output), file=out)
         return 0
