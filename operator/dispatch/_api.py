@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import _registry
 from ._constants import (
@@ -65,6 +65,8 @@ from ._model import (
     Submission,
     Transition,
 )
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def job_id(namespace: str, name: str) -> str:
@@ -400,24 +402,23 @@ def condition(obj: Mapping[str, Any], kind: str = COND_READY) -> Mapping[str, An
     return None
 
 
-def transitions(obj: Mapping[str, Any]) -> list[Transition]:
+def _each(model: type[M], items: object) -> list[M]:
+    """Each item ``model`` can decode, in order; the others are left out."""
     found = []
-    for item in status_of(obj).get("history") or ():
+    for item in items if isinstance(items, list | tuple) else ():
         try:
-            found.append(Transition.model_validate(item))
+            found.append(model.model_validate(item))
         except ValidationError:
             continue
     return found
+
+
+def transitions(obj: Mapping[str, Any]) -> list[Transition]:
+    return _each(Transition, status_of(obj).get("history"))
 
 
 def submissions(obj: Mapping[str, Any]) -> list[Submission]:
-    found = []
-    for item in status_of(obj).get("submissions") or ():
-        try:
-            found.append(Submission.model_validate(item))
-        except ValidationError:
-            continue
-    return found
+    return _each(Submission, status_of(obj).get("submissions"))
 
 
 def plan_of(obj: Mapping[str, Any]) -> Plan | None:

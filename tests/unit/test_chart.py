@@ -346,6 +346,32 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
     ]
 
 
+def _operator_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    roles = [
+        d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == f"{RELEASE}-dispatch-operator"
+    ]
+    return _grants(_rules(roles))
+
+
+def test_the_backends_value_grants_exactly_the_enabled_backends_rules(helm: str) -> None:
+    """Each enabled backend adds exactly its registry entry's rules and one --backend flag; none
+    enabled adds no rule and passes --backend none (the operator then opens no Kubernetes backend)."""
+    from dispatch import _registry
+    from dispatch._kube.main import enabled_backends, parser
+
+    base = _operator_grants(render(helm, "--set", "backends=null"))
+    assert "--backend=none" in deployment_args(render(helm, "--set", "backends=null"))
+    assert not [g for g in base if g[1] in ("pods", "pytorchjobs")]
+    for info in _registry.kubernetes_backends():
+        docs = render(helm, "--set", f"backends={{{info.name}}}")
+        declared = _grants([r.as_dict() for r in info.rbac])
+        assert _operator_grants(docs) - base == declared - base, info.name
+        assert enabled_backends(parser().parse_args(deployment_args(docs))) == [info.name]
+    refused = template(helm, "--set", "backends={no-such-backend}", check=False)
+    assert refused.returncode != 0
+    assert "backends" in refused.stderr
+
+
 def test_watch_namespaces_gives_roles_per_namespace_and_nothing_cluster_wide_for_jobs(helm: str) -> None:
     docs = render(helm, "--set", "watchNamespaces={team-a,team-b}")
     assert "--all-namespaces" not in deployment_args(docs)
