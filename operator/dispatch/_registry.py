@@ -137,7 +137,10 @@ def registered() -> Mapping[str, BackendInfo[Any]]:
     """Every declared backend, by name, sorted by name (loaded once per process)."""
     found: dict[str, BackendInfo[Any]] = {}
     for ep in entry_points(group=GROUP):
-        value = ep.load()
+        try:
+            value = ep.load()
+        except Exception as error:  # a broken third-party package must say which entry point it is
+            raise ImportError(f"entry point {GROUP}:{ep.name} = {ep.value} does not load: {error}") from error
         if not isinstance(value, BackendInfo):
             continue  # a bare opener: dispatch.open finds it, but it declares nothing
         if value.name != ep.name:

@@ -140,6 +140,21 @@ def test_an_entry_point_under_another_name_is_refused(monkeypatch: pytest.Monkey
         _registry.registered.cache_clear()
 
 
+def test_an_entry_point_that_does_not_load_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        "dispatch._registry.entry_points",
+        lambda *, group: [EntryPoint("gone", "dispatch._no_such:BACKEND", group)],
+    )
+    _registry.registered.cache_clear()
+    try:
+        with pytest.raises(
+            ImportError, match=r"entry point dispatch\.adapters:gone = dispatch\._no_such:BACKEND"
+        ):
+            _registry.registered()
+    finally:
+        _registry.registered.cache_clear()
+
+
 def test_a_declaration_must_say_how_the_operator_opens_a_kubernetes_backend() -> None:
     with pytest.raises(ValueError, match="needs open_in_operator"):
         BackendInfo(name="x", summary="x", where=Where.KUBERNETES, capabilities=Capabilities(), open="m:f")
