@@ -34,6 +34,8 @@ CLUSTER_KUBECONFIG = $(CLUSTER_DIR)/kubeconfig
 # Where `make lab-up` keeps the same, plus the audit log; LAB_NODES kwok nodes.
 LAB_DIR ?= $(DISPATCH_CACHE)/lab
 LAB_NODES ?= 3
+# Opt-in lab extras, comma-separated: jobset, trainer (trainer implies jobset).
+LAB_WITH ?=
 
 # kind (only for e2e-kind; needs Docker). Empty KIND_NODE_IMAGE = kind's default image.
 KIND_VERSION ?= v0.30.0
@@ -46,16 +48,19 @@ E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins lab-up lab-down kubeflow-record cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down kubeflow-record jobset-record cluster-up cluster-down e2e-kind
 
-bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, helm) into $(DISPATCH_CACHE)/bin
+bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, JobSet, Trainer v2, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
 
 lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager, kwok, training operator) in $(LAB_DIR)
-	$(PY) -m tests.support.lab up --dir $(LAB_DIR) --nodes $(LAB_NODES)
+	$(PY) -m tests.support.lab up --dir $(LAB_DIR) --nodes $(LAB_NODES) $(if $(LAB_WITH),--with $(LAB_WITH))
 
 lab-down: $(STAMP) ## stop what lab-up started
 	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
+
+jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and Events for their unit tests, on a lab of its own (~5 min)
+	$(PY) hack/jobset-record.py
 
 kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (~2 min)
 	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
