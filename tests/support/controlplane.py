@@ -277,7 +277,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def set_pdeathsig() -> None:  # runs in the child between fork and exec
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -588,7 +588,7 @@ class ControlPlane:
         preexec = None
         if not detach and sys.platform == "linux" and threading.current_thread() is threading.main_thread():
             # PDEATHSIG fires when the *thread* that forked exits, so only from the main thread.
-            preexec = _set_pdeathsig
+            preexec = set_pdeathsig
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 [binary, *args],

@@ -21,7 +21,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+from tests.support.controlplane import set_pdeathsig
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sbatch", "squeue", "setpriv")
 REST_USER = "slurmrest"
@@ -343,6 +347,7 @@ class SlurmLab:
                 f"--reuid={REST_USER}",
                 f"--regid={REST_USER}",
                 "--init-groups",
+                "--pdeathsig=SIGKILL",  # the uid change clears the one set at fork
                 "slurmrestd",
                 "-f",
                 str(self.inner_conf),
@@ -426,6 +431,10 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
         log = open(self.root / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
         cmd, environment = self._argv(argv, env if env is not None else self.env)
+        # Die with the test process even when it is SIGKILLed (every step of the command line
+        # execs the next, so the flag reaches the daemon); only from the main thread, where the
+        # forking thread lives as long as the process.
+        main = threading.current_thread() is threading.main_thread()
         self._procs[name] = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -434,6 +443,7 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
             env=environment,
             cwd=self.root,
             start_new_session=True,
+            preexec_fn=set_pdeathsig if main and sys.platform == "linux" else None,
         )
 
     def _wait(self, ok: object, timeout: float, what: str) -> None:
