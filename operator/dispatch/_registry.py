@@ -50,6 +50,9 @@ class PolicyRule:
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
     why: str
+    cluster_scoped: bool = False
+    """A cluster-scoped resource (nodes): granted by a ClusterRole even when the chart grants the
+    namespaced rules per watched namespace, where a Role could not grant it."""
 
     def as_dict(self) -> dict[str, list[str]]:
         return {

@@ -326,7 +326,12 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
     operator_roles = [
         d
         for d in by_kind(docs, "ClusterRole")
-        if d["metadata"]["name"] in {f"{RELEASE}-dispatch-operator", f"{RELEASE}-dispatch-operator-kopf"}
+        if d["metadata"]["name"]
+        in {
+            f"{RELEASE}-dispatch-operator",
+            f"{RELEASE}-dispatch-operator-kopf",
+            f"{RELEASE}-dispatch-operator-cluster",
+        }
     ]
     assert _grants(_rules(operator_roles)) == {
         *(("dispatch.dev", "dispatchjobs", v) for v in ("get", "list", "watch", "patch")),
@@ -336,6 +341,7 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
         *(("", "pods", v) for v in ("get", "list", "watch", "delete", "deletecollection")),
         *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
         ("", "events", "list"),
+        ("", "nodes", "get"),
         *(("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")),
     }
     grants = _grants(_rules(docs))
@@ -347,10 +353,8 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
 
 
 def _operator_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    roles = [
-        d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == f"{RELEASE}-dispatch-operator"
-    ]
-    return _grants(_rules(roles))
+    names = {f"{RELEASE}-dispatch-operator", f"{RELEASE}-dispatch-operator-cluster"}
+    return _grants(_rules([d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] in names]))
 
 
 def test_the_backends_value_grants_exactly_the_enabled_backends_rules(helm: str) -> None:
@@ -361,7 +365,7 @@ def test_the_backends_value_grants_exactly_the_enabled_backends_rules(helm: str)
 
     base = _operator_grants(render(helm, "--set", "backends=null"))
     assert "--backend=none" in deployment_args(render(helm, "--set", "backends=null"))
-    assert not [g for g in base if g[1] in ("pods", "pytorchjobs")]
+    assert not [g for g in base if g[1] in ("pods", "pytorchjobs", "nodes")]
     for info in _registry.kubernetes_backends():
         docs = render(helm, "--set", f"backends={{{info.name}}}")
         declared = _grants([r.as_dict() for r in info.rbac])
@@ -389,7 +393,9 @@ def test_watch_namespaces_gives_roles_per_namespace_and_nothing_cluster_wide_for
             if not d["metadata"]["name"].endswith(("-viewer", "-editor"))
         ]
     )
-    assert {g[1] for g in _grants(cluster_rules)} == {"customresourcedefinitions", "namespaces"}
+    # Cluster-scoped by nature, so never per namespace: kopf's CRD and namespace watches, and the
+    # nodes a backend reads (whether a pod's node is gone).
+    assert {g[1] for g in _grants(cluster_rules)} == {"customresourcedefinitions", "namespaces", "nodes"}
     assert "--all-namespaces" in deployment_args(render(helm))
 
 

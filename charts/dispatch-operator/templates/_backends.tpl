@@ -31,3 +31,13 @@
   verbs: ["list"]
 {{- end }}
 {{- end }}
+{{- define "dispatch-operator.backendClusterRules" -}}
+{{- $enabled := .Values.backends }}
+{{- if (has "kubeflow" $enabled) }}
+# kubeflow: The node a failed pod ran on: gone (404) or not Ready means the cause is node-lost. Read
+# only.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
+{{- end }}
+{{- end }}

@@ -16,6 +16,13 @@ POD_RULE: Final = PolicyRule(
     "label selector dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only pods of a submission it "
     "ended. No other write.",
 )
+NODE_RULE: Final = PolicyRule(
+    ("",),
+    ("nodes",),
+    ("get",),
+    why="The node a failed pod ran on: gone (404) or not Ready means the cause is node-lost. Read only.",
+    cluster_scoped=True,
+)
 POD_EVENT_RULE: Final = PolicyRule(
     ("",),
     ("events",),

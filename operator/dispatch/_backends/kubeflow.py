@@ -7,7 +7,7 @@ from typing import Final
 from .._capabilities import KUBEFLOW
 from .._model import KubeflowOptions
 from .._registry import BackendInfo, PolicyRule, Where
-from ._common import POD_EVENT_RULE, POD_RULE
+from ._common import NODE_RULE, POD_EVENT_RULE, POD_RULE
 
 BACKEND: Final = BackendInfo(
     name="kubeflow",
@@ -29,6 +29,7 @@ BACKEND: Final = BackendInfo(
         ),
         POD_RULE,
         POD_EVENT_RULE,
+        NODE_RULE,
     ),
     metric_resources=("pytorchjobs", "pytorchjobs/status", "pods", "events"),
 )
