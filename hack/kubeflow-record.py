@@ -20,21 +20,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
-from dispatch._constants import OBJECT_FINALIZER  # noqa: E402
-from dispatch._kubeflow._build import build  # noqa: E402
+from _recording import (  # noqa: E402
+    KUBECTL,
+    Recording,
+    cleanup_preemptors,
+    kubectl,
+    let_go,
+    trim,
+    until,
+    write,
+)
+from _recording import get as get_in  # noqa: E402
+from _recording import preempt as preempt_in  # noqa: E402
+
+from dispatch._kubeflow._pytorchjob import build  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
     CauseKind,
@@ -45,6 +54,7 @@ from dispatch._model import (  # noqa: E402
     PlannedRule,
     Resources,
 )
+from dispatch._workload import Target  # noqa: E402
 
 Body = dict[str, Any]
 OUT = ROOT / "tests" / "unit" / "data" / "kubeflow"
@@ -53,102 +63,8 @@ IMAGE = "example.invalid/train:1"
 UNPULLABLE = "unpullable.invalid/train:1"
 
 
-def kubectl_binary() -> str:
-    found = shutil.which("kubectl")
-    if found:
-        return found
-    cache = Path(os.environ.get("DISPATCH_CACHE", Path.home() / ".cache" / "dispatch")) / "bin"
-    for candidate in sorted(cache.glob("kubectl-*/kubectl"), reverse=True):
-        return str(candidate)
-    raise SystemExit("kubectl not found (PATH or ~/.cache/dispatch/bin/kubectl-*)")
-
-
-KUBECTL = kubectl_binary()
-
-
-def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
-    done = subprocess.run(
-        [KUBECTL, *args], input=input, capture_output=True, text=True, check=False, timeout=120
-    )
-    if check and done.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout + (done.stderr if not check else "")
-
-
 def get(kind: str, name: str = "", *, ns: str | None = NAMESPACE, selector: str = "") -> Body:
-    args = ["get", kind, *([name] if name else []), "-o", "json"]
-    if ns:
-        args += ["-n", ns]
-    if selector:
-        args += ["-l", selector]
-    return json.loads(kubectl(*args))  # type: ignore[no-any-return]
-
-
-def trim(obj: Body) -> Body:
-    obj.get("metadata", {}).pop("managedFields", None)
-    return obj
-
-
-@dataclass
-class Recording:
-    name: str
-    what: str
-    stream: list[Body] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
-    extra_objects: list[Body] = field(default_factory=list)
-    t0: float = field(default_factory=time.monotonic)
-
-    def watch(self, resource: str, selector: str) -> None:
-        proc = subprocess.Popen(
-            [
-                KUBECTL,
-                "get",
-                resource,
-                "-n",
-                NAMESPACE,
-                "-l",
-                selector,
-                "-w",
-                "--output-watch-events",
-                "-o",
-                "json",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.procs.append(proc)
-
-        def pump() -> None:
-            decoder = json.JSONDecoder()
-            buf = ""
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                buf += line
-                while buf.strip():
-                    try:
-                        event, end = decoder.raw_decode(buf.lstrip())
-                    except ValueError:
-                        break
-                    buf = buf.lstrip()[end:]
-                    with self.lock:
-                        self.stream.append(
-                            {
-                                "at": round(time.monotonic() - self.t0, 3),
-                                "resource": resource,
-                                "type": event.get("type"),
-                                "object": trim(event.get("object") or {}),
-                            }
-                        )
-
-        threading.Thread(target=pump, daemon=True).start()
-
-    def stop(self) -> None:
-        time.sleep(1.0)  # let the last events arrive
-        for proc in self.procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+    return get_in(kind, name, ns=ns, selector=selector)
 
 
 def spec(
@@ -196,15 +112,7 @@ def plan(name: str, restart_left: int | None) -> Plan:
 
 
 def create(job: str, *, restart_left: int | None = None, **kw: Any) -> tuple[str, Body]:
-    body = build(
-        namespace=NAMESPACE,
-        job_name=job,
-        submission=1,
-        spec=spec(job, **kw),
-        plan=plan(job, restart_left),
-        owner_uid="unused",
-    )
-    body["metadata"].pop("ownerReferences", None)
+    body = build(Target(NAMESPACE, job, 1), spec(job, **kw), plan(job, restart_left))
     done = subprocess.run(
         [KUBECTL, "create", "-o", "json", "-f", "-"],
         input=json.dumps(body),
@@ -231,18 +139,6 @@ def release(pj: str) -> None:
         "-p",
         '{"spec":{"runPolicy":{"suspend":false}}}',
     )
-
-
-def until(what: str, check: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (RuntimeError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def pods(pj: str) -> list[Body]:
@@ -277,43 +173,7 @@ def annotate(pod: str, **values: str) -> None:
 
 
 def preempt(pod: str) -> None:
-    """A real kube-scheduler preemption: a pod of a higher priority that needs the victim's whole node."""
-    node = get("pod", pod)["spec"]["nodeName"]
-    cpu = get("node", node, ns=None)["status"]["allocatable"]["cpu"]
-    kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": "lab-high"},
-                "value": 1000000,
-            }
-        ),
-    )
-    preemptor = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"preemptor-{pod}",
-            "namespace": NAMESPACE,
-            "labels": {"lab.dispatch.io/preemptor": "true"},
-        },
-        "spec": {
-            "priorityClassName": "lab-high",
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "main", "image": IMAGE, "resources": {"requests": {"cpu": cpu}}}],
-        },
-    }
-    kubectl("create", "-f", "-", input=json.dumps(preemptor))
-
-
-def cleanup_preemptors() -> None:
-    kubectl(
-        "delete", "pods", "-n", NAMESPACE, "-l", "lab.dispatch.io/preemptor=true", "--wait=false", check=False
-    )
+    preempt_in(NAMESPACE, pod, IMAGE)
 
 
 # ---- scenarios -------------------------------------------------------------------------------
@@ -337,7 +197,7 @@ def sc_deleted(rec: Recording) -> None:
     kubectl("delete", "pytorchjob", pj, "-n", NAMESPACE, "--wait=false")
     until("deleting", lambda: bool(get("pytorchjob", pj)["metadata"].get("deletionTimestamp")))
     time.sleep(2.0)
-    let_go()
+    let_go(NAMESPACE, "pytorchjobs")
     until("gone", lambda: gone(pj))
 
 
@@ -480,15 +340,7 @@ def sc_image_pull(rec: Recording) -> None:
 def sc_env_refused(rec: Recording) -> None:
     """An env name the PyTorchJob CRD accepts and the pod API refuses (built by hand: dispatch's
     builder refuses it itself)."""
-    body = build(
-        namespace=NAMESPACE,
-        job_name="env-refused",
-        submission=1,
-        spec=spec("env-refused", nodes=1),
-        plan=plan("env-refused", None),
-        owner_uid="unused",
-    )
-    body["metadata"].pop("ownerReferences", None)
+    body = build(Target(NAMESPACE, "env-refused", 1), spec("env-refused", nodes=1), plan("env-refused", None))
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "A=B", "value": "1"}
     ]
@@ -553,32 +405,12 @@ SCENARIOS: dict[str, tuple[str, Callable[[Recording], Any]]] = {
 }
 
 
-def let_go() -> None:
-    """Remove dispatch's finalizer from every PyTorchJob left in the namespace (no operator runs)."""
-    listed = kubectl("get", "pytorchjobs", "-n", NAMESPACE, "-o", "json", check=False)
-    for item in (json.loads(listed) if listed else {}).get("items") or []:
-        finalizers = item["metadata"].get("finalizers") or []
-        if OBJECT_FINALIZER in finalizers:
-            at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
-            patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
-            kubectl(
-                "patch",
-                "pytorchjob",
-                item["metadata"]["name"],
-                "-n",
-                NAMESPACE,
-                "--type=json",
-                f"--patch={json.dumps(patch)}",
-                check=False,
-            )
-
-
 def record(name: str) -> None:
     what, run = SCENARIOS[name]
-    let_go()
+    let_go(NAMESPACE, "pytorchjobs")
     kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
     kubectl("create", "namespace", NAMESPACE)
-    rec = Recording(name, what)
+    rec = Recording(name, what, NAMESPACE)
     rec.watch("pytorchjobs", "app.kubernetes.io/managed-by=dispatch")
     rec.watch("pods", "app.kubernetes.io/managed-by=dispatch")
     time.sleep(1.0)
@@ -587,25 +419,8 @@ def record(name: str) -> None:
         extra = run(rec)
     finally:
         rec.stop()
-        cleanup_preemptors()
-    events = [trim(e) for e in get("events").get("items") or []]
-    version = json.loads(kubectl("version", "-o", "json")).get("serverVersion", {}).get("gitVersion")
-    out = {
-        "scenario": name,
-        "what": what,
-        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "kubernetes": version,
-        "training_operator": "v1.9.3",
-        "stream": rec.stream,
-        "events": events,
-    }
-    if extra is not None:
-        out["create"] = extra
-    if rec.extra_objects:
-        out["objects"] = rec.extra_objects
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"{name}: {len(rec.stream)} watch events, {len(events)} events")
+        cleanup_preemptors(NAMESPACE)
+    write(OUT, name, rec, {"training_operator": "v1.9.3", **({"create": extra} if extra is not None else {})})
 
 
 def main() -> None:
@@ -618,7 +433,7 @@ def main() -> None:
         raise SystemExit("set KUBECONFIG to the lab's kubeconfig")
     for name in args.only or list(SCENARIOS):
         record(name)
-    let_go()
+    let_go(NAMESPACE, "pytorchjobs")
     kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 

@@ -23,8 +23,10 @@ from ._model import (
     Cause,
     CauseKind,
     Enforcer,
+    JobSpec,
     ObjectView,
     Phase,
+    Plan,
     Record,
     State,
     Status,
@@ -227,12 +229,29 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     by = None if record.supervised else SCHEDULER
     if ended.kind is CauseKind.NONE:
         return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
-    index = record.spec.recovery.rule_for(ended.kind)
+    index = resubmitting_rule(record.spec, record.plan, ended.kind)
     if index is not None:
-        rule = record.plan.rules[index]
-        if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
-            return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
+        return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+
+
+def resubmitting_rule(spec: JobSpec, plan: Plan, cause: CauseKind) -> int | None:
+    """The firing test: the index of the rule the supervisor answers an end with ``cause`` by with
+    a new submission (its own resubmit rule with something left), or None."""
+    index = spec.recovery.rule_for(cause)
+    if index is None or index >= len(plan.rules):
+        return None
+    rule = plan.rules[index]
+    if rule.enforcer is Enforcer.SUPERVISOR and rule.action is Action.RESUBMIT and rule.left > 0:
+        return index
+    return None
+
+
+def resubmitted_causes(spec: JobSpec, plan: Plan) -> frozenset[CauseKind]:
+    """The causes :func:`decide` answers with a new submission under ``plan``. Firings of resubmit
+    rules change only by authorizing a submission, so the plan an object was created with still
+    holds when it ends: a backend may read this at create time."""
+    return frozenset(kind for kind in CauseKind if resubmitting_rule(spec, plan, kind) is not None)
 
 
 def _needed(record: Record, o: ObjectView) -> bool:

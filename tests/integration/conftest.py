@@ -276,6 +276,12 @@ class ReleaseMonitor:
 
     released: dict[str, set[str]] = field(default_factory=dict)
     max_live: dict[str, int] = field(default_factory=dict)
+    suspended: Callable[[Mapping[str, Any]], bool] = field(
+        default=lambda obj: bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    )
+    """How the watched kind says it is held (PyTorchJob's ``runPolicy.suspend`` by default)."""
+    finished: tuple[str, ...] = ("Succeeded", "Failed")
+    """The kind's condition types that say it has finished for good."""
     violations: list[str] = field(default_factory=list)
     _live: dict[str, dict[str, bool]] = field(default_factory=dict)
     events: int = 0
@@ -287,8 +293,8 @@ class ReleaseMonitor:
         if not job:
             return
         name = str(meta.get("name"))
-        suspended = bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
-        ended = kind == "DELETED" or _pytorchjob_ended(obj)
+        suspended = self.suspended(obj)
+        ended = kind == "DELETED" or _object_ended(obj, self.finished)
         live = self._live.setdefault(job, {})
         if not suspended and not ended:
             self.released.setdefault(job, set()).add(name)
@@ -314,12 +320,12 @@ class ReleaseMonitor:
         )
 
 
-def _pytorchjob_ended(obj: Mapping[str, Any]) -> bool:
+def _object_ended(obj: Mapping[str, Any], finished: tuple[str, ...]) -> bool:
     meta = obj.get("metadata") or {}
     if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get("dispatch.dev/ended"):
         return True
     return any(
-        c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+        c.get("type") in finished and c.get("status") == "True"
         for c in (obj.get("status") or {}).get("conditions") or ()
     )
 
@@ -327,12 +333,23 @@ def _pytorchjob_ended(obj: Mapping[str, Any]) -> bool:
 @pytest.fixture
 async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[ReleaseMonitor]:
     """A ReleaseMonitor fed by a watch on the namespace's PyTorchJobs for the whole test."""
+    async with follow_releases(
+        crds, namespace, ("kubeflow.org", "v1", "pytorchjobs"), ReleaseMonitor()
+    ) as monitor:
+        yield monitor
+
+
+@contextlib.asynccontextmanager
+async def follow_releases(
+    cluster: KubeCluster, namespace: str, resource: tuple[str, str, str], monitor: ReleaseMonitor
+) -> AsyncIterator[ReleaseMonitor]:
+    """Feed ``monitor`` from a watch on ``resource`` (group, version, plural) in ``namespace``."""
     from kubernetes_asyncio import config as kconfig
     from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
 
+    group, version, plural = resource
     cfg = Configuration()
-    await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
-    monitor = ReleaseMonitor()
+    await kconfig.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
     async with ApiClient(configuration=cfg) as api:
         custom = CustomObjectsApi(api)
 
@@ -341,18 +358,16 @@ async def release_monitor(crds: KubeCluster, namespace: str) -> AsyncIterator[Re
             while True:
                 try:
                     if rv is None:
-                        listed = await custom.list_namespaced_custom_object(
-                            "kubeflow.org", "v1", namespace, "pytorchjobs"
-                        )
+                        listed = await custom.list_namespaced_custom_object(group, version, namespace, plural)
                         monitor.relisted()
                         for item in listed.get("items", []):
                             monitor.see("ADDED", item)
                         rv = listed["metadata"]["resourceVersion"]
                     response = await custom.list_namespaced_custom_object(
-                        "kubeflow.org",
-                        "v1",
+                        group,
+                        version,
                         namespace,
-                        "pytorchjobs",
+                        plural,
                         watch=True,
                         resource_version=rv,
                         timeout_seconds=60,

@@ -29,9 +29,8 @@ from dispatch import (
     make_plan,
 )
 from dispatch._kubeapi import new_client
+from dispatch._kubeclient import Informer, request
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
-from dispatch._kubeflow._http import request
-from dispatch._kubeflow._informer import Informer
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow

@@ -327,7 +327,7 @@ async def test_restart_budget_belongs_to_the_job_across_submissions(
         await kubeflow.preempt(run.namespace, run.pj(1))
         await kubeflow.wait_pods(run.namespace, run.pj(2), 1)
         second = kube_cluster.get("pytorchjob", run.pj(2), run.namespace)
-        assert second["spec"]["runPolicy"]["backoffLimit"] == 2  # 1 left, + 1 (see _build.py)
+        assert second["spec"]["runPolicy"]["backoffLimit"] == 2  # 1 left, + 1 (see _pytorchjob.py)
         await kubeflow.succeed(run.namespace, run.pj(2))
     record = await outcome(run)
     assert record.state is State.SUCCEEDED

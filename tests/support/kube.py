@@ -288,7 +288,7 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
         kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-WORKLOAD_KINDS: tuple[str, ...] = ("pytorchjobs.kubeflow.org",)
+WORKLOAD_KINDS: tuple[str, ...] = ("pytorchjobs.kubeflow.org", "jobs.batch")
 """The kinds dispatch creates, each carrying its finalizer (add a backend's kind here)."""
 
 

@@ -1273,6 +1273,40 @@ class Kubeflow:
                 return pods
             await asyncio.sleep(0.1)
 
+    # -- any workload's pods, found by dispatch's labels (Jobs, JobSets, TrainJobs, PyTorchJobs) --
+
+    async def workload_pods(self, namespace: str, job: str, submission: int) -> list[dict[str, Any]]:
+        """The pods of submission ``submission`` of the DispatchJob ``job``, whatever made them."""
+        out: list[dict[str, Any]] = await self._run(
+            self.lab.pods, namespace, f"dispatch.dev/job={job},dispatch.dev/submission={submission}"
+        )
+        return out
+
+    async def wait_workload_pods(
+        self, namespace: str, job: str, submission: int, count: int = 1, *, besides: Sequence[str] = ()
+    ) -> list[str]:
+        """Until ``count`` of them run (not counting the pods named in ``besides``); their names."""
+        while True:
+            names = sorted(
+                p["metadata"]["name"]
+                for p in await self.workload_pods(namespace, job, submission)
+                if p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+                and p["metadata"]["name"] not in besides
+            )
+            if len(names) >= count:
+                return names
+            await asyncio.sleep(0.1)
+
+    async def exit_pod(
+        self, namespace: str, name: str, code: int, *, reason: str | None = None, container: str = "main"
+    ) -> None:
+        await self._run(self.lab.exit_pod, namespace, name, code, reason=reason, container=container)
+
+    async def preempt_pod(self, namespace: str, name: str) -> str:
+        out: str = await self._run(self.lab.preempt_pod, namespace, name)
+        return out
+
     async def wait_pod_gone(self, namespace: str, name: str, uid: str | None = None) -> None:
         while True:
             pod = await self._run(self.lab.pod, namespace, name)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dispatch._kubeclient import KubeError
 from dispatch._kubeflow import refused_for_good
-from dispatch._kubeflow._build import MAX_OBJECT_BYTES, Refused, build
-from dispatch._kubeflow._http import KubeError
+from dispatch._kubeflow._pytorchjob import build
 from dispatch._model import (
     Action,
     CauseKind,
@@ -27,6 +27,8 @@ from dispatch._model import (
     PlannedRule,
     Resources,
 )
+from dispatch._workload import Refused, Target
+from dispatch._workload._kind import MAX_OBJECT_BYTES
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
 
@@ -62,14 +64,14 @@ def resubmit_rule() -> PlannedRule:
 
 
 def built(plan_rules: tuple[PlannedRule, ...], **kw: Any) -> dict[str, Any]:
-    return build(
-        namespace="ns",
-        job_name="train",
-        submission=3,
-        spec=spec(**kw),
-        plan=Plan(job="ns/train", rules=plan_rules),
-        owner_uid="uid-1",
-    )
+    owner = {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "name": "train",
+        "uid": "uid-1",
+        "controller": True,
+    }
+    return build(Target("ns", "train", 3, owner), spec(**kw), Plan(job="ns/train", rules=plan_rules))
 
 
 @pytest.mark.parametrize(
@@ -185,10 +187,8 @@ def test_the_real_api_server_keeps_every_field_the_builder_writes(path: Path) ->
     )
     options = first["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     sent = build(
-        namespace=first["metadata"]["namespace"],
-        job_name=job,
-        submission=int(n),
-        spec=JobSpec(
+        Target(first["metadata"]["namespace"], job, int(n)),
+        JobSpec(
             name=job,
             command=tuple(options["command"]),
             nodes=1 + int((first["spec"]["pytorchReplicaSpecs"].get("Worker") or {}).get("replicas", 0)),
@@ -204,10 +204,8 @@ def test_the_real_api_server_keeps_every_field_the_builder_writes(path: Path) ->
                 ),
             ),
         ),
-        plan=Plan(job=f"{first['metadata']['namespace']}/{job}", rules=rules),
-        owner_uid="unused",
-    )
-    sent["metadata"].pop("ownerReferences")  # the recorder has no DispatchJob to own it
+        Plan(job=f"{first['metadata']['namespace']}/{job}", rules=rules),
+    )  # no owner: the recorder has no DispatchJob to own it
     assert _subset(sent, first) == []
 
 

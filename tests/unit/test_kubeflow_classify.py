@@ -11,17 +11,17 @@ recording, for the pods and events).
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dispatch._kubeflow import KubeflowBackend
-from dispatch._kubeflow._classify import parse_time, pod_evidence
 from dispatch._model import CauseKind, ObjectView, Phase
+from dispatch._workload import pod_evidence
+from tests.support import recorded
+from tests.support.recorded import final, late_clock
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
 Body = dict[str, Any]
@@ -54,88 +54,7 @@ def recordings() -> list[str]:
 
 
 def load(name: str) -> Body:
-    data: Body = json.loads((DATA / f"{name}.json").read_text())
-    return data
-
-
-class _Response:
-    def __init__(self, status: int, body: Body) -> None:
-        self.status = status
-        self.reason = "OK" if status == 200 else "Not Found"
-        self._raw = json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._raw
-
-    def release(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class RecordedApi:
-    """Answers the adapter's reads from one recording (the state at its end); refuses writes."""
-
-    def __init__(self, data: Body) -> None:
-        self.pods = final(data, "pods")
-        self.events: list[Body] = data["events"]
-        self.nodes = {o["metadata"]["name"]: o for o in data.get("objects", []) if o.get("kind") == "Node"}
-        self.calls: list[str] = []
-
-    async def call_api(
-        self, path: str, method: str, *, query_params: Iterable[tuple[str, str]], **_: Any
-    ) -> _Response:
-        self.calls.append(f"{method} {path}")
-        assert method == "GET", f"a read-only observer wrote: {method} {path}"
-        query = dict(query_params)
-        if path.endswith("/events"):
-            wanted = dict(kv.split("=", 1) for kv in query.get("fieldSelector", "").split(",") if kv)
-            items = [
-                e
-                for e in self.events
-                if e.get("reason") == wanted.get("reason")
-                and (e.get("involvedObject") or {}).get("kind") == wanted.get("involvedObject.kind")
-            ]
-            return _Response(200, {"items": items})
-        if path.endswith("/pods"):
-            wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
-            items = [
-                p
-                for p in self.pods
-                if all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
-            ]
-            return _Response(200, {"items": items})
-        if path.startswith("/api/v1/nodes/"):
-            recorded = self.nodes.get(path.rsplit("/", 1)[-1])
-            if recorded is not None:  # as the recording left it
-                return _Response(200, recorded)
-            return _Response(200, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-        return _Response(404, {"reason": "NotFound", "message": path})
-
-
-def final(data: Body, resource: str) -> list[Body]:
-    """The objects of ``resource`` that still existed when the recording ended."""
-    alive: dict[str, Body] = {}
-    for event in data["stream"]:
-        if event["resource"] != resource:
-            continue
-        key = event["object"]["metadata"]["name"]
-        if event["type"] == "DELETED":
-            alive.pop(key, None)
-        else:
-            alive[key] = event["object"]
-    return list(alive.values())
-
-
-def late_clock(data: Body) -> float:
-    """A clock past every threshold of the recording (no-capacity waits, the pod-creation wait)."""
-    times = [
-        parse_time(c.get("lastTransitionTime"))
-        for e in data["stream"]
-        for c in e["object"].get("status", {}).get("conditions") or []
-    ]
-    return max(t for t in times if t is not None) + 3600
+    return recorded.load(DATA, name)
 
 
 @pytest.fixture
@@ -149,30 +68,7 @@ async def observer() -> AsyncIterator[list[KubeflowBackend]]:
 async def replay(
     made: list[KubeflowBackend], data: Body, events: list[Body], *, born: float | None = None
 ) -> ObjectView:
-    api = RecordedApi(data)
-    now = late_clock(data)
-    backend = KubeflowBackend(api, stop_ended=False, clock=lambda: now)  # type: ignore[arg-type]
-    if born is not None:
-        backend._born = born
-    made.append(backend)
-    # The watches are this replay: no informer runs.
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]
-    seen: dict[tuple[str, str], Body] = {}
-    for event in events:
-        obj, key = event["object"], (event["resource"], event["object"]["metadata"]["name"])
-        before = seen.get(key)
-        handler = backend._pj_changed if event["resource"] == "pytorchjobs" else backend._pod_changed
-        if event["type"] == "DELETED":
-            seen.pop(key, None)
-            handler(before or obj, None)
-        else:
-            seen[key] = obj
-            handler(before, obj)
-    pj = final(data, "pytorchjobs")[0]
-    labels = pj["metadata"]["labels"]
-    views = await backend.list(f"{pj['metadata']['namespace']}/{labels['dispatch.dev/job']}")
-    assert len(views) == 1
-    return views[0]
+    return await recorded.replay(KubeflowBackend, made, data, events, resource="pytorchjobs", born=born)
 
 
 def check(name: str, view: ObjectView, *, late: bool = False) -> None:
@@ -189,17 +85,10 @@ def check(name: str, view: ObjectView, *, late: bool = False) -> None:
 
 
 def orders(data: Body) -> dict[str, list[Body]]:
-    stream = data["stream"]
-    return {
-        "as-recorded": stream,
-        "pod-watch-first": [e for e in stream if e["resource"] == "pods"]
-        + [e for e in stream if e["resource"] != "pods"],
-        "pytorchjob-watch-first": [e for e in stream if e["resource"] != "pods"]
-        + [e for e in stream if e["resource"] == "pods"],
-    }
+    return recorded.orders(data, "pytorchjobs")
 
 
-@pytest.mark.parametrize("order", ["as-recorded", "pod-watch-first", "pytorchjob-watch-first"])
+@pytest.mark.parametrize("order", ["as-recorded", "pod-watch-first", "pytorchjobs-watch-first"])
 @pytest.mark.parametrize("name", [n for n in recordings() if n not in LATE_START_ONLY])
 async def test_cause_from_the_watches_whichever_lags(
     observer: list[KubeflowBackend], name: str, order: str

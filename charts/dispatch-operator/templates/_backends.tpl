@@ -2,19 +2,19 @@
 {{- define "dispatch-operator.backendRules" -}}
 {{- $enabled := .Values.backends }}
 {{- range $enabled }}
-{{- if not (has . (list "kubeflow")) }}
-{{- fail (printf "backends: %q is not a registered Kubernetes backend (registered: kubeflow)" .) }}
+{{- if not (has . (list "job" "kubeflow")) }}
+{{- fail (printf "backends: %q is not a registered Kubernetes backend (registered: job, kubeflow)" .) }}
 {{- end }}
 {{- end }}
-{{- if (has "kubeflow" $enabled) }}
-# kubeflow: One PyTorchJob per submission: patch to release (unsuspend) it; delete to end it
-# (cancel, supervisor-side restarts).
-- apiGroups: ["kubeflow.org"]
-  resources: ["pytorchjobs"]
+{{- if (has "job" $enabled) }}
+# job: One Job per submission: created suspended, patched to release (unsuspend) or stop it, its
+# finalizer removed by a JSON patch; deleted to end it (cancel, supervisor-side restarts).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
 {{- end }}
-{{- if (has "kubeflow" $enabled) }}
-# kubeflow: Pods of the backend's objects: read to classify how a submission ended (preemption,
+{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
+# job, kubeflow: Pods of the backend's objects: read to classify how a submission ended (preemption,
 # eviction, OOM, unschedulable = no capacity). delete/deletecollection only because a cluster
 # without a garbage collector leaves a deleted object's pods behind: the operator deletes them in
 # one request with the label selector dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only
@@ -23,19 +23,26 @@
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete", "deletecollection"]
 {{- end }}
-{{- if (has "kubeflow" $enabled) }}
-# kubeflow: The scheduler's Preempted and the taint manager's TaintManagerEviction events of the
-# backend's pods, read when the pods are gone (after a restart of the operator).
+{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
+# job, kubeflow: The scheduler's Preempted and the taint manager's TaintManagerEviction events of
+# the backend's pods, read when the pods are gone (after a restart of the operator).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]
 {{- end }}
+{{- if (has "kubeflow" $enabled) }}
+# kubeflow: One PyTorchJob per submission: patch to release (unsuspend) it; delete to end it
+# (cancel, supervisor-side restarts).
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+{{- end }}
 {{- end }}
 {{- define "dispatch-operator.backendClusterRules" -}}
 {{- $enabled := .Values.backends }}
-{{- if (has "kubeflow" $enabled) }}
-# kubeflow: The node a failed pod ran on: gone (404) or not Ready means the cause is node-lost. Read
-# only.
+{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
+# job, kubeflow: The node a failed pod ran on: gone (404) or not Ready means the cause is node-lost.
+# Read only.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get"]

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 from .._errors import BackendError, TransientBackendError
 from ._http import KubeError, open_request, request
 
-log = logging.getLogger("dispatch.kubeflow")
+log = logging.getLogger("dispatch.kubeclient")
 
 Body = dict[str, Any]
 OnChange = Callable[[Body | None, Body | None], None]

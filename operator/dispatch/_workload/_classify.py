@@ -1,11 +1,13 @@
-"""From a PyTorchJob and its pods to an :class:`~dispatch.ObjectView`: phase, cause, restarts.
+"""From a workload object and its pods to an :class:`~dispatch.ObjectView`: phase, cause, restarts.
 
-Pure functions, no I/O: the clock and what is known about nodes are passed in.
+Pure functions, no I/O: the clock and what is known about nodes are passed in; what differs between
+kinds comes from the :class:`~dispatch._workload.Kind`.
 
-The cause comes from the most precise signal. Pods say more than the PyTorchJob: the training
-operator does not look at a pod's ``DisruptionTarget`` condition, and its ``Failed`` condition only
-says how many replicas failed. So the pods are read first (disruption, termination reason, exit
-code, waiting reason, scheduling), then the PyTorchJob's conditions, and ``unknown`` is what is left.
+The cause comes from the most precise signal. Pods say more than the object: controllers do not
+look at a pod's ``DisruptionTarget`` condition (or only to count it), and their ``Failed`` condition
+says little more than that replicas failed. So the pods are read first (disruption, termination
+reason, exit code, waiting reason, scheduling), then the object's own status (the kind's
+:meth:`~dispatch._workload.Kind.outcome`), and ``unknown`` is what is left.
 When several pods have something to say, the cause first in dispatch's order wins (a preempted
 master explains the workers' non-zero exits, an OOM explains a NCCL timeout elsewhere).
 """
@@ -25,11 +27,9 @@ from .._constants import (
     LABEL_JOB,
     LABEL_SUBMISSION,
     OBJECT_FINALIZER,
-    PYTORCH_CONTAINER,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-
-Body = dict[str, Any]
+from ._kind import Body, Kind
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
 _RANK: Final = {kind: i for i, kind in enumerate(CauseKind)}
@@ -56,16 +56,21 @@ LAUNCH_ERRORS: Final = frozenset(
 LAUNCH_TERMINATIONS: Final = frozenset({"ContainerCannotRun", "StartError"})
 POD_NODE_LOST_REASONS: Final = frozenset({"NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
 
-EVIDENCE_EVENTS: Final = (
+POD_EVENTS: Final = (
     ("Pod", "Preempted"),
     ("Pod", "TaintManagerEviction"),
     ("Pod", "Evicted"),
-    ("PyTorchJob", "FailedCreatePod"),
 )
 """(involvedObject.kind, reason) of the events that outlive a pod and say why it ended: kube-scheduler's
 ``Preempted by pod <uid> on node <node>``, the taint-eviction controller's ``Marking for deletion Pod
-<ns>/<name>``, the kubelet's node-pressure ``Evicted``, and the training operator's ``Error creating:
-...`` when the API server refuses its pods."""
+<ns>/<name>``, the kubelet's node-pressure ``Evicted``; with the kind's ``create_failure_reason`` on
+the object (its controller's ``Error creating: ...`` when the API server refuses its pods)."""
+
+
+def evidence_events(kind: Kind) -> tuple[tuple[str, str], ...]:
+    return (*POD_EVENTS, (kind.resource.kind, kind.create_failure_reason))
+
+
 _REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the request")
 """FailedCreatePod messages that will never change (quota or a missing ServiceAccount might)."""
 
@@ -105,23 +110,16 @@ def owner_of(body: Mapping[str, Any]) -> tuple[str, int] | None:
     return f"{meta.get('namespace', '')}/{name}", submission
 
 
-def in_place(pytorchjob: Mapping[str, Any]) -> bool:
-    """Built to restart failed containers in place (a scheduler-enforced restart rule)."""
-    replicas = pytorchjob.get("spec", {}).get("pytorchReplicaSpecs", {}) or {}
-    master = replicas.get("Master") or {}
-    return master.get("restartPolicy") in ("OnFailure", "Always")
-
-
-def no_capacity_after(pytorchjob: Mapping[str, Any]) -> int:
-    raw = (pytorchjob.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_NO_CAPACITY_AFTER)
+def no_capacity_after(body: Mapping[str, Any]) -> int:
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_NO_CAPACITY_AFTER)
     try:
         return int(raw) if raw is not None else DEFAULT_NO_CAPACITY_AFTER
     except ValueError:
         return DEFAULT_NO_CAPACITY_AFTER
 
 
-def restart_budget(pytorchjob: Mapping[str, Any]) -> int | None:
-    raw = (pytorchjob.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_RESTART_BUDGET)
+def restart_budget(body: Mapping[str, Any]) -> int | None:
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_RESTART_BUDGET)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
@@ -141,22 +139,22 @@ def parse_time(value: object) -> float | None:
         return None
 
 
-def _detail(*parts: object) -> str:
+def detail(*parts: object) -> str:
     text = ": ".join(str(p) for p in parts if p not in (None, ""))
     return text[:_MAX_DETAIL]
 
 
-def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     statuses = pod.get("status", {}).get("containerStatuses") or []
     for status in statuses:
-        if status.get("name") == PYTORCH_CONTAINER:
+        if status.get("name") == name:
             return dict(status)
     return dict(statuses[0]) if statuses else {}
 
 
-def container_restarts(pod: Mapping[str, Any]) -> int:
-    """The ``pytorch`` container's restartCount: the in-place restarts of this pod."""
-    return int(_container(pod).get("restartCount") or 0)
+def container_restarts(pod: Mapping[str, Any], container: str = "") -> int:
+    """The training container's restartCount: the in-place restarts of this pod."""
+    return int(_container(pod, container).get("restartCount") or 0)
 
 
 def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -172,23 +170,23 @@ def _termination_cause(pod_name: str, term: Mapping[str, Any]) -> Cause | None:
     if reason == "OOMKilled":
         return Cause(
             kind=CauseKind.OUT_OF_MEMORY,
-            detail=_detail(f"pod {pod_name}", reason, message),
+            detail=detail(f"pod {pod_name}", reason, message),
             exit_code=exit_code,
         )
     if reason == "DeadlineExceeded":
         return Cause(
-            kind=CauseKind.TIME_LIMIT, detail=_detail(f"pod {pod_name}", reason, message), exit_code=exit_code
+            kind=CauseKind.TIME_LIMIT, detail=detail(f"pod {pod_name}", reason, message), exit_code=exit_code
         )
     if reason in LAUNCH_TERMINATIONS:
         return Cause(
             kind=CauseKind.LAUNCH_FAILED,
-            detail=_detail(f"pod {pod_name}", reason, message),
+            detail=detail(f"pod {pod_name}", reason, message),
             exit_code=exit_code,
         )
     if exit_code:
         return Cause(
             kind=CauseKind.NON_ZERO_EXIT,
-            detail=_detail(f"pod {pod_name}", f"exited with code {exit_code}", reason, message),
+            detail=detail(f"pod {pod_name}", f"exited with code {exit_code}", reason, message),
             exit_code=exit_code,
         )
     return None
@@ -201,6 +199,7 @@ def pod_evidence(
     now: float,
     no_capacity_after_seconds: int,
     gone_nodes: Container[str] = (),
+    container: str = "",
 ) -> tuple[Evidence | None, float | None]:
     """What one pod says about why its object ended (or restarted), and when to look again."""
     meta = pod.get("metadata", {})
@@ -208,8 +207,8 @@ def pod_evidence(
     status = pod.get("status", {})
     phase = status.get("phase")
     conditions = _conditions(pod)
-    container = _container(pod)
-    state = container.get("state") or {}
+    status_of = _container(pod, container)
+    state = status_of.get("state") or {}
     term = state.get("terminated")
     code = (term or {}).get("exitCode")
     exit_code = code if isinstance(code, int) else None
@@ -226,13 +225,13 @@ def pod_evidence(
             kind = CauseKind.NODE_LOST if lost else CauseKind.PREEMPTED
         else:  # PREEMPTION_REASONS, and any disruption Kubernetes adds later
             kind = CauseKind.PREEMPTED
-        detail = _detail(f"pod {name}", reason, message, f"node {node}" if node else "")
-        return Evidence(Cause(kind=kind, detail=detail, exit_code=exit_code), terminal=True), None
+        text = detail(f"pod {name}", reason, message, f"node {node}" if node else "")
+        return Evidence(Cause(kind=kind, detail=text, exit_code=exit_code), terminal=True), None
 
     node = pod.get("spec", {}).get("nodeName") or ""
     if node and node in gone_nodes and needs_node(pod):
-        detail = _detail(f"pod {name}", "deleted while its node is lost (NotReady or gone)", f"node {node}")
-        return Evidence(Cause(kind=CauseKind.NODE_LOST, detail=detail, exit_code=exit_code), True), None
+        text = detail(f"pod {name}", "deleted while its node is lost (NotReady or gone)", f"node {node}")
+        return Evidence(Cause(kind=CauseKind.NODE_LOST, detail=text, exit_code=exit_code), True), None
 
     pod_reason = status.get("reason") or ""
     pod_message = status.get("message") or ""
@@ -240,7 +239,7 @@ def pod_evidence(
         return Evidence(
             Cause(
                 kind=CauseKind.PREEMPTED,
-                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                detail=detail(f"pod {name}", pod_reason, pod_message),
                 exit_code=exit_code,
             ),
             True,
@@ -249,7 +248,7 @@ def pod_evidence(
         return Evidence(
             Cause(
                 kind=CauseKind.NODE_LOST,
-                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                detail=detail(f"pod {name}", pod_reason, pod_message),
                 exit_code=exit_code,
             ),
             True,
@@ -258,7 +257,7 @@ def pod_evidence(
         return Evidence(
             Cause(
                 kind=CauseKind.TIME_LIMIT,
-                detail=_detail(f"pod {name}", pod_reason, pod_message),
+                detail=detail(f"pod {name}", pod_reason, pod_message),
                 exit_code=exit_code,
             ),
             True,
@@ -274,26 +273,27 @@ def pod_evidence(
         if cause is not None and not (deleting and cause.kind is CauseKind.NON_ZERO_EXIT):
             # Under OnFailure the kubelet restarts the container; the pod fails only for pod-level reasons.
             return Evidence(cause, terminal=not restarts_in_place or phase == "Failed"), None
-    last = (container.get("lastState") or {}).get("terminated")
-    if restarts_in_place and last is not None:
+    last = (status_of.get("lastState") or {}).get("terminated")
+    if last is not None:
         cause = _termination_cause(name, last)
         if cause is not None:
-            return Evidence(cause, terminal=False), None
+            # Restarted in place by the kubelet: a restart under the native rule, or else (pods
+            # built with restartPolicy OnFailure by a runtime dispatch does not control) an end no
+            # rule of the plan asked to restart: the kit stops the object on it.
+            return Evidence(cause, terminal=not restarts_in_place), None
 
     waiting = state.get("waiting") or {}
     if waiting.get("reason") in LAUNCH_ERRORS:
-        detail = _detail(f"pod {name}", waiting.get("reason"), waiting.get("message"))
-        return Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail), terminal=True), None
+        text = detail(f"pod {name}", waiting.get("reason"), waiting.get("message"))
+        return Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=text), terminal=True), None
     if pod_reason.startswith("OutOf") or pod_reason in ("UnexpectedAdmissionError", "NodeAffinity"):
         return Evidence(
-            Cause(kind=CauseKind.LAUNCH_FAILED, detail=_detail(f"pod {name}", pod_reason, pod_message)), True
+            Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail(f"pod {name}", pod_reason, pod_message)), True
         ), None
 
     if phase == "Failed" and not deleting:
-        detail = _detail(f"pod {name}", "failed", pod_reason, pod_message)
-        return Evidence(
-            Cause(kind=CauseKind.UNKNOWN, detail=detail, exit_code=exit_code), terminal=True
-        ), None
+        text = detail(f"pod {name}", "failed", pod_reason, pod_message)
+        return Evidence(Cause(kind=CauseKind.UNKNOWN, detail=text, exit_code=exit_code), terminal=True), None
 
     scheduled = conditions.get("PodScheduled")
     if (
@@ -305,12 +305,12 @@ def pod_evidence(
         since = parse_time(scheduled.get("lastTransitionTime")) or now
         deadline = since + no_capacity_after_seconds
         if now >= deadline:
-            detail = _detail(
+            text = detail(
                 f"pod {name}",
                 f"unschedulable for more than {no_capacity_after_seconds}s",
                 scheduled.get("message"),
             )
-            return Evidence(Cause(kind=CauseKind.NO_CAPACITY, detail=detail), terminal=True), None
+            return Evidence(Cause(kind=CauseKind.NO_CAPACITY, detail=text), terminal=True), None
         return None, deadline
     return None, None
 
@@ -349,18 +349,20 @@ def _event_time(event: Mapping[str, Any]) -> float | None:
     return None
 
 
-def event_evidence(pytorchjob: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> Evidence | None:
-    """What Kubernetes' events say about why the pods of ``pytorchjob`` ended (pods that may be gone).
+def event_evidence(
+    kind: Kind, body: Mapping[str, Any], events: Iterable[Mapping[str, Any]]
+) -> Evidence | None:
+    """What Kubernetes' events say about why the pods of ``body`` ended (pods that may be gone).
 
     Only events at or after the object's creation count: the events of an older object of the same
-    name cannot explain this one. (Not ``status.startTime``: when its pods are refused the training
-    operator never writes a status after the resume.)"""
-    meta = pytorchjob.get("metadata", {})
+    name cannot explain this one. (Not ``status.startTime``: when its pods are refused a controller
+    may never write a status after the resume.)"""
+    meta = body.get("metadata", {})
     name = meta.get("name", "")
     start = parse_time(meta.get("creationTimestamp"))
     if not name or start is None:
         return None
-    prefixes = (f"{name}-master-", f"{name}-worker-")
+    prefixes = kind.pod_prefixes(dict(body))
     found: list[Evidence] = []
     for event in events:
         involved = event.get("involvedObject") or {}
@@ -372,24 +374,48 @@ def event_evidence(pytorchjob: Mapping[str, Any], events: Iterable[Mapping[str, 
         target = involved.get("name") or ""
         if involved.get("kind") == "Pod" and target.startswith(prefixes):
             if reason == "Preempted":
-                kind = CauseKind.PREEMPTED
+                cause = CauseKind.PREEMPTED
             elif reason == "TaintManagerEviction" and message.startswith("Marking for deletion"):
-                kind = CauseKind.NODE_LOST
+                cause = CauseKind.NODE_LOST
             elif reason == "Evicted":
-                kind = CauseKind.PREEMPTED
+                cause = CauseKind.PREEMPTED
             else:
                 continue
-            detail = _detail(f"pod {target}", reason, message, "from its event")
-            found.append(Evidence(Cause(kind=kind, detail=detail), terminal=True))
+            text = detail(f"pod {target}", reason, message, "from its event")
+            found.append(Evidence(Cause(kind=cause, detail=text), terminal=True))
         elif (
-            involved.get("kind") == "PyTorchJob"
+            involved.get("kind") == kind.resource.kind
             and target == name
-            and reason == "FailedCreatePod"
+            and reason == kind.create_failure_reason
             and any(mark in message for mark in _REFUSED_POD_MARKS)
         ):
-            detail = _detail("the training operator cannot create its pods", message)
-            found.append(Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail), terminal=True))
+            text = detail(f"the {kind.resource.kind} controller cannot create its pods", message)
+            found.append(Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=text), terminal=True))
     return best(found)
+
+
+def kind_evidence(
+    kind: Kind,
+    body: Body,
+    pod: Mapping[str, Any],
+    *,
+    now: float,
+    gone_nodes: Container[str] = (),
+) -> tuple[Evidence | None, float | None]:
+    """:func:`pod_evidence` for a pod of ``body``: a pod failure its controller answers by itself
+    under the native rule (:meth:`Kind.recovers`) is a restart, not the end of the object."""
+    restarts_in_place = kind.in_place(body)
+    found, at = pod_evidence(
+        pod,
+        restarts_in_place=restarts_in_place,
+        now=now,
+        no_capacity_after_seconds=no_capacity_after(body),
+        gone_nodes=gone_nodes,
+        container=kind.container,
+    )
+    if found is not None and found.terminal and restarts_in_place and kind.recovers(body, found.cause):
+        found = Evidence(found.cause, terminal=False)
+    return found, at
 
 
 def best(evidence: Iterable[Evidence]) -> Evidence | None:
@@ -397,21 +423,9 @@ def best(evidence: Iterable[Evidence]) -> Evidence | None:
     return min(evidence, key=lambda e: _RANK[e.cause.kind], default=None)
 
 
-def _failed_cause(condition: Mapping[str, Any], last_restart: Cause | None) -> Cause:
-    message = condition.get("message") or ""
-    lowered = message.lower()
-    if "deadline" in lowered:
-        return Cause(kind=CauseKind.TIME_LIMIT, detail=_detail("PyTorchJob", message))
-    if "backoff limit" in lowered:
-        if last_restart is not None:
-            return last_restart.model_copy(update={"detail": _detail(last_restart.detail, message)})
-        # Only failing containers are restarted under OnFailure and counted against backoffLimit.
-        return Cause(kind=CauseKind.NON_ZERO_EXIT, detail=_detail("PyTorchJob", message))
-    return Cause(kind=CauseKind.UNKNOWN, detail=_detail("PyTorchJob", condition.get("reason"), message))
-
-
 def classify(
-    pytorchjob: Mapping[str, Any],
+    kind: Kind,
+    body: Body,
     pods: Iterable[Mapping[str, Any]],
     *,
     now: float,
@@ -419,23 +433,20 @@ def classify(
     retained: Evidence | None = None,
     last_restart: Cause | None = None,
 ) -> Verdict:
-    """The view of one PyTorchJob from its body, its pods and what was seen of pods already gone."""
-    owner = owner_of(pytorchjob)
+    """The view of one object from its body, its pods and what was seen of pods already gone."""
+    owner = owner_of(body)
     job, submission = owner if owner is not None else ("", 0)
-    oid = object_id(pytorchjob)
-    meta = pytorchjob.get("metadata", {})
+    oid = object_id(body)
+    meta = body.get("metadata", {})
     annotations = meta.get("annotations") or {}
-    spec = pytorchjob.get("spec", {})
-    suspended = bool((spec.get("runPolicy") or {}).get("suspend"))
-    restarts_in_place = in_place(pytorchjob)
-    threshold = no_capacity_after(pytorchjob)
-    conditions = _conditions(pytorchjob)
+    restarts_in_place = kind.in_place(body)
     pods = list(pods)
 
     restarts = 0
     if restarts_in_place:
-        restarts = sum(int(_container(p).get("restartCount") or 0) for p in pods)
-        budget = restart_budget(pytorchjob)
+        own = kind.object_restarts(body)
+        restarts = own if own is not None else sum(kind.restarts(dict(p)) for p in pods)
+        budget = restart_budget(body)
         if budget is not None:
             restarts = min(restarts, budget)
 
@@ -444,13 +455,7 @@ def classify(
     recheck: float | None = None
     running = False
     for pod in pods:
-        found, at = pod_evidence(
-            pod,
-            restarts_in_place=restarts_in_place,
-            now=now,
-            no_capacity_after_seconds=threshold,
-            gone_nodes=gone_nodes,
-        )
+        found, at = kind_evidence(kind, body, pod, now=now, gone_nodes=gone_nodes)
         if found is not None and found.terminal:
             terminal.append(found)
         elif found is not None:
@@ -480,30 +485,25 @@ def classify(
             retained=held,
         )
 
-    def is_true(kind: str) -> bool:
-        return (conditions.get(kind) or {}).get("status") == "True"
-
     ended = annotations.get(ANNOTATION_ENDED)
     if ended:
         try:
             cause = Cause.model_validate(json.loads(ended))
         except ValueError:
-            cause = Cause(kind=CauseKind.UNKNOWN, detail=_detail("unreadable annotation", ANNOTATION_ENDED))
+            cause = Cause(kind=CauseKind.UNKNOWN, detail=detail("unreadable annotation", ANNOTATION_ENDED))
         return Verdict(view(Phase.ENDED, cause))
-    if is_true("Succeeded"):
-        message = (conditions.get("Succeeded") or {}).get("message") or ""
-        return Verdict(view(Phase.ENDED, Cause(kind=CauseKind.NONE, detail=_detail(message))))
-    if is_true("Failed"):
-        cause = evidence.cause if evidence is not None else _failed_cause(conditions["Failed"], restart_cause)
+    outcome = kind.outcome(body, restart_cause)
+    if outcome is not None:
+        cause = evidence.cause if outcome.failed and evidence is not None else outcome.cause
         return Verdict(view(Phase.ENDED, cause))
     if meta.get("deletionTimestamp"):
         cause = evidence.cause if evidence is not None else Cause(kind=CauseKind.NONE, detail="deleted")
         return Verdict(view(Phase.ENDED, cause, cancelled=evidence is None))
     if evidence is not None:
         return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
-    if suspended:
+    if kind.suspended(body):
         return Verdict(view(Phase.HELD))
-    if running or is_true("Running"):
+    if running or kind.running(body):
         return Verdict(view(Phase.RUNNING), recheck_at=recheck)
     return Verdict(view(Phase.QUEUED), recheck_at=recheck)
 
@@ -519,3 +519,9 @@ def vanished(last: ObjectView) -> ObjectView:
             "cancelled": True,
         }
     )
+
+
+def true_condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The object's status condition ``kind`` when it is True, else None."""
+    found = _conditions(obj).get(kind)
+    return found if found is not None and found.get("status") == "True" else None

@@ -1,0 +1,111 @@
+"""The workload kit's own pieces, without a cluster: the firing test it shares with ``decide``,
+one state object per tracked object, and the per-kind protocol every kind satisfies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
+from dispatch._capabilities import KUBEFLOW
+from dispatch._decide import Authorize, decide, resubmitted_causes
+from dispatch._errors import PlanError
+from dispatch._job import JOB
+from dispatch._kubeflow._pytorchjob import PYTORCHJOB
+from dispatch._model import (
+    SUPERVISOR,
+    Action,
+    Capabilities,
+    Cause,
+    CauseKind,
+    JobSpec,
+    ObjectView,
+    Phase,
+    Record,
+    RecoveryPolicy,
+    Rule,
+    Submission,
+)
+from dispatch._plan import make_plan
+from dispatch._workload import Kind
+from dispatch._workload._backend import _Tracked
+
+FAILURES = [c for c in CauseKind if c is not CauseKind.NONE]
+RULES = [
+    (),
+    (Rule(on=(CauseKind.PREEMPTED,), budget=2),),
+    (Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), budget=0),),
+    (
+        Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2),
+        Rule(on=(CauseKind.PREEMPTED,), budget=1),
+    ),
+]
+
+
+@pytest.mark.parametrize("capabilities", [Capabilities(), KUBEFLOW], ids=["none", "kubeflow"])
+@pytest.mark.parametrize("rules", RULES, ids=range(len(RULES)))
+@pytest.mark.parametrize("cause", FAILURES)
+def test_the_kit_and_decide_agree_on_which_causes_are_resubmitted(
+    capabilities: Capabilities, rules: tuple[Rule, ...], cause: CauseKind
+) -> None:
+    """The kit reads ``resubmitted_causes`` at create time to decide whether a list() must wait for
+    a stop; decide Authorizes the next submission for exactly those causes."""
+    spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=rules))
+    try:
+        plan = make_plan("ns/a", spec, capabilities, supervised=True)
+    except PlanError:
+        pytest.skip("a restart rule is refused where the scheduler enforces none")
+    now = datetime.now(UTC)
+    record = Record(
+        job="ns/a",
+        spec=spec,
+        plan=plan,
+        submitted_by=SUPERVISOR,
+        submitted_at=now,
+        supervised=True,
+        submissions=(Submission(n=1, authorized_at=now, authorized_by=SUPERVISOR, canonical="ns/a-1"),),
+    )
+    ended = ObjectView(id="ns/a-1", job="ns/a", submission=1, phase=Phase.ENDED, cause=Cause(kind=cause))
+    step = decide(record, [ended]).step
+    assert isinstance(step, Authorize) is (cause in resubmitted_causes(spec, plan))
+
+
+def test_our_own_write_shows_until_the_watch_brings_it_or_something_newer() -> None:
+    state = _Tracked()
+    ours = {"metadata": {"resourceVersion": "12"}, "spec": {"mine": True}}
+    state.overlay = ours
+    assert state.current() is ours
+    state.body = {"metadata": {"resourceVersion": "11"}}
+    assert state.current() is ours  # the watch lags our write
+    newer = {"metadata": {"resourceVersion": "13"}}
+    state.body = newer
+    assert state.current() is newer
+
+
+def test_a_forgotten_object_keeps_only_its_running_pods() -> None:
+    state = _Tracked(job="ns/a", body={"metadata": {}}, ended_by_us=True, restarts=3)
+    state.pods["ns/a-1-x"] = {"status": {"phase": "Running"}}
+    left = state.forgotten()
+    assert left.pods == state.pods
+    assert (left.body, left.overlay, left.ended_by_us, left.restarts, left.stop) == (
+        None,
+        None,
+        False,
+        0,
+        None,
+    )
+
+
+@pytest.mark.parametrize("kind", [PYTORCHJOB, JOB], ids=lambda k: k.name)
+def test_every_kind_satisfies_the_protocol_and_declares_its_capabilities(kind: Kind) -> None:
+    assert isinstance(kind, Kind)
+    assert kind.capabilities == {"kubeflow": KUBEFLOW, "job": JOB_CAPABILITIES}[kind.name]
+    held = {"spec": {}, "metadata": {"name": "a-1"}}
+    held.update(kind.suspend_patch(True))
+    assert kind.suspended(held)
+    released = {"spec": {}, "metadata": {"name": "a-1"}}
+    released.update(kind.suspend_patch(False))
+    assert not kind.suspended(released)
+    assert kind.outcome(released, None) is None
+    assert all(p.startswith("a-1-") for p in kind.pod_prefixes(released))
