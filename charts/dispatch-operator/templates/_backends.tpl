@@ -31,8 +31,8 @@
   verbs: ["list"]
 {{- end }}
 {{- if (has "kubeflow" $enabled) }}
-# kubeflow: One PyTorchJob per submission: patch to release (unsuspend) it; delete to end it
-# (cancel, supervisor-side restarts).
+# kubeflow: One PyTorchJob per submission: created held, patched to release or stop it and to let go
+# of dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]

@@ -1,10 +1,15 @@
-"""RBAC rules every backend whose jobs run as pods needs: declared once, named by each backend."""
+"""What every backend on the Kubernetes workload kit declares alike: the RBAC rules of its pods,
+their events and nodes (declared once, so the chart grants each once), and :func:`workload_backend`,
+the declaration of a backend that runs one held workload object per submission."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeVar
 
-from .._registry import PolicyRule
+from .._model import Capabilities, OptionsModel
+from .._registry import BackendInfo, PolicyRule, Where
+
+OptionsT = TypeVar("OptionsT", bound=OptionsModel)
 
 POD_RULE: Final = PolicyRule(
     ("",),
@@ -30,3 +35,48 @@ POD_EVENT_RULE: Final = PolicyRule(
     why="The scheduler's Preempted and the taint manager's TaintManagerEviction events of the backend's "
     "pods, read when the pods are gone (after a restart of the operator).",
 )
+
+WORKLOAD_VERBS: Final = ("create", "get", "list", "watch", "patch", "delete")
+
+
+def workload_backend(
+    *,
+    name: str,
+    summary: str,
+    api_group: str,
+    plural: str,
+    kind: str,
+    capabilities: Capabilities,
+    options: type[OptionsT],
+    adapter: str,
+    opener: str,
+    options_hint: str = "the image, at least",
+) -> BackendInfo[OptionsT]:
+    """A kit backend: one ``kind`` per submission, created held, released and stopped by patches,
+    let go of by a JSON patch of dispatch's finalizer, deleted to end it; its pods read (and deleted
+    where no garbage collector runs), their events and nodes read. ``adapter`` is the module with
+    ``open_adapter`` (the library's opener) and ``opener`` (the operator's, ``(api, *, namespaces)``)."""
+    return BackendInfo(
+        name=name,
+        summary=summary,
+        where=Where.KUBERNETES,
+        capabilities=capabilities,
+        open=f"{adapter}:open_adapter",
+        open_in_operator=f"{adapter}:{opener}",
+        options=options,
+        options_required=True,
+        options_hint=options_hint,
+        rbac=(
+            PolicyRule(
+                (api_group,),
+                (plural,),
+                WORKLOAD_VERBS,
+                why=f"One {kind} per submission: created held, patched to release or stop it and to let go "
+                "of dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).",
+            ),
+            POD_RULE,
+            POD_EVENT_RULE,
+            NODE_RULE,
+        ),
+        metric_resources=(plural, f"{plural}/status", "pods", "events"),
+    )
