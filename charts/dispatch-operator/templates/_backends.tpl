@@ -2,8 +2,8 @@
 {{- define "dispatch-operator.backendRules" -}}
 {{- $enabled := .Values.backends }}
 {{- range $enabled }}
-{{- if not (has . (list "job" "kubeflow")) }}
-{{- fail (printf "backends: %q is not a registered Kubernetes backend (registered: job, kubeflow)" .) }}
+{{- if not (has . (list "job" "jobset" "kubeflow" "trainjob")) }}
+{{- fail (printf "backends: %q is not a registered Kubernetes backend (registered: job, jobset, kubeflow, trainjob)" .) }}
 {{- end }}
 {{- end }}
 {{- if (has "job" $enabled) }}
@@ -13,22 +13,31 @@
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
 {{- end }}
-{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
-# job, kubeflow: Pods of the backend's objects: read to classify how a submission ended (preemption,
-# eviction, OOM, unschedulable = no capacity). delete/deletecollection only because a cluster
-# without a garbage collector leaves a deleted object's pods behind: the operator deletes them in
-# one request with the label selector dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only
-# pods of a submission it ended. No other write.
+{{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
+# job, jobset, kubeflow, trainjob: Pods of the backend's objects: read to classify how a submission
+# ended (preemption, eviction, OOM, unschedulable = no capacity). delete/deletecollection only
+# because a cluster without a garbage collector leaves a deleted object's pods behind: the operator
+# deletes them in one request with the label selector
+# dispatch.dev/job=<job>,dispatch.dev/submission=<n>, i.e. only pods of a submission it ended. No
+# other write.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete", "deletecollection"]
 {{- end }}
-{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
-# job, kubeflow: The scheduler's Preempted and the taint manager's TaintManagerEviction events of
-# the backend's pods, read when the pods are gone (after a restart of the operator).
+{{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
+# job, jobset, kubeflow, trainjob: The scheduler's Preempted and the taint manager's
+# TaintManagerEviction events of the backend's pods, read when the pods are gone (after a restart of
+# the operator).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]
+{{- end }}
+{{- if (has "jobset" $enabled) }}
+# jobset: One JobSet per submission: created held, patched to release or stop it and to let go of
+# dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["create", "get", "list", "watch", "patch", "delete"]
 {{- end }}
 {{- if (has "kubeflow" $enabled) }}
 # kubeflow: One PyTorchJob per submission: created held, patched to release or stop it and to let go
@@ -37,12 +46,19 @@
   resources: ["pytorchjobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]
 {{- end }}
+{{- if (has "trainjob" $enabled) }}
+# trainjob: One TrainJob per submission: created held, patched to release or stop it and to let go
+# of dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+{{- end }}
 {{- end }}
 {{- define "dispatch-operator.backendClusterRules" -}}
 {{- $enabled := .Values.backends }}
-{{- if or (has "job" $enabled) (has "kubeflow" $enabled) }}
-# job, kubeflow: The node a failed pod ran on: gone (404) or not Ready means the cause is node-lost.
-# Read only.
+{{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
+# job, jobset, kubeflow, trainjob: The node a failed pod ran on: gone (404) or not Ready means the
+# cause is node-lost. Read only.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get"]

@@ -1,0 +1,298 @@
+"""The `jobset` and `trainjob` backends through the operator, driven as a user drives them:
+``kubectl apply`` of a DispatchJob with ``spec.backend: jobset`` or ``trainjob``, on the lab with its
+extras (JobSet v0.11.1 with its webhooks, Kubeflow Trainer v2.2.0 and its torch-distributed
+runtime; the child Jobs run by kube-controller-manager, pods placed by kube-scheduler, kwok as the
+kubelet).
+
+Lifecycle with a preemption by kube-scheduler recovered, exit codes and OOM, a native rule enforced
+by JobSet's failure policy, cancel and delete, and the operator SIGKILLed mid-protocol with never
+two released objects of one DispatchJob (a watch checks every state the API server held).
+Run: ``.venv/bin/pytest -m integration tests/integration/test_jobset_operator.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.conftest import (
+    WAIT,
+    OperatorProcess,
+    ReleaseMonitor,
+    apply,
+    await_for,
+    follow_releases,
+    get_job,
+    history,
+)
+from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow, Lab
+
+pytestmark = pytest.mark.integration
+
+SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
+PREEMPTED_ONCE = [{"on": ["preempted"], "budget": 1}]
+
+
+@dataclass(frozen=True)
+class Kind:
+    backend: str
+    resource: tuple[str, str, str]
+    container: str
+    finished: tuple[str, ...]
+
+    @property
+    def plural(self) -> str:
+        return f"{self.resource[2]}.{self.resource[0]}"
+
+
+JOBSET = Kind("jobset", ("jobset.x-k8s.io", "v1alpha2", "jobsets"), "main", ("Completed", "Failed"))
+TRAINJOB = Kind("trainjob", ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "node", ("Complete", "Failed"))
+KINDS = [pytest.param(JOBSET, id="jobset"), pytest.param(TRAINJOB, id="trainjob")]
+
+
+def manifest(kind: Kind, name: str, rules: list[dict[str, Any]], **spec: Any) -> str:
+    body = {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": kind.backend,
+            "command": ["python", "train.py"],
+            kind.backend: {
+                "image": "example.invalid/train:1",
+                "resources": {"cpu": "1", "memory": "1Gi"},
+                **({"runtime": "torch-distributed"} if kind is TRAINJOB else {}),
+            },
+            "recovery": {"rules": rules},
+            **spec,
+        },
+    }
+    return yaml.safe_dump(body, sort_keys=False)
+
+
+@pytest.fixture
+async def monitor(
+    lab_extras: Lab, crds: KubeCluster, namespace: str, request: pytest.FixtureRequest
+) -> AsyncIterator[ReleaseMonitor]:
+    """Every state of every object of the test's kind in the namespace: never two released at once
+    per DispatchJob."""
+    kind: Kind = request.node.callspec.params["kind"]
+    watcher = ReleaseMonitor(
+        suspended=lambda o: bool((o.get("spec") or {}).get("suspend")), finished=kind.finished
+    )
+    async with follow_releases(crds, namespace, kind.resource, watcher) as followed:
+        yield followed
+
+
+def objects(cluster: KubeCluster, kind: Kind, namespace: str) -> list[dict[str, Any]]:
+    out = json.loads(cluster.kubectl("get", kind.plural, "-n", namespace, "-o", "json"))
+    items: list[dict[str, Any]] = out["items"]
+    return sorted(items, key=lambda o: o["metadata"]["name"])
+
+
+def is_released(obj: Mapping[str, Any]) -> bool:
+    return not (obj.get("spec") or {}).get("suspend")
+
+
+async def released(cluster: KubeCluster, kind: Kind, namespace: str, name: str, n: int) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        for obj in objects(cluster, kind, namespace):
+            labels = obj["metadata"].get("labels") or {}
+            if labels.get("dispatch.dev/job") == name and labels.get("dispatch.dev/submission") == str(n):
+                return obj if is_released(obj) else None
+        return None
+
+    found: dict[str, Any] = await await_for(f"{name} submission {n} released", probe)
+    return found
+
+
+async def settled(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = await await_for(
+        f"{name} settled",
+        lambda: (b := get_job(cluster, namespace, name)).get("status", {}).get("settled") and b,
+    )
+    return body
+
+
+async def one_pod(
+    kubeflow: Kubeflow, namespace: str, name: str, n: int, besides: tuple[str, ...] = ()
+) -> str:
+    (pod,) = await asyncio.wait_for(kubeflow.wait_workload_pods(namespace, name, n, besides=besides), 60)
+    return pod
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_preemption_is_recovered(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    monitor: ReleaseMonitor,
+    kind: Kind,
+) -> None:
+    operator("--backend", kind.backend)
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "finetune", PREEMPTED_ONCE))
+    first = await released(crds, kind, namespace, "finetune", 1)
+    assert first["metadata"]["ownerReferences"][0]["kind"] == "DispatchJob"
+    assert "dispatch.dev/record-before-delete" in first["metadata"]["finalizers"]
+    await kubeflow.preempt_pod(namespace, await one_pod(kubeflow, namespace, "finetune", 1))
+    await released(crds, kind, namespace, "finetune", 2)
+    await kubeflow.exit_pod(
+        namespace, await one_pod(kubeflow, namespace, "finetune", 2), 0, container=kind.container
+    )
+    body = await settled(crds, namespace, "finetune")
+    status = body["status"]
+    assert history(body) == SEED_HISTORY
+    assert status["submissions"][0]["cause"]["kind"] == "preempted"
+    assert status["plan"]["rules"][0]["enforcer"] == "supervisor"
+    monitor.assert_held()
+    assert monitor.max_live.get("finetune", 0) == 1
+    assert monitor.released["finetune"] == {"finetune-1", "finetune-2"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("code", "reason", "cause"), [(3, None, "non-zero-exit"), (137, "OOMKilled", "out-of-memory")]
+)
+async def test_exit_codes_and_oom_fail_the_job_with_their_cause(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    monitor: ReleaseMonitor,
+    kind: Kind,
+    code: int,
+    reason: str | None,
+    cause: str,
+) -> None:
+    """For a TrainJob the exit is a restart in place by the kubelet (the runtime's pods are
+    OnFailure): no rule asked for it, so dispatch stops the TrainJob and the job fails with it."""
+    operator("--backend", kind.backend)
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "fails", PREEMPTED_ONCE))
+    pod = await one_pod(kubeflow, namespace, "fails", 1)
+    await kubeflow.exit_pod(namespace, pod, code, reason=reason, container=kind.container)
+    body = await settled(crds, namespace, "fails")
+    status = body["status"]
+    assert status["state"] == "failed"
+    assert status["cause"]["kind"] == cause
+    assert status["cause"]["exitCode"] == code
+    monitor.assert_held()
+
+
+@pytest.mark.parametrize("kind", [pytest.param(JOBSET, id="jobset")])
+async def test_a_native_rule_is_enforced_by_jobset(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    monitor: ReleaseMonitor,
+    kind: Kind,
+) -> None:
+    """restart on exactly [non-zero-exit out-of-memory]: planned for the scheduler, built as the
+    JobSet's failurePolicy (maxRestarts 1); JobSet restarts itself after the exit (one object, one
+    submission, every pod recreated) and the second exit fails it with ReachedMaxRestarts."""
+    rules = [{"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 1}]
+    operator("--backend", kind.backend)
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "native", rules))
+    obj = await released(crds, kind, namespace, "native", 1)
+    assert obj["spec"]["failurePolicy"]["maxRestarts"] == 1
+    first = await one_pod(kubeflow, namespace, "native", 1)
+    await kubeflow.exit_pod(namespace, first, 1, container=kind.container)
+    second = await one_pod(kubeflow, namespace, "native", 1, besides=(first,))
+    await kubeflow.exit_pod(namespace, second, 1, container=kind.container)
+    body = await settled(crds, namespace, "native")
+    status = body["status"]
+    assert status["state"] == "failed"
+    assert status["cause"]["kind"] == "non-zero-exit"
+    assert status["plan"]["rules"][0]["enforcer"] == "scheduler"
+    assert [s["n"] for s in status["submissions"]] == [1]
+    (jobset,) = await asyncio.to_thread(objects, crds, kind, namespace)
+    failed = {c["type"]: c for c in jobset["status"]["conditions"]}["Failed"]
+    assert (failed["reason"], jobset["status"]["restarts"]) == ("ReachedMaxRestarts", 1)
+    monitor.assert_held()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_cancel_then_delete_leaves_nothing(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    monitor: ReleaseMonitor,
+    kind: Kind,
+) -> None:
+    operator("--backend", kind.backend)
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "stopme", PREEMPTED_ONCE))
+    await one_pod(kubeflow, namespace, "stopme", 1)
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "stopme", PREEMPTED_ONCE, cancel=True))
+    body = await settled(crds, namespace, "stopme")
+    assert body["status"]["state"] == "cancelled"
+    assert await asyncio.to_thread(objects, crds, kind, namespace) == []
+    await asyncio.to_thread(crds.kubectl, "delete", "dispatchjob", "stopme", "-n", namespace, "--timeout=60s")
+    await await_for(
+        "no pods left",
+        lambda: (
+            not json.loads(
+                crds.kubectl("get", "pods", "-n", namespace, "-l", "dispatch.dev/job=stopme", "-o", "json")
+            )["items"]
+        ),
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("point", ["Release:1", "Create:2"])
+async def test_sigkill_mid_protocol_never_two_released_objects(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    monitor: ReleaseMonitor,
+    kind: Kind,
+    point: str,
+) -> None:
+    """The operator SIGKILLed right after a step of the protocol (its test hook), restarted without
+    the hook: the seed's history, each submission authorized once, and at no moment two released
+    objects of the DispatchJob."""
+    op = operator("--backend", kind.backend, env={"DISPATCH_TEST_CRASH_AFTER": point})
+    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "crash", PREEMPTED_ONCE))
+    acted: set[str] = set()
+    deadline = time.monotonic() + 2 * WAIT
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if not op.running:
+            op.start(env={"DISPATCH_TEST_CRASH_AFTER": ""})
+        for obj in await asyncio.to_thread(objects, crds, kind, namespace):
+            name = obj["metadata"]["name"]
+            if (
+                name in acted
+                or not is_released(obj)
+                or obj["metadata"].get("annotations", {}).get("dispatch.dev/ended")
+            ):
+                continue
+            n = int(obj["metadata"]["labels"]["dispatch.dev/submission"])
+            running = await kubeflow.wait_workload_pods(namespace, "crash", n)
+            acted.add(name)
+            if n == 1:
+                await kubeflow.preempt_pod(namespace, running[0])
+            else:
+                await kubeflow.exit_pod(namespace, running[0], 0, container=kind.container)
+        body = await asyncio.to_thread(get_job, crds, namespace, "crash")
+        if (body.get("status") or {}).get("settled"):
+            break
+        await asyncio.sleep(0.3)
+    assert (body.get("status") or {}).get("settled"), body.get("status")
+    assert op.starts == 2, f"expected one crash at {point}:\n{op.log()[-3000:]}"
+    assert history(body) == SEED_HISTORY
+    assert [s["n"] for s in body["status"]["submissions"]] == [1, 2]
+    monitor.assert_held()
+    assert monitor.max_live.get("crash", 0) <= 1
+    canonicals = {s["canonical"].split("/", 1)[1] for s in body["status"]["submissions"]}
+    assert monitor.released.get("crash", set()) <= canonicals
