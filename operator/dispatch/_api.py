@@ -48,6 +48,7 @@ from ._constants import (
     REASON_RECOVERING,
     REASON_SUCCEEDED,
     STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
 from ._errors import JobNotFound
@@ -357,14 +358,17 @@ def render_conditions(
     return out
 
 
-OBSERVED_FIELDS: Final = (STATUS_OBSERVED_STATE, STATUS_OBSERVED_CAUSE)
+OBSERVED_FIELDS: Final = (STATUS_OBSERVED_STATE, STATUS_OBSERVED_CAUSE, STATUS_OBSERVED_NOTE)
 
 
-def observed_fields(state: State, cause: Cause) -> dict[str, str]:
-    """The observed status fields for what an observer sees now (no cause: the field is absent)."""
+def observed_fields(state: State, cause: Cause, note: str = "") -> dict[str, str]:
+    """The observed status fields for what an observer sees now (no cause, no note: that field is
+    absent)."""
     fields = {STATUS_OBSERVED_STATE: str(state)}
     if cause.kind is not CauseKind.NONE:
         fields[STATUS_OBSERVED_CAUSE] = str(cause.kind)
+    if note:
+        fields[STATUS_OBSERVED_NOTE] = note[:1024]
     return fields
 
 

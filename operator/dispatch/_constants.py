@@ -86,6 +86,9 @@ METRICS_PATH: Final = "/metrics"
 
 # Kubeflow adapter (appended by the Kubeflow adapter's engineer).
 ANNOTATION_ENDED: Final = f"{GROUP}/ended"
+# Set by the release itself (the same write): a released object found suspended again was held by
+# someone else (Kueue's preemption, a person), and dispatch never releases it a second time.
+ANNOTATION_RELEASED: Final = f"{GROUP}/released"
 """On a PyTorchJob the adapter stopped itself (suspended, pods deleted): the cause, as JSON."""
 ANNOTATION_NO_CAPACITY_AFTER: Final = f"{GROUP}/no-capacity-after-seconds"
 ANNOTATION_RESTART_BUDGET: Final = f"{GROUP}/restart-budget"
@@ -106,3 +109,6 @@ STATUS_OBSERVED_STATE: Final = "observedState"
 """status field: the state status shows now (``running``, ``cancelling`` included), not the recorded one."""
 STATUS_OBSERVED_CAUSE: Final = "observedCause"
 """status field: the cause status shows now; absent while a run is running or none ended yet."""
+STATUS_OBSERVED_NOTE: Final = "observedNote"
+"""status field: what the scheduler shows of the current object that is not dispatch's doing (held
+outside dispatch, and by whom); absent otherwise."""

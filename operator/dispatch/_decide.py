@@ -217,7 +217,10 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     if view.phase is Phase.HELD:
         return Decision(Release(view.id), *waiting)
     if view.phase is Phase.QUEUED:
-        return Decision(Wait("queued on the scheduler"), *waiting)
+        return Decision(
+            Wait(f"queued on the scheduler: {view.note}" if view.note else "queued on the scheduler"),
+            *waiting,
+        )
     if view.phase is Phase.RUNNING:
         return Decision(Wait("running"), State.RUNNING, NO_CAUSE)
 

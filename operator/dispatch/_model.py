@@ -332,6 +332,9 @@ class ObjectView(_Model):
     terminating: bool = False
     """Ended, but some of its processes still run (a pod in its termination grace period): the job
     is not settled until they have stopped."""
+    note: str = ""
+    """What the scheduler shows of a live object that is not dispatch's doing (held on the
+    scheduler by another controller, and by whom where that can be known): shown in status."""
     retained: bool = False
     """Deleted on the scheduler by someone else, and kept there by dispatch (a Kubernetes finalizer)
     only until the record has what it shows: ``decide`` ends it (which lets it go) once the record no

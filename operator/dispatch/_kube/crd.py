@@ -35,6 +35,7 @@ from .._constants import (
     SHORT_NAME,
     SINGULAR,
     STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
     VERSION,
 )
@@ -61,6 +62,11 @@ OBSERVED_STATE_DESCRIPTION: Final = (
 OBSERVED_CAUSE_DESCRIPTION: Final = (
     "The cause status shows now: absent while a run is running or when no run has ended; `cause` is the "
     "recorded one. The Cause printer column."
+)
+OBSERVED_NOTE_DESCRIPTION: Final = (
+    "What the scheduler shows of the current object that is not dispatch's doing: held outside dispatch "
+    "(suspended by another controller after dispatch released it, such as Kueue evicting it), and by whom "
+    "(the field manager that suspended it). Absent otherwise."
 )
 OBSERVED_GENERATION_DESCRIPTION: Final = "The metadata.generation of the spec the status was computed from."
 CONDITIONS_DESCRIPTION: Final = (
@@ -361,6 +367,11 @@ def status_schema() -> Schema:
         "enum": [str(k) for k in CauseKind if k is not CauseKind.NONE],
         "description": OBSERVED_CAUSE_DESCRIPTION,
     }
+    props[STATUS_OBSERVED_NOTE] = {
+        "type": "string",
+        "maxLength": 1024,
+        "description": OBSERVED_NOTE_DESCRIPTION,
+    }
     props["conditions"] = {
         "type": "array",
         "maxItems": 16,
@@ -389,6 +400,7 @@ def printer_columns() -> list[Schema]:
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
             "priority": 1,
         },
+        {"name": "Note", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_NOTE}", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

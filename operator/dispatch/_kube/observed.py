@@ -17,6 +17,14 @@ from .._supervisor import Intent, Supervisor
 from .store import KubeRecordStore
 
 
+def _note(intent: Intent) -> str:
+    """The current canonical's note (held outside dispatch, by whom), for ``status.observedNote``."""
+    current = intent.record.current
+    if current is None or current.canonical is None:
+        return ""
+    return next((o.note for o in intent.objects if o.id == current.canonical), "")
+
+
 class ObservingSupervisor(Supervisor):
     """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields."""
 
@@ -27,5 +35,5 @@ class ObservingSupervisor(Supervisor):
         if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
-                await store.observe(job, decision.state, decision.cause, intent.version)
+                await store.observe(job, decision.state, decision.cause, intent.version, _note(intent))
         return intent

@@ -130,14 +130,16 @@ class KubeRecordStore:
         status.update(observed_fields(record.state, record.cause) if record.settled else seen.observed)
         return await self._put_status(record.job, status, expected)
 
-    async def observe(self, job: str, state: State, cause: Cause, expected: str) -> str | None:
+    async def observe(
+        self, job: str, state: State, cause: Cause, expected: str, note: str = ""
+    ) -> str | None:
         """Write the observed fields when they differ from those of version ``expected``, else nothing.
 
         The record store's own compare-and-swap PUT of /status (a stale ``expected`` raises
         VersionConflict), remembered like a record write, so the next step reads it from the cache
         and its write does not conflict with this one. Returns the new version, None when unchanged.
         """
-        fields = observed_fields(state, cause)
+        fields = observed_fields(state, cause, note)
         seen = self._seen.get(job)
         if seen is not None and seen.version == expected and seen.observed == fields:
             return None

@@ -32,12 +32,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
 
 from .._constants import (
     ANNOTATION_ENDED,
+    ANNOTATION_RELEASED,
     API_VERSION,
     GROUP,
     KIND,
@@ -312,7 +314,12 @@ class WorkloadBackend:
                 return  # already released, or ended: never unsuspend what dispatch has stopped
             patch = {
                 **self.kind.suspend_patch(False),
-                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                "metadata": {
+                    "resourceVersion": body["metadata"]["resourceVersion"],
+                    "annotations": {
+                        ANNOTATION_RELEASED: datetime.fromtimestamp(self._clock(), UTC).isoformat()
+                    },
+                },
             }
             try:
                 patched = await request(

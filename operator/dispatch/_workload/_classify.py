@@ -23,10 +23,12 @@ from typing import Any, Final
 from .._constants import (
     ANNOTATION_ENDED,
     ANNOTATION_NO_CAPACITY_AFTER,
+    ANNOTATION_RELEASED,
     ANNOTATION_RESTART_BUDGET,
     LABEL_JOB,
     LABEL_SUBMISSION,
     OBJECT_FINALIZER,
+    REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
 from ._kind import Body, Kind
@@ -473,7 +475,7 @@ def classify(
     # Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended).
     held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
 
-    def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False) -> ObjectView:
+    def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False, note: str = "") -> ObjectView:
         return ObjectView(
             id=oid,
             job=job,
@@ -483,6 +485,7 @@ def classify(
             cancelled=cancelled,
             restarts=restarts,
             retained=held,
+            note=note,
         )
 
     ended = annotations.get(ANNOTATION_ENDED)
@@ -502,10 +505,32 @@ def classify(
     if evidence is not None:
         return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
     if kind.suspended(body):
+        if annotations.get(ANNOTATION_RELEASED):
+            # Released by dispatch, suspended since by someone else (Kueue evicting it, a person):
+            # theirs to resume. Shown as queued, so decide never releases it a second time.
+            return Verdict(view(Phase.QUEUED, note=held_outside(kind, body)))
         return Verdict(view(Phase.HELD))
     if running or kind.running(body):
         return Verdict(view(Phase.RUNNING), recheck_at=recheck)
     return Verdict(view(Phase.QUEUED), recheck_at=recheck)
+
+
+def held_outside(kind: Kind, body: Body) -> str:
+    """Who suspended a released object: the field manager that owns its suspend field now (the
+    latest writer of it, from managedFields), when that is not dispatch itself."""
+    path = kind.suspend_patch(True)
+    owners: list[tuple[str, str]] = []
+    for entry in body.get("metadata", {}).get("managedFields") or ():
+        fields: Any = entry.get("fieldsV1") or {}
+        step: Any = path
+        while isinstance(step, dict) and len(step) == 1 and isinstance(fields, dict):
+            key = next(iter(step))
+            fields, step = fields.get(f"f:{key}"), step[key]
+        if fields is not None and not isinstance(step, dict) and entry.get("manager") != REPORTING_COMPONENT:
+            owners.append((str(entry.get("time") or ""), str(entry.get("manager") or "")))
+    who = max(owners)[1] if owners else ""
+    by = f" by {who}" if who else ""
+    return f"suspended{by} after dispatch released it; held outside dispatch until resumed there"
 
 
 def vanished(last: ObjectView) -> ObjectView:
