@@ -50,6 +50,7 @@ def workload_backend(
     options: type[OptionsT],
     adapter: str,
     opener: str,
+    options_required: bool = True,
     options_hint: str = "the image, at least",
 ) -> BackendInfo[OptionsT]:
     """A kit backend: one ``kind`` per submission, created held, released and stopped by patches,
@@ -64,8 +65,8 @@ def workload_backend(
         open=f"{adapter}:open_adapter",
         open_in_operator=f"{adapter}:{opener}",
         options=options,
-        options_required=True,
-        options_hint=options_hint,
+        options_required=options_required,
+        options_hint=options_hint if options_required else "",
         rbac=(
             PolicyRule(
                 (api_group,),
