@@ -142,6 +142,11 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
     fields = {k: v for k, v in spec.items() if k not in SPEC_EXTRAS}
     options: dict[str, Any] = {}
     problems: list[str] = []
+    if "options" in fields:  # the core's field, never the wire's: options are spec.<backend>
+        problems.append(
+            "spec.options: Extra inputs are not permitted (a backend's options are spec.<backend>)"
+        )
+        del fields["options"]
     if backend.options is not None and backend.name not in JobSpec.model_fields and backend.name in fields:
         try:
             options[backend.name] = backend.options.model_validate(fields.pop(backend.name))

@@ -239,6 +239,8 @@ def test_a_new_backend_is_decoded_by_the_api(fake: BackendInfo[FakeOptions]) -> 
         _api.SpecError, match=r"^spec\.fakeflow\.parallelism: Input should be less than or equal to 8$"
     ):
         _api.job_spec(body("fakeflow", fakeflow={"image": "trainer:1", "parallelism": 9}))
+    with pytest.raises(_api.SpecError, match=r"^spec\.options: Extra inputs are not permitted"):
+        _api.job_spec(body("fakeflow", fakeflow={"image": "i"}, options={"fakeflow": {"image": "i"}}))
     with pytest.raises(_api.SpecError, match=r"spec\.fakeflow \(the image, at least\) is required"):
         _api.job_spec(body("fakeflow"))
     with pytest.raises(_api.SpecError, match=r"spec\.fakeflow is set but spec\.backend is kubeflow"):
