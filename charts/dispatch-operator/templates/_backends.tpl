@@ -7,8 +7,8 @@
 {{- end }}
 {{- end }}
 {{- if (has "job" $enabled) }}
-# job: One Job per submission: created suspended, patched to release (unsuspend) or stop it, its
-# finalizer removed by a JSON patch; deleted to end it (cancel, supervisor-side restarts).
+# job: One Job per submission: created held, patched to release or stop it and to let go of
+# dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "patch", "delete"]

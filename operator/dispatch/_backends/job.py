@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Final
 
 from .._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
-from .._registry import BackendInfo, PolicyRule, Where
-from ._common import NODE_RULE, POD_EVENT_RULE, POD_RULE
+from ._common import workload_backend
 
 
 class JobOptions(KubeflowOptions):
@@ -42,27 +41,14 @@ CAPABILITIES: Final = Capabilities(
 """The Job controller restarts (replaces) failed pods, exactly [non-zero-exit out-of-memory], up
 to ``backoffLimit`` (budget 0..100)."""
 
-BACKEND: Final = BackendInfo(
+BACKEND: Final = workload_backend(
     name="job",
     summary="batch/v1 Jobs (the Job controller of kube-controller-manager)",
-    where=Where.KUBERNETES,
+    api_group="batch",
+    plural="jobs",
+    kind="Job",
     capabilities=CAPABILITIES,
-    open="dispatch._job:open_adapter",
-    open_in_operator="dispatch._job:JobBackend",
     options=JobOptions,
-    options_required=True,
-    options_hint="the image, at least",
-    rbac=(
-        PolicyRule(
-            ("batch",),
-            ("jobs",),
-            ("create", "get", "list", "watch", "patch", "delete"),
-            why="One Job per submission: created suspended, patched to release (unsuspend) or stop it, "
-            "its finalizer removed by a JSON patch; deleted to end it (cancel, supervisor-side restarts).",
-        ),
-        POD_RULE,
-        POD_EVENT_RULE,
-        NODE_RULE,
-    ),
-    metric_resources=("jobs", "jobs/status", "pods", "events"),
+    adapter="dispatch._job",
+    opener="JobBackend",
 )
