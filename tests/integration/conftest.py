@@ -257,6 +257,15 @@ async def await_for(what: str, probe: Callable[[], Any], within: float = WAIT, i
     raise AssertionError(f"timed out waiting for {what}; last probe: {last!r}")
 
 
+async def settled(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
+    """The DispatchJob once its status says settled (waits up to WAIT)."""
+    body: dict[str, Any] = await await_for(
+        f"{name} settled",
+        lambda: (b := get_job(cluster, namespace, name)).get("status", {}).get("settled") and b,
+    )
+    return body
+
+
 def history(body: Mapping[str, Any]) -> list[tuple[str, str, int, str]]:
     return [
         (h["from"], h["to"], h["submission"], h["cause"]["kind"])

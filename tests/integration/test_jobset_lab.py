@@ -7,7 +7,6 @@ refusals come back)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -16,19 +15,6 @@ from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import TRAINER_RUNTIME, Lab
 
 pytestmark = pytest.mark.integration
-
-WAIT = 90.0
-
-
-def _wait(what: str, probe: Any, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def _get(cluster: KubeCluster, kind: str, name: str, namespace: str) -> dict[str, Any]:
@@ -92,17 +78,14 @@ def test_jobset_held_then_released_completes(
     body = _get(kube_cluster, "jobset", "js", namespace)
     # The mutating webhook's default; without it the reconciler panics on every JobSet.
     assert body["spec"]["network"]["enableDNSHostnames"] is True
-    _wait("the held JobSet's suspended Jobs", lambda: len(_jobs(kube_cluster, namespace)) == 2)
+    lab_extras.wait("the held JobSet's suspended Jobs", lambda: len(_jobs(kube_cluster, namespace)) == 2)
     assert all(j["spec"].get("suspend") is True for j in _jobs(kube_cluster, namespace))
     assert not lab_extras.pods(namespace)
 
-    kube_cluster.kubectl(
-        "patch", "jobset", "js", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
-    )
-    done = _wait(
+    _release(kube_cluster, "jobset", "js", namespace)
+    lab_extras.wait(
         "JobSet Completed", lambda: _condition(_get(kube_cluster, "jobset", "js", namespace), "Completed")
     )
-    assert done
     assert len(lab_extras.pods(namespace, "jobset.sigs.k8s.io/jobset-name=js")) == 2
 
 
@@ -142,14 +125,12 @@ def test_trainjob_runs_on_jobset(lab_extras: Lab, kube_cluster: KubeCluster, nam
         _get(kube_cluster, "trainjob", "tj", namespace)["spec"]["runtimeRef"]["kind"]
         == "ClusterTrainingRuntime"
     )
-    js = _wait("the TrainJob's JobSet", lambda: _try_get(kube_cluster, "jobset", "tj", namespace))
+    js = lab_extras.wait("the TrainJob's JobSet", lambda: _try_get(kube_cluster, "jobset", "tj", namespace))
     assert js["spec"]["suspend"] is True
     assert not lab_extras.pods(namespace)
 
-    kube_cluster.kubectl(
-        "patch", "trainjob", "tj", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
-    )
-    _wait(
+    _release(kube_cluster, "trainjob", "tj", namespace)
+    lab_extras.wait(
         "TrainJob Complete", lambda: _condition(_get(kube_cluster, "trainjob", "tj", namespace), "Complete")
     )
     pods = lab_extras.pods(namespace, "jobset.sigs.k8s.io/jobset-name=tj")

@@ -31,6 +31,7 @@ from tests.integration.conftest import (
     follow_releases,
     get_job,
     history,
+    settled,
 )
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow, Lab
@@ -112,14 +113,6 @@ async def released(cluster: KubeCluster, kind: Kind, namespace: str, name: str, 
 
     found: dict[str, Any] = await await_for(f"{name} submission {n} released", probe)
     return found
-
-
-async def settled(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = await await_for(
-        f"{name} settled",
-        lambda: (b := get_job(cluster, namespace, name)).get("status", {}).get("settled") and b,
-    )
-    return body
 
 
 async def one_pod(
