@@ -30,7 +30,7 @@ from dispatch._kube.events import EventRecorder
 from dispatch._kube.listeners import Fanout
 from dispatch._kube.metrics import Metrics
 from dispatch._kube.store import KubeRecordStore
-from dispatch._kubeapi import new_client
+from dispatch._kubeclient import new_client
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.integration

@@ -31,7 +31,7 @@ from dispatch import (
 )
 from dispatch._backends.job import JobOptions
 from dispatch._job import JOB, JobBackend
-from dispatch._kubeapi import new_client
+from dispatch._kubeclient import new_client
 from dispatch._model import SUPERVISOR, Enforcer, Resources
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow

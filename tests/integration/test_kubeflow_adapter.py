@@ -28,8 +28,7 @@ from dispatch import (
     Rule,
     make_plan,
 )
-from dispatch._kubeapi import new_client
-from dispatch._kubeclient import Informer, request
+from dispatch._kubeclient import Informer, new_client, request
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster

@@ -27,7 +27,7 @@ from dispatch import (
     Supervisor,
     make_plan,
 )
-from dispatch._kubeapi import new_client
+from dispatch._kubeclient import new_client
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
 from tests.integration.conftest import owner_manifest

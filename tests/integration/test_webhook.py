@@ -27,7 +27,7 @@ from dispatch._constants import ANNOTATION_CANCELLED_BY, ANNOTATION_SUBMITTED_BY
 from dispatch._kube import webhook
 from dispatch._kube.main import _connection_info
 from dispatch._kube.settings import operator_settings
-from dispatch._kubeapi import load_configuration
+from dispatch._kubeclient import load_configuration
 from tests.integration.conftest import USERS_GROUP, free_port, users_may_submit
 from tests.support.kube import KubeCluster, KubectlError
 

@@ -186,7 +186,7 @@ def _default_namespace(args: argparse.Namespace) -> str:
         return str(args.namespace)
     from kubernetes_asyncio.config import list_kube_config_contexts
 
-    from .._kubeapi import kubeconfig_problem
+    from .._kubeclient import kubeconfig_problem
 
     current: Any = None
     contexts: list[Any] = []
@@ -217,18 +217,18 @@ def _first_kubeconfig() -> str | None:
 async def _remote(args: argparse.Namespace, out: TextIO) -> int:
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from .. import _kubeapi
+    from .. import _kubeclient
 
-    problem = _kubeapi.kubeconfig_problem(args.kubeconfig)
+    problem = _kubeclient.kubeconfig_problem(args.kubeconfig)
     if problem is not None:
         raise Usage(problem)
     namespace = _default_namespace(args)
     try:
-        api = await _kubeapi.new_client(args.kubeconfig, context=args.context)
+        api = await _kubeclient.new_client(args.kubeconfig, context=args.context)
     except Exception as error:  # the library's ConfigException and friends: a bad kubeconfig
         raise Usage(f"cannot load the kubeconfig: {error}") from None
     async with api:
-        objects = _kubeapi.CustomObjects(api)
+        objects = _kubeclient.CustomObjects(api)
         try:
             if args.command == "get":
                 return await get(args, objects, namespace, out)
@@ -240,9 +240,9 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
                 return await watch(args, api, namespace, out)
             if args.command == "cancel":
                 return await cancel(args, objects, namespace, out)
-        except _kubeapi.NotFound:
+        except _kubeclient.NotFound:
             raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
-        except _kubeapi.KubeError as error:
+        except _kubeclient.ApiError as error:
             raise Failure(str(error)) from None
         except ApiException as error:
             raise Failure(_api_message(error)) from None

@@ -43,7 +43,7 @@ from .._constants import (
     VERSION,
 )
 from .._errors import JobNotFound, PlanError, VersionConflict
-from .._kubeapi import job_id
+from .._kubeclient import job_id
 from .._model import Phase
 from .._plan import make_plan
 from .._protocols import Backend

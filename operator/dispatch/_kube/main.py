@@ -40,7 +40,7 @@ from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
 from .._decide import Step
 from .._errors import ConfigError
-from .._kubeapi import client_for, kubeconfig_problem, load_configuration
+from .._kubeclient import client_for, kubeconfig_problem, load_configuration
 from .._model import Record
 from .._protocols import Backend
 from .._version import __version__

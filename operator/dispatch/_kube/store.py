@@ -36,7 +36,7 @@ from .._api import (
 )
 from .._constants import API_VERSION, KIND
 from .._errors import JobExists, JobNotFound, VersionConflict
-from .._kubeapi import Body, Conflict, CustomObjects, NotFound, WatchEvent, split_job, watch_forever
+from .._kubeclient import Body, Conflict, CustomObjects, NotFound, WatchEvent, split_job, watch_forever
 from .._model import Cause, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 

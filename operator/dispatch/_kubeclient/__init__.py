@@ -1,26 +1,60 @@
-"""dispatch's Kubernetes client: raw JSON requests with dispatch's error mapping, and one shared
-list+watch per resource (:class:`Informer`).
+"""dispatch's one Kubernetes client package.
 
-Plain dicts through a ``kubernetes_asyncio`` ApiClient's own transport (authentication, TLS,
-connection pool): the workload kit reads and writes whole objects and merge or JSON patches, and
-wants neither the generated model classes nor their choice of patch content types.
+- client setup: :func:`new_client`, :func:`load_configuration`, :func:`client_for`,
+  :func:`kubeconfig_problem` (kubeconfig, context, in-cluster), and custom-object helpers
+  (:class:`CustomObjects`, :func:`watch_forever`, :class:`ApiError` and its :class:`NotFound`,
+  :class:`Conflict`, :class:`Gone`) for the record store, the operator and the kubectl plugin;
+- raw JSON requests with dispatch's error mapping (:func:`request`, :class:`KubeError`: a
+  :class:`~dispatch.BackendError`) and one shared list+watch per resource (:class:`Informer`) for
+  the workload kit: plain dicts through the ApiClient's own transport (authentication, TLS,
+  connection pool), neither the generated model classes nor their choice of patch content types.
 """
 
 from __future__ import annotations
 
 from ._http import JSON, JSON_PATCH, MERGE_PATCH, Body, KubeError, open_request, request
 from ._informer import Informer, OnChange, key_of, resource_version
+from ._objects import (
+    FIELD_MANAGER,
+    ApiError,
+    Conflict,
+    CustomObjects,
+    Gone,
+    NotFound,
+    WatchEvent,
+    client_for,
+    job_id,
+    kubeconfig_problem,
+    load_configuration,
+    new_client,
+    split_job,
+    watch_forever,
+)
 
 __all__ = [
+    "FIELD_MANAGER",
     "JSON",
     "JSON_PATCH",
     "MERGE_PATCH",
+    "ApiError",
     "Body",
+    "Conflict",
+    "CustomObjects",
+    "Gone",
     "Informer",
     "KubeError",
+    "NotFound",
     "OnChange",
+    "WatchEvent",
+    "client_for",
+    "job_id",
     "key_of",
+    "kubeconfig_problem",
+    "load_configuration",
+    "new_client",
     "open_request",
     "request",
     "resource_version",
+    "split_job",
+    "watch_forever",
 ]

@@ -18,7 +18,7 @@ async def open_workload(name: str, make: Callable[..., B], config: Mapping[str, 
     ``context``, ``namespaces`` (list; default all), ``stop_ended`` (default true), ``owner``
     (``dispatchjob``, the default: each object is owned by its DispatchJob; ``none``: no owner, for
     a cluster without the DispatchJob CRD)."""
-    from .._kubeapi import new_client
+    from .._kubeclient import new_client
 
     config = dict(config or {})
     unknown = set(config) - KEYS

@@ -1,8 +1,9 @@
-"""Shared Kubernetes client setup and small helpers for custom objects (kubernetes_asyncio).
+"""Kubernetes client setup (kubeconfig, in-cluster) and small helpers for custom objects, through
+kubernetes_asyncio's generated API.
 
-Used by the record store, the operator and the kubectl plugin. Everything here is a thin layer
-over the API server's own semantics: a PUT of ``/status`` carries the resourceVersion that was
-read, and the API server answers 409 when it is stale (:class:`Conflict`).
+Used by the record store, the operator, the kubectl plugin and every backend's opener. Everything
+here is a thin layer over the API server's own semantics: a PUT of ``/status`` carries the
+resourceVersion that was read, and the API server answers 409 when it is stale (:class:`Conflict`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
+from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 
 log = logging.getLogger("dispatch.kubeapi")
 
@@ -36,7 +37,7 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 _MERGE: Final[dict[str, Any]] = {"_content_type": MERGE_PATCH}
 
 
-class KubeError(Exception):
+class ApiError(Exception):
     """An API request failed; ``status`` is the HTTP status (0 when there was no answer)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -44,15 +45,15 @@ class KubeError(Exception):
         super().__init__(message)
 
 
-class NotFound(KubeError):
+class NotFound(ApiError):
     pass
 
 
-class Conflict(KubeError):
+class Conflict(ApiError):
     """409: the object changed since its resourceVersion was read (or it already exists)."""
 
 
-class Gone(KubeError):
+class Gone(ApiError):
     """410: a watch's resourceVersion is too old; list again."""
 
 
@@ -135,7 +136,7 @@ def client_for(configuration: Configuration) -> ApiClient:
     return api
 
 
-def _error(e: ApiException) -> KubeError:
+def _error(e: ApiException) -> ApiError:
     status = int(e.status or 0)
     message = _message(e)
     if status == 404:
@@ -144,7 +145,7 @@ def _error(e: ApiException) -> KubeError:
         return Conflict(status, message)
     if status == 410:
         return Gone(status, message)
-    return KubeError(status, message)
+    return ApiError(status, message)
 
 
 def _message(e: ApiException) -> str:
@@ -304,7 +305,7 @@ class CustomObjects:
                     message = str(obj.get("message") or "watch error")
                     if code == 410:
                         raise Gone(code, message)
-                    raise KubeError(code, message)
+                    raise ApiError(code, message)
                 yield WatchEvent(kind, obj)
 
 
