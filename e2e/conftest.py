@@ -32,9 +32,7 @@ __all__ = ["api", "release_monitor"]
 @pytest.fixture(scope="session")
 def crds(kube_cluster: KubeCluster) -> KubeCluster:
     """Kubeflow's PyTorchJob CRD (Kubeflow installs it, not our chart), established."""
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s"
-    )
+    kube_cluster.wait_established("pytorchjobs.kubeflow.org")
     return kube_cluster
 
 

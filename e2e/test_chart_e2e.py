@@ -126,7 +126,7 @@ async def test_install_and_a_full_lifecycle_under_the_chart_identity(
     crd = kubectl_json(cluster, "get", "crd", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == rel.name
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(CRD_NAME)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in rel.manifest()}
     assert ("ServiceAccount", rel.name) in kinds
     assert ("Role", rel.name) in kinds  # the job rules, in the watched namespace only

@@ -144,7 +144,7 @@ async def test_kstatus_and_argocd_on_every_state_agree_with_the_docs(
     table = documented()
     # The DispatchJob CRD as the repository generates it (here no chart release installs it).
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/dispatchjobs.dispatch.dev", "--timeout=60s")
+    cluster.wait_established("dispatchjobs.dispatch.dev")
     versions = Versions(cluster, namespace)
     try:
         await judge_every_version(cluster, namespace, kubeflow, versions, table, tmp_path)

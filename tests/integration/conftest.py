@@ -39,13 +39,7 @@ def crds(kube_cluster: KubeCluster) -> KubeCluster:
     PyTorchJob CRD (installed with the real training operator: by the lab, or on an existing
     cluster by whoever installed Kubeflow)."""
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
-    kube_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/dispatchjobs.dispatch.dev",
-        "crd/pytorchjobs.kubeflow.org",
-        "--timeout=60s",
-    )
+    kube_cluster.wait_established("dispatchjobs.dispatch.dev", "pytorchjobs.kubeflow.org")
     return kube_cluster
 
 

@@ -42,6 +42,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,17 @@ class KubeCluster:
         docs: Sequence[Mapping[str, Any]] = [manifest] if isinstance(manifest, Mapping) else manifest
         text = yaml.safe_dump_all([dict(d) for d in docs], sort_keys=False)
         return self.kubectl(*base, "-f", "-", input=text)
+
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Until each CRD (``plural.group``) is Established. Polled: ``kubectl wait`` fails at once
+        on a CRD just created, whose status has no conditions yet ("expected []interface{}")."""
+        deadline = time.monotonic() + timeout
+        for crd in crds:
+            path = '{.status.conditions[?(@.type=="Established")].status}'
+            while self.kubectl("get", "crd", crd, f"-o=jsonpath={path}", check=False).strip() != "True":
+                if time.monotonic() > deadline:
+                    raise KubectlError(("wait", crd), 1, "", f"CRD {crd} not Established in {timeout:.0f}s")
+                time.sleep(0.2)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         ns = [f"--namespace={namespace}"] if namespace else []
