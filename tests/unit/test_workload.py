@@ -43,8 +43,19 @@ RULES = [
 ]
 
 
-@pytest.mark.parametrize("capabilities", [Capabilities(), KUBEFLOW], ids=["none", "kubeflow"])
-@pytest.mark.parametrize("rules", RULES, ids=range(len(RULES)))
+# (capabilities, rules): a restart rule only where a scheduler enforces it (elsewhere the plan refuses it).
+CASES = [(caps, rules) for caps in (Capabilities(), KUBEFLOW, JOB_CAPABILITIES) for rules in RULES[:3]] + [
+    (caps, RULES[3]) for caps in (KUBEFLOW, JOB_CAPABILITIES)
+]
+
+
+def test_a_restart_rule_is_refused_where_no_scheduler_enforces_it() -> None:
+    spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=RULES[3]))
+    with pytest.raises(PlanError):
+        make_plan("ns/a", spec, Capabilities(), supervised=True)
+
+
+@pytest.mark.parametrize(("capabilities", "rules"), CASES, ids=range(len(CASES)))
 @pytest.mark.parametrize("cause", FAILURES)
 def test_the_kit_and_decide_agree_on_which_causes_are_resubmitted(
     capabilities: Capabilities, rules: tuple[Rule, ...], cause: CauseKind
@@ -52,10 +63,7 @@ def test_the_kit_and_decide_agree_on_which_causes_are_resubmitted(
     """The kit reads ``resubmitted_causes`` at create time to decide whether a list() must wait for
     a stop; decide Authorizes the next submission for exactly those causes."""
     spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=rules))
-    try:
-        plan = make_plan("ns/a", spec, capabilities, supervised=True)
-    except PlanError:
-        pytest.skip("a restart rule is refused where the scheduler enforces none")
+    plan = make_plan("ns/a", spec, capabilities, supervised=True)
     now = datetime.now(UTC)
     record = Record(
         job="ns/a",
