@@ -48,7 +48,7 @@ E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins lab-up lab-down kubeflow-record jobset-record cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down kubeflow-record job-record jobset-record cluster-up cluster-down e2e-kind
 
 bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, JobSet, Trainer v2, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
@@ -64,6 +64,9 @@ jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and 
 
 kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (~2 min)
 	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
+
+job-record: lab-up ## re-record the lab's batch/v1 Job/Pod watch streams and Events for the job backend's unit tests (~2 min)
+	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/job-record.py
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
 	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)
