@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     follow_releases,
     get_job,
     history,
+    settled,
 )
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
@@ -93,14 +94,6 @@ async def released_job(cluster: KubeCluster, namespace: str, name: str, submissi
 
     found: dict[str, Any] = await await_for(f"{name} submission {submission} released", probe)
     return found
-
-
-async def settled(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = await await_for(
-        f"{name} settled",
-        lambda: (b := get_job(cluster, namespace, name)).get("status", {}).get("settled") and b,
-    )
-    return body
 
 
 async def test_preemption_is_recovered_and_the_job_is_built_as_documented(
