@@ -4,6 +4,7 @@ one state object per tracked object, and the per-kind protocol every kind satisf
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, Final
 
 import pytest
 
@@ -28,7 +29,7 @@ from dispatch._model import (
     Submission,
 )
 from dispatch._plan import make_plan
-from dispatch._workload import Kind
+from dispatch._workload import Kind, classify
 from dispatch._workload._backend import _Tracked
 
 FAILURES = [c for c in CauseKind if c is not CauseKind.NONE]
@@ -117,3 +118,48 @@ def test_every_kind_satisfies_the_protocol_and_declares_its_capabilities(kind: K
     assert not kind.suspended(released)
     assert kind.outcome(released, None) is None
     assert all(p.startswith("a-1-") for p in kind.pod_prefixes(released))
+
+
+def _pytorchjob(restart_policy: str, budget: int | None) -> dict[str, Any]:
+    annotations = {"dispatch.dev/restart-budget": str(budget)} if budget is not None else {}
+    return {
+        "metadata": {
+            "name": "a-1",
+            "namespace": "ns",
+            "resourceVersion": "5",
+            "labels": {"dispatch.dev/job": "a", "dispatch.dev/submission": "1"},
+            "annotations": annotations,
+        },
+        "spec": {"runPolicy": {}, "pytorchReplicaSpecs": {"Master": {"restartPolicy": restart_policy}}},
+        "status": {},
+    }
+
+
+RESTARTED_POD: Final = {
+    "metadata": {"name": "a-1-master-0", "uid": "u1"},
+    "spec": {"nodeName": "n"},
+    "status": {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "pytorch",
+                "restartCount": 1,
+                "state": {"running": {}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+            }
+        ],
+    },
+}
+
+
+def test_a_kubelet_restart_is_a_restart_under_the_rule_and_an_end_without_it() -> None:
+    """The same pod (its container exited 1 and the kubelet started it again): built with the native
+    rule (OnFailure) it is one restart and the object runs on; built without one, nobody asked for
+    that restart: the object ended non-zero-exit and the kit stops it."""
+    with_rule = classify(PYTORCHJOB, _pytorchjob("OnFailure", 2), [RESTARTED_POD], now=0.0)
+    assert (with_rule.view.phase, with_rule.view.restarts, with_rule.stop) == (Phase.RUNNING, 1, None)
+    without = classify(PYTORCHJOB, _pytorchjob("Never", None), [RESTARTED_POD], now=0.0)
+    assert without.view.phase is Phase.ENDED
+    assert without.stop is not None
+    assert without.stop.kind is CauseKind.NON_ZERO_EXIT
+    assert without.stop.exit_code == 1
