@@ -125,9 +125,10 @@ async def test_requests_per_cycle_are_constant(n: int) -> None:
         cycles = b.poller.cycles
         assert fake.gets == cycles  # exactly one request per cycle
         assert sum(fake.paths.values()) == fake.gets  # and nothing else: no per-job request
-        # ~1.5 s / 0.1 s = 15 cycles whatever n is (list() never adds a request when the cache is
-        # fresh); a few more when 1,000 supervisors keep the event loop from keeping the beat.
-        assert 8 <= cycles <= 26, cycles
+        # ~1.5 s / 0.1 s = 15 cycles whatever n is: list() never adds a request when the cache is
+        # fresh, so never 1,000 supervisors' worth. Fewer on a loaded machine (the event loop misses
+        # beats): the lower bound only asks that the loop ran, it is not a timing target.
+        assert 2 <= cycles <= 26, cycles
         assert fake.not_modified >= cycles - 3  # steady state: 304s
     finally:
         await b.aclose()
