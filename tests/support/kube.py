@@ -52,6 +52,7 @@ import pytest
 import yaml
 
 from dispatch._constants import OBJECT_FINALIZER
+from dispatch._registry import kubernetes_backends
 from tests.support.controlplane import ControlPlane, resolve_binaries
 from tests.support.lab import Kubeflow, Lab, LabError
 
@@ -300,33 +301,56 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
         kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-WORKLOAD_KINDS: tuple[str, ...] = ("pytorchjobs.kubeflow.org", "jobs.batch")
-"""The kinds dispatch creates, each carrying its finalizer (add a backend's kind here)."""
+def workload_kinds() -> tuple[str, ...]:
+    """The kinds dispatch creates (``plural.group``), each carrying its finalizer: what every
+    registered Kubernetes backend's declared rules allow it to create (so a new backend needs no
+    edit here)."""
+    return tuple(
+        sorted(
+            {
+                f"{res}.{group}" if group else res
+                for backend in kubernetes_backends()
+                for rule in backend.rbac
+                if "create" in rule.verbs
+                for group in rule.api_groups
+                for res in rule.resources
+            }
+        )
+    )
 
 
 def let_go(cluster: KubeCluster, namespace: str) -> None:
     """Remove dispatch's finalizer from what is left in ``namespace``, as an administrator would
     once no operator runs: a test that supervised without the operator (or stopped it) must not
     leave objects, and their pods on the lab's nodes, held by it after the namespace is deleted."""
-    for kind in WORKLOAD_KINDS:
-        out = cluster.kubectl("get", kind, "-n", namespace, "-o", "json", check=False)
-        try:
-            items = json.loads(out).get("items", []) if out else []
-        except ValueError:
+    kinds = workload_kinds()
+    items = _items(cluster, namespace, ",".join(kinds))  # one request for every kind...
+    if items is None:  # ...or one per kind when a CRD is not installed (the lab's extras not started)
+        items = [item for kind in kinds for item in _items(cluster, namespace, kind) or ()]
+    for item in items:
+        finalizers = item["metadata"].get("finalizers") or []
+        if OBJECT_FINALIZER not in finalizers:
             continue
-        for item in items:
-            finalizers = item["metadata"].get("finalizers") or []
-            if OBJECT_FINALIZER not in finalizers:
-                continue
-            at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
-            patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
-            cluster.kubectl(
-                "patch",
-                kind,
-                item["metadata"]["name"],
-                "-n",
-                namespace,
-                "--type=json",
-                f"--patch={json.dumps(patch)}",
-                check=False,
-            )
+        at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
+        patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
+        group = item["apiVersion"].rpartition("/")[0]
+        kind = f"{item['kind'].lower()}.{group}" if group else item["kind"].lower()
+        cluster.kubectl(
+            "patch",
+            kind,
+            item["metadata"]["name"],
+            "-n",
+            namespace,
+            "--type=json",
+            f"--patch={json.dumps(patch)}",
+            check=False,
+        )
+
+
+def _items(cluster: KubeCluster, namespace: str, kinds: str) -> list[dict[str, Any]] | None:
+    out = cluster.kubectl("get", kinds, "-n", namespace, "-o", "json", check=False)
+    try:
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+    except (ValueError, KeyError):
+        return None
+    return items
