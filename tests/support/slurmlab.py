@@ -78,6 +78,10 @@ def chroot_of(flavor: Flavor) -> Path | None:
     return None if flavor.suite is None else chroot_cache() / flavor.suite
 
 
+def _in_main_thread() -> bool:
+    return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+
+
 class SlurmLabError(RuntimeError):
     """The lab could not be brought up (the message carries the daemons' log tails)."""
 
@@ -347,7 +351,9 @@ class SlurmLab:
                 f"--reuid={REST_USER}",
                 f"--regid={REST_USER}",
                 "--init-groups",
-                "--pdeathsig=SIGKILL",  # the uid change clears the one set at fork
+                # The uid change clears the death signal set at fork: set it again, but only where
+                # _spawn sets it (from the main thread: a worker thread that forked may exit first).
+                *(["--pdeathsig=SIGKILL"] if _in_main_thread() else []),
                 "slurmrestd",
                 "-f",
                 str(self.inner_conf),
@@ -434,7 +440,7 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
         # Die with the test process even when it is SIGKILLed (every step of the command line
         # execs the next, so the flag reaches the daemon); only from the main thread, where the
         # forking thread lives as long as the process.
-        main = threading.current_thread() is threading.main_thread()
+        main = _in_main_thread()
         self._procs[name] = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -443,7 +449,7 @@ PartitionName=high   Nodes=localhost Default=NO  MaxTime=INFINITE State=UP Prior
             env=environment,
             cwd=self.root,
             start_new_session=True,
-            preexec_fn=set_pdeathsig if main and sys.platform == "linux" else None,
+            preexec_fn=set_pdeathsig if main else None,
         )
 
     def _wait(self, ok: object, timeout: float, what: str) -> None:
