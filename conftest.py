@@ -1,3 +1,3 @@
 """Root pytest configuration: the fixture plugins of the real components, for tests/ and e2e/."""
 
-pytest_plugins = ["tests.support.kube", "tests.support.slurm"]
+pytest_plugins = ["tests.support.kube", "tests.support.slurm", "tests.support.recorded"]

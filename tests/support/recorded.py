@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Container, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from dispatch._model import ObjectView
 from dispatch._workload import WorkloadBackend, parse_time
@@ -25,6 +27,27 @@ B = TypeVar("B", bound=WorkloadBackend)
 def load(directory: Path, name: str) -> Body:
     data: Body = json.loads((directory / f"{name}.json").read_text())
     return data
+
+
+def names(directory: Path, known: Container[str] | None = None) -> list[str]:
+    """The recordings in ``directory`` (only those in ``known``, when given), sorted."""
+    return sorted(p.stem for p in directory.glob("*.json") if known is None or p.stem in known)
+
+
+def watched(directory: Path, name: str, resource: str) -> Body:
+    """A recording with only what the backend watches (the object and its pods); the events of
+    other objects it holds (a JobSet's or TrainJob's child Jobs) stay out of the stream."""
+    data = load(directory, name)
+    return {**data, "stream": [e for e in data["stream"] if e["resource"] in (resource, "pods")]}
+
+
+@pytest.fixture
+async def observer() -> AsyncIterator[list[WorkloadBackend]]:
+    """The backends a test replays into; each is closed afterwards."""
+    made: list[WorkloadBackend] = []
+    yield made
+    for backend in made:
+        await backend.aclose()
 
 
 class _Response:

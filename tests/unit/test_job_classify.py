@@ -10,7 +10,6 @@ after it all happened (the final objects, and reads answered from the same recor
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from dispatch._job import JOB, JobBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
-from tests.support.recorded import final, late_clock, load, orders, replay, restarted
+from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted
 
 DATA = Path(__file__).parent / "data" / "job"
 Body = dict[str, Any]
@@ -40,15 +39,7 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
 
 
 def recordings() -> list[str]:
-    return sorted(p.stem for p in DATA.glob("*.json") if p.stem in EXPECTED)
-
-
-@pytest.fixture
-async def observer() -> AsyncIterator[list[WorkloadBackend]]:
-    made: list[WorkloadBackend] = []
-    yield made
-    for backend in made:
-        await backend.aclose()
+    return names(DATA, EXPECTED)
 
 
 def check(name: str, view: ObjectView) -> None:

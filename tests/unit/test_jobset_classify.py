@@ -11,7 +11,6 @@ all happened.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from dispatch._jobset import JOBSET, JobSetBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
-from tests.support.recorded import final, late_clock, load, orders, replay, restarted
+from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted, watched
 
 DATA = Path(__file__).parent / "data" / "jobset"
 RESOURCE = "jobsets.jobset.x-k8s.io"
@@ -45,21 +44,11 @@ LATE: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
 
 
 def recording(name: str) -> Body:
-    """The JobSet's and its pods' events (what the backend watches); the Jobs' stay in the file."""
-    data = load(DATA, name)
-    return {**data, "stream": [e for e in data["stream"] if e["resource"] in (RESOURCE, "pods")]}
+    return watched(DATA, name, RESOURCE)
 
 
 def recordings() -> list[str]:
-    return sorted(p.stem for p in DATA.glob("*.json"))
-
-
-@pytest.fixture
-async def observer() -> AsyncIterator[list[WorkloadBackend]]:
-    made: list[WorkloadBackend] = []
-    yield made
-    for backend in made:
-        await backend.aclose()
+    return names(DATA)
 
 
 def check(name: str, view: ObjectView, *, late: bool = False) -> None:

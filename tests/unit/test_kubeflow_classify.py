@@ -11,7 +11,6 @@ recording, for the pods and events).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from dispatch._kubeflow import KubeflowBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import pod_evidence
 from tests.support import recorded
-from tests.support.recorded import final, late_clock
+from tests.support.recorded import final, late_clock, names
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
 Body = dict[str, Any]
@@ -50,19 +49,11 @@ restart was only ever on them (the PyTorchJob says "reached the specified backof
 
 
 def recordings() -> list[str]:
-    return sorted(p.stem for p in DATA.glob("*.json") if p.stem in EXPECTED)
+    return names(DATA, EXPECTED)
 
 
 def load(name: str) -> Body:
     return recorded.load(DATA, name)
-
-
-@pytest.fixture
-async def observer() -> AsyncIterator[list[KubeflowBackend]]:
-    made: list[KubeflowBackend] = []
-    yield made
-    for backend in made:
-        await backend.aclose()
 
 
 async def replay(

@@ -15,7 +15,6 @@ stops the TrainJob), since no rule of the plan is enforced by the Trainer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._trainjob import TRAINJOB, TrainJobBackend
 from dispatch._workload import WorkloadBackend, classify
-from tests.support.recorded import final, late_clock, load, orders, replay
+from tests.support.recorded import final, late_clock, load, names, orders, replay, watched
 
 DATA = Path(__file__).parent / "data" / "trainjob"
 RESOURCE = "trainjobs.trainer.kubeflow.org"
@@ -41,20 +40,11 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str]] = {
 
 
 def recording(name: str) -> Body:
-    data = load(DATA, name)
-    return {**data, "stream": [e for e in data["stream"] if e["resource"] in (RESOURCE, "pods")]}
+    return watched(DATA, name, RESOURCE)
 
 
 def recordings() -> list[str]:
-    return sorted(p.stem for p in DATA.glob("*.json"))
-
-
-@pytest.fixture
-async def observer() -> AsyncIterator[list[WorkloadBackend]]:
-    made: list[WorkloadBackend] = []
-    yield made
-    for backend in made:
-        await backend.aclose()
+    return names(DATA)
 
 
 def check(name: str, view: ObjectView) -> None:
