@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio.client import ApiClient
 
+from dispatch._kubeclient import new_client
 from tests.support.kube import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -409,13 +411,10 @@ async def follow_releases(
 
 
 @pytest.fixture
-async def api(crds: KubeCluster) -> AsyncIterator[Any]:
-    from kubernetes_asyncio import config as kconfig
-    from kubernetes_asyncio.client import ApiClient, Configuration
-
-    cfg = Configuration()
-    await kconfig.load_kube_config(config_file=str(crds.kubeconfig), client_configuration=cfg)
-    async with ApiClient(configuration=cfg) as client:
+async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
+    """An admin API client built as dispatch builds its own (``dispatch._kubeclient.new_client``)."""
+    client = await new_client(str(crds.kubeconfig))
+    async with client:
         yield client
     await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop (else ResourceWarning)
 

@@ -43,14 +43,6 @@ about a minute)."""
 
 
 @pytest.fixture
-async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
-    client = await new_client(str(crds.kubeconfig))
-    async with client:
-        yield client
-    await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
-
-
-@pytest.fixture
 async def backend(api: ApiClient) -> AsyncIterator[KubeflowBackend]:
     adapter = KubeflowBackend(api)
     try:

@@ -8,7 +8,6 @@ Run: ``.venv/bin/pytest tests/integration/test_kubeflow_supervisor.py``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -27,7 +26,6 @@ from dispatch import (
     Supervisor,
     make_plan,
 )
-from dispatch._kubeclient import new_client
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
 from tests.integration.conftest import owner_manifest
@@ -37,14 +35,6 @@ from tests.support.lab import Kubeflow
 pytestmark = pytest.mark.integration
 
 GUARD = 120.0
-
-
-@pytest.fixture
-async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
-    client = await new_client(str(crds.kubeconfig))
-    async with client:
-        yield client
-    await asyncio.sleep(0.1)
 
 
 async def running(backend: KubeflowBackend, job: str, object_id: str) -> None:
