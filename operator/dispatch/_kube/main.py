@@ -40,7 +40,15 @@ from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
 from .._decide import Step
 from .._errors import ConfigError
-from .._kubeclient import client_for, kubeconfig_problem, load_configuration
+from .._kubeclient import (
+    DEFAULT_WRITE_BURST,
+    DEFAULT_WRITE_QPS,
+    WriteLimiter,
+    client_for,
+    kubeconfig_problem,
+    limit_writes,
+    load_configuration,
+)
 from .._model import Record
 from .._protocols import Backend
 from .._version import __version__
@@ -135,6 +143,20 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between reads of a job when no watch has woken its supervisor (default: 5)",
     )
     p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
+    p.add_argument(
+        "--write-qps",
+        type=float,
+        default=DEFAULT_WRITE_QPS,
+        help="the operator's API writes per second, after the burst; recoveries first "
+        f"(default: {DEFAULT_WRITE_QPS:g}, Kueue's; 0: no limit)",
+    )
+    p.add_argument(
+        "--write-burst",
+        type=int,
+        default=DEFAULT_WRITE_BURST,
+        help="writes the operator may send at once before --write-qps applies "
+        f"(default: {DEFAULT_WRITE_BURST})",
+    )
     webhook.add_arguments(p)
     return p
 
@@ -359,6 +381,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ArgumentError("--webhook-managed needs --webhook-port: no webhook server would serve it")
     if args.poll_interval <= 0:
         raise ArgumentError(f"--poll-interval {args.poll_interval:g}: must be more than 0 seconds")
+    if args.write_qps < 0:
+        raise ArgumentError(f"--write-qps {args.write_qps:g}: writes per second, 0 (no limit) or more")
+    if args.write_burst < 1:
+        raise ArgumentError(f"--write-burst {args.write_burst}: at least 1 write")
     enabled_backends(args)
     if args.slurm_config is not None:
         args.slurm_settings = read_slurm_config(args.slurm_config)
@@ -402,6 +428,8 @@ async def run(
     api = client_for(configuration)
     if metrics is not None:
         metrics.instrument(api)  # every request of the store, the adapters, events and the elector
+    if args.write_qps > 0:  # kopf's own writes (the finalizer) go through its own session, unlimited
+        limit_writes(api, WriteLimiter(args.write_qps, args.write_burst))
     namespaces: list[str] | None = list(args.namespace) or None
     store = KubeRecordStore(api, namespaces=namespaces)
     if backends is None:

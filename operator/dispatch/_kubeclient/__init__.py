@@ -12,7 +12,21 @@
 
 from __future__ import annotations
 
-from ._http import JSON, JSON_PATCH, MERGE_PATCH, Body, KubeError, open_request, request
+from ._http import (
+    DEFAULT_WRITE_BURST,
+    DEFAULT_WRITE_QPS,
+    JSON,
+    JSON_PATCH,
+    MERGE_PATCH,
+    Body,
+    KubeError,
+    WriteLimiter,
+    is_urgent,
+    limit_writes,
+    open_request,
+    request,
+    urgent,
+)
 from ._informer import Informer, OnChange, key_of, resource_version
 from ._objects import (
     FIELD_MANAGER,
@@ -32,6 +46,8 @@ from ._objects import (
 )
 
 __all__ = [
+    "DEFAULT_WRITE_BURST",
+    "DEFAULT_WRITE_QPS",
     "FIELD_MANAGER",
     "JSON",
     "JSON_PATCH",
@@ -46,15 +62,19 @@ __all__ = [
     "NotFound",
     "OnChange",
     "WatchEvent",
+    "WriteLimiter",
     "client_for",
+    "is_urgent",
     "job_id",
     "key_of",
     "kubeconfig_problem",
+    "limit_writes",
     "load_configuration",
     "new_client",
     "open_request",
     "request",
     "resource_version",
     "split_job",
+    "urgent",
     "watch_forever",
 ]

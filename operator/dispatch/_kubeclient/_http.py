@@ -9,8 +9,13 @@ else is :class:`KubeError` (which callers turn into :class:`~dispatch.BackendErr
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import json
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -121,4 +126,144 @@ def _status_text(raw: bytes, fallback: str) -> tuple[str, str]:
     return str(status.get("reason") or fallback), str(status.get("message") or fallback)
 
 
-__all__ = ["JSON", "JSON_PATCH", "MERGE_PATCH", "Body", "KubeError", "open_request", "request"]
+WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+UNLIMITED_PATHS: Final = ("/leases/",)
+"""Writes the limit never holds back: the Lease's renewals (a throttled renewal could lose the Lease
+and stop the operator, which would help nobody)."""
+DEFAULT_WRITE_QPS: Final = 50.0
+DEFAULT_WRITE_BURST: Final = 100
+"""Kueue's defaults for its controller's client (``clientConnection.qps``/``burst``)."""
+
+_URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("dispatch_write_urgent", default=False)
+
+
+@contextlib.contextmanager
+def urgent(flag: bool = True) -> Iterator[None]:
+    """Writes sent inside the block (and in tasks created there) are urgent: a recovery's.
+
+    A context variable rather than an argument, so the adapters' and the store's requests need not
+    know about priorities: the supervision loop marks the step, the limiter reads the mark.
+    """
+    token = _URGENT.set(flag)
+    try:
+        yield
+    finally:
+        _URGENT.reset(token)
+
+
+def is_urgent() -> bool:
+    return _URGENT.get()
+
+
+class WriteLimiter:
+    """A token bucket for writes, with two lanes: urgent waiters get tokens before routine ones.
+
+    ``qps`` tokens a second, at most ``burst`` saved up. A write takes one token, or waits in its
+    lane (FIFO) until one is made. So a mass preemption's thousand recoveries go out at ``qps``
+    after the first ``burst``, instead of a thousand requests at once, and the observe writes and
+    Events queued behind them never delay the next recovery's write.
+    """
+
+    def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"a write limit needs qps > 0 and burst >= 1, not {qps:g}/{burst}")
+        self.qps = qps
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lanes: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+        self._timer: asyncio.TimerHandle | None = None
+        self.granted = 0
+        self.waited = 0
+        """Writes that had to wait for a token (throttled)."""
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+        self._stamp = now
+
+    def _waiting(self) -> bool:
+        for lane in self._lanes:
+            while lane and lane[0].done():  # cancelled while waiting
+                lane.popleft()
+        return any(self._lanes)
+
+    async def acquire(self, urgent: bool | None = None) -> None:
+        """Take a token, waiting for one if none is left (urgent first, then routine, each FIFO)."""
+        self._refill()
+        if self._tokens >= 1 and not self._waiting():
+            self._tokens -= 1
+            self.granted += 1
+            return
+        self.waited += 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lanes[0 if (is_urgent() if urgent is None else urgent) else 1].append(future)
+        self._schedule()
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._tokens += 1  # granted as we were cancelled: give it to the next waiter
+                self._grant()
+            raise
+
+    def _schedule(self) -> None:
+        if self._timer is not None or not self._waiting():
+            return
+        delay = max((1 - self._tokens) / self.qps, 0.0)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._grant()
+
+    def _grant(self) -> None:
+        self._refill()
+        for lane in self._lanes:
+            while lane and self._tokens >= 1:
+                future = lane.popleft()
+                if future.done():
+                    continue
+                self._tokens -= 1
+                self.granted += 1
+                future.set_result(None)
+        self._schedule()
+
+
+def limit_writes(api: ApiClient, limiter: WriteLimiter) -> ApiClient:
+    """Make every write ``api`` sends (POST, PUT, PATCH, DELETE; not the Lease's) take a token first.
+
+    Wraps ``api.rest_client.request``, the one method all of the client's calls go through (the
+    generated APIs, ``call_api``, watches), like the metrics' instrumentation; returns ``api``.
+    """
+    rest: Any = api.rest_client
+    if getattr(rest, "_dispatch_limiter", None) is limiter:
+        return api
+    inner = rest.request
+
+    async def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method.upper() in WRITE_METHODS and not any(p in url for p in UNLIMITED_PATHS):
+            await limiter.acquire()
+        return await inner(method, url, *args, **kwargs)
+
+    rest.request = request
+    rest._dispatch_limiter = limiter
+    return api
+
+
+__all__ = [
+    "DEFAULT_WRITE_BURST",
+    "DEFAULT_WRITE_QPS",
+    "JSON",
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "Body",
+    "KubeError",
+    "WriteLimiter",
+    "is_urgent",
+    "limit_writes",
+    "open_request",
+    "request",
+    "urgent",
+]

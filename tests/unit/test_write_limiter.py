@@ -1,0 +1,101 @@
+"""The operator's write limit (dispatch._kubeclient.WriteLimiter): a token bucket whose urgent lane
+(recoveries) is served before its routine lane, and which only writes pass through."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dispatch._kubeclient import WriteLimiter, is_urgent, limit_writes, urgent
+
+
+async def test_the_burst_passes_at_once_then_writes_wait() -> None:
+    limiter = WriteLimiter(qps=1000.0, burst=3)
+    for _ in range(3):
+        await limiter.acquire()
+    assert (limiter.granted, limiter.waited) == (3, 0)
+    await limiter.acquire()
+    assert (limiter.granted, limiter.waited) == (4, 1)
+
+
+async def test_urgent_waiters_get_tokens_before_routine_ones_queued_earlier() -> None:
+    limiter = WriteLimiter(qps=200.0, burst=1)
+    await limiter.acquire()  # the bucket is empty now: everyone below waits
+    order: list[str] = []
+
+    async def write(name: str, flag: bool) -> None:
+        with urgent(flag):
+            await limiter.acquire()
+        order.append(name)
+
+    routine = [asyncio.create_task(write(f"routine-{i}", False)) for i in range(3)]
+    await asyncio.sleep(0)  # the routine writes queue first
+    recoveries = [asyncio.create_task(write(f"recovery-{i}", True)) for i in range(3)]
+    await asyncio.gather(*routine, *recoveries)
+    assert order == [f"recovery-{i}" for i in range(3)] + [f"routine-{i}" for i in range(3)]
+
+
+async def test_a_cancelled_waiter_does_not_keep_its_token() -> None:
+    limiter = WriteLimiter(qps=200.0, burst=1)
+    await limiter.acquire()
+    gone = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    await asyncio.wait_for(limiter.acquire(), 10)  # the next one is served
+
+
+def test_urgency_is_scoped_to_the_block() -> None:
+    assert not is_urgent()
+    with urgent():
+        assert is_urgent()
+        with urgent(False):
+            assert not is_urgent()
+        assert is_urgent()
+    assert not is_urgent()
+
+
+@pytest.mark.parametrize(("qps", "burst"), [(0.0, 1), (-1.0, 5), (5.0, 0)])
+def test_a_limit_that_would_never_let_a_write_through_is_refused(qps: float, burst: int) -> None:
+    with pytest.raises(ValueError, match="qps > 0 and burst >= 1"):
+        WriteLimiter(qps=qps, burst=burst)
+
+
+class _Rest:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> str:
+        self.sent.append(f"{method} {url}")
+        return "ok"
+
+
+class _Api:
+    def __init__(self) -> None:
+        self.rest_client = _Rest()
+
+
+async def test_only_writes_other_than_the_leases_take_a_token() -> None:
+    api: Any = _Api()
+    limiter = WriteLimiter(qps=1.0, burst=10)
+    limit_writes(api, limiter)
+    limit_writes(api, limiter)  # wrapping twice counts once
+    base = "https://k8s/apis/kubeflow.org/v1/namespaces/a/pytorchjobs"
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        assert await api.rest_client.request(method, base) == "ok"
+    await api.rest_client.request("PUT", "https://k8s/apis/coordination.k8s.io/v1/namespaces/d/leases/x")
+    assert limiter.granted == 4
+    assert len(api.rest_client.sent) == 6
+
+
+def test_the_flags_default_to_kueues_limit_and_refuse_what_cannot_work() -> None:
+    from dispatch._kube.main import ArgumentError, check_arguments, parser
+
+    args = parser().parse_args([])
+    assert (args.write_qps, args.write_burst) == (50.0, 100)
+    for argv, flag in ((["--write-qps=-1"], "--write-qps"), (["--write-burst=0"], "--write-burst")):
+        with pytest.raises(ArgumentError, match=flag):
+            check_arguments(parser().parse_args(argv))
