@@ -276,3 +276,38 @@ def test_event_body_rejects_other_types_and_cuts_long_notes() -> None:
     assert len(body["note"].encode()) <= 1024
     assert body["regarding"]["uid"] == "uid-1"
     assert body["eventTime"] == "2025-01-02T03:04:05.678901Z"
+
+
+async def test_every_event_lost_is_counted_by_reason_in_the_metric() -> None:
+    """Events may be dropped under load, never silently: too many pending, or the API refused."""
+    from dispatch._kube.metrics import Metrics
+
+    metrics = Metrics()
+    gate = asyncio.Event()
+
+    async def stuck(namespace: str, body: dict[str, Any]) -> None:
+        await gate.wait()
+
+    recorder = EventRecorder(stuck, max_pending=1, on_dropped=metrics.event_dropped)
+    recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", "posted")
+    recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", "dropped")
+    recorder.emit(JOB, "Warning", REASON_FAILED, "Fail", "dropped")
+    recorder.emit(JOB, "Normal", "NoSuchReason", "Test", "dropped")
+    gate.set()
+    await recorder.drain()
+
+    async def refused(namespace: str, body: dict[str, Any]) -> None:
+        raise RuntimeError("403 Forbidden")
+
+    refusing = EventRecorder(refused, on_dropped=metrics.event_dropped)
+    refusing.emit(JOB, "Normal", REASON_SUCCEEDED, "Succeed", "refused")
+    await refusing.drain()
+
+    def dropped(reason: str) -> float | None:
+        return metrics.registry.get_sample_value("dispatch_events_dropped_total", {"reason": reason})
+
+    assert (recorder.dropped, refusing.failed) == (3, 1)
+    assert dropped(REASON_RECOVERING) == 1
+    assert dropped(REASON_FAILED) == 1
+    assert dropped(REASON_SUCCEEDED) == 1
+    assert dropped("other") == 1  # a bounded label: an unknown reason is not a new series

@@ -17,6 +17,12 @@ Types are ``Normal`` or ``Warning`` only; reasons are the CamelCase constants of
 Posting never blocks the supervisor: each Event is posted by a background task, at most
 ``max_pending`` at a time (more are dropped and logged); errors are logged, never raised. Messages
 are redacted (:func:`dispatch._kube.logs.redact`) and cut to the API's 1 kB.
+
+An Event is never the only trace of a transition: the record's history and the conditions hold every
+reason. So under load Events may be dropped (too many pending, the API refused one), but never
+silently: each one lost is logged and told to ``on_dropped(reason)``, which the operator points at
+the metric ``dispatch_events_dropped_total{reason}``. Their posts are routine writes for the write
+limit (:func:`dispatch._kubeclient.urgent`), so they never take a token a recovery is waiting for.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from .._decide import (
     describe_step,
 )
 from .._errors import PlanError
+from .._kubeclient import urgent
 from .._model import Cause, Record, State
 from .logs import redact
 
@@ -225,8 +232,10 @@ class EventRecorder:
         instance: str | None = None,
         max_pending: int = MAX_PENDING,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_dropped: Callable[[str], None] | None = None,
     ) -> None:
         self._post = post
+        self._on_dropped = on_dropped
         self._uid_of = uid_of
         self.instance = instance or default_instance()
         self.max_pending = max_pending
@@ -247,6 +256,7 @@ class EventRecorder:
         instance: str | None = None,
         on_request: Callable[[str, str, int | None], None] | None = None,
         max_pending: int = MAX_PENDING,
+        on_dropped: Callable[[str], None] | None = None,
     ) -> EventRecorder:
         """A recorder posting with a kubernetes_asyncio ``ApiClient`` (events.k8s.io/v1).
 
@@ -286,7 +296,7 @@ class EventRecorder:
             uid = obj.get("metadata", {}).get("uid")
             return str(uid) if uid else None
 
-        return cls(post, uid_of=uid_of, instance=instance, max_pending=max_pending)
+        return cls(post, uid_of=uid_of, instance=instance, max_pending=max_pending, on_dropped=on_dropped)
 
     # ------------------------------------------------------------------ hooks for the operator
 
@@ -311,11 +321,11 @@ class EventRecorder:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.dropped += 1
+            self._dropped(reason)
             log.warning("no event loop: event %s for %s dropped", reason, job, extra={"job": job})
             return
         if len(self._tasks) >= self.max_pending:
-            self.dropped += 1
+            self._dropped(reason)
             log.warning(
                 "%d events pending: event %s for %s dropped",
                 len(self._tasks),
@@ -325,7 +335,8 @@ class EventRecorder:
             )
             return
         now = self._clock()
-        task = loop.create_task(self._send(job, type, reason, action, note, now))
+        with urgent(False):  # the task copies this context: its post is a routine write
+            task = loop.create_task(self._send(job, type, reason, action, note, now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -358,7 +369,19 @@ class EventRecorder:
             raise
         except Exception as error:
             self.failed += 1
+            self._tell(reason)
             log.warning("could not post event %s for %s: %s", reason, job, error, extra={"job": job})
+
+    def _dropped(self, reason: str) -> None:
+        self.dropped += 1
+        self._tell(reason)
+
+    def _tell(self, reason: str) -> None:
+        if self._on_dropped is not None:
+            try:
+                self._on_dropped(reason)
+            except Exception:  # a metric's bug must not break the caller's step
+                log.exception("on_dropped failed for an event %s", reason)
 
     # ------------------------------------------------------------------ Listener
 

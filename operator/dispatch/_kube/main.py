@@ -444,7 +444,9 @@ async def run(
         except ImportError:
             log.info("events are not available in this build")
         else:
-            events = EventRecorder.for_client(api)
+            events = EventRecorder.for_client(
+                api, on_dropped=metrics.event_dropped if metrics is not None else None
+            )
             listener.add(events)
     if metrics is not None:
         listener.add(metrics)

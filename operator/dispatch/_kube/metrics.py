@@ -12,6 +12,9 @@
 ``dispatch_api_requests_total{verb,resource,code}``    Kubernetes API requests by answer (``code`` is the HTTP
                                                        status, ``none`` when there was no answer)
 ``dispatch_api_errors_total{verb,resource}``           requests with no answer, 401, 403, 429 or 5xx
+``dispatch_events_dropped_total{reason}``              Events not posted (too many pending, or the API refused
+                                                       or never answered); the record and conditions still
+                                                       hold the transition's reason
 ``dispatch_build_info{version}``                       always 1
 =====================================================  =======================================================
 
@@ -37,6 +40,17 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .. import _registry
+from .._constants import (
+    REASON_BACKEND_ERROR,
+    REASON_CANCELLED,
+    REASON_FAILED,
+    REASON_INVALID_SPEC,
+    REASON_OBJECT_ENDED,
+    REASON_ORPHAN_ENDED,
+    REASON_RECOVERING,
+    REASON_SUCCEEDED,
+    REASON_UNENFORCEABLE,
+)
 from .._decide import Authorize, RecordRestarts, Step
 from .._model import (
     FAILURE_CAUSES,
@@ -72,6 +86,20 @@ RESOURCES: Final = OPERATOR_RESOURCES | {
 }
 """The resource label's values: a bounded set, so an unexpected path cannot grow the series."""
 REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+EVENT_REASONS: Final = frozenset(
+    {
+        REASON_BACKEND_ERROR,
+        REASON_CANCELLED,
+        REASON_FAILED,
+        REASON_INVALID_SPEC,
+        REASON_OBJECT_ENDED,
+        REASON_ORPHAN_ENDED,
+        REASON_RECOVERING,
+        REASON_SUCCEEDED,
+        REASON_UNENFORCEABLE,
+    }
+)
+"""The reasons dispatch's Events carry (dispatch._kube.events): the label's bounded set."""
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
@@ -157,6 +185,12 @@ class Metrics:
             ["verb", "resource"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "dispatch_events_dropped",
+            "Events not posted (too many pending, or the API refused them), by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.build_info = Gauge("dispatch_build_info", "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         for state in RECORDED_STATES:
@@ -218,6 +252,10 @@ class Metrics:
     def errored(self, job: str, step: Step, error: Exception) -> None:
         name = type(step).__name__
         self.step_errors.labels(step=name if name in STEPS else "other").inc()
+
+    def event_dropped(self, reason: str) -> None:
+        """An Event of ``reason`` was not posted (EventRecorder's ``on_dropped``)."""
+        self.events_dropped.labels(reason=reason if reason in EVENT_REASONS else "other").inc()
 
     # ------------------------------------------------------------------ reaction time
 
