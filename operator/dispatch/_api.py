@@ -42,6 +42,7 @@ from ._constants import (
     COND_RECONCILING,
     COND_STALLED,
     COND_SUCCEEDED,
+    KUEUE_LABEL_QUEUE,
     REASON_CANCELLED,
     REASON_FAILED,
     REASON_PENDING,
@@ -136,6 +137,14 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
     """
     spec: Mapping[str, Any] = body.get("spec") or {}
     backend = backend_of(spec)
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    if KUEUE_LABEL_QUEUE in labels:
+        # Kueue's convention on the objects it queues, not on a DispatchJob: dispatch writes it on
+        # each submission's object itself, and only once the record names that object canonical.
+        raise SpecError(
+            f"metadata.labels[{KUEUE_LABEL_QUEUE}]: dispatch does not read Kueue's label on a "
+            f"DispatchJob; name the LocalQueue in spec.queue (queue: {labels[KUEUE_LABEL_QUEUE]})"
+        )
     problem = options_problem(backend, spec)
     if problem is not None:
         raise SpecError(problem)

@@ -112,3 +112,20 @@ STATUS_OBSERVED_CAUSE: Final = "observedCause"
 STATUS_OBSERVED_NOTE: Final = "observedNote"
 """status field: what the scheduler shows of the current object that is not dispatch's doing (held
 outside dispatch, and by whom); absent otherwise."""
+
+# Kueue (issue 15): the labels Kueue reads on a job, and what dispatch keeps on a queued object.
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta2"
+"""Only v1beta2 is read: v1beta1 goes through Kueue's conversion webhook."""
+KUEUE_LABEL_QUEUE: Final = f"{KUEUE_GROUP}/queue-name"
+"""Kueue manages a job only while it carries this label (manageJobsWithoutQueueName false): dispatch
+writes it in the release, never at create, and removes it in a stop."""
+KUEUE_LABEL_PRIORITY_CLASS: Final = f"{KUEUE_GROUP}/priority-class"
+ANNOTATION_QUEUE: Final = f"{GROUP}/queue"
+"""On a queued object, from create: the LocalQueue its release writes into Kueue's label (an
+annotation, which Kueue does not read, so the held object is not Kueue's yet)."""
+ANNOTATION_PRIORITY_CLASS: Final = f"{GROUP}/priority-class"
+"""On a queued object, from create: the WorkloadPriorityClass its release writes into Kueue's label."""
+REASON_UNQUEUEABLE: Final = "QueueRefused"
+"""Condition reason: spec.queue names a LocalQueue, but Kueue cannot queue this job here (a backend
+Kueue does not integrate, or a cluster that does not serve workloads.kueue.x-k8s.io)."""

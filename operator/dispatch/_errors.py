@@ -7,7 +7,7 @@ wrap it, so the field path pydantic reports is the one users see.
 ::
 
     DispatchError
-    ├── PlanError            a rule nobody can enforce; names the rule and why
+    ├── PlanError            a rule nobody can enforce, or a field the backend cannot honour
     ├── RecordError
     │   ├── JobNotFound
     │   ├── JobExists
@@ -29,12 +29,16 @@ class DispatchError(Exception):
 
 
 class PlanError(DispatchError):
-    """A rule that neither the scheduler nor a supervisor can enforce: submission is refused."""
+    """A rule that neither the scheduler nor a supervisor can enforce, or a spec field the backend
+    cannot honour (``field``, with ``rule`` None: ``spec.queue`` on a backend Kueue cannot queue):
+    submission is refused."""
 
-    def __init__(self, rule: int, reason: str) -> None:
+    def __init__(self, rule: int | None, reason: str, *, field: str | None = None) -> None:
         self.rule = rule
         self.reason = reason
-        super().__init__(f"rule {rule} cannot be enforced: {reason}")
+        self.field = field
+        where = f"rule {rule} cannot be enforced" if rule is not None else f"{field or 'spec'} is refused"
+        super().__init__(f"{where}: {reason}")
 
 
 class RecordError(DispatchError):

@@ -63,7 +63,9 @@ def _imitation(name: str) -> tuple[str, Shape, Capabilities]:
     if info is None or not info.in_spec:
         raise ValueError(f"shape must be one of {', '.join(shapes())}, not {name!r}")
     naming = Shape.SLURM if info.where is _registry.Where.EXTERNAL else Shape.KUBEFLOW
-    return name, naming, info.capabilities
+    # No Kueue in memory: a job with spec.queue is refused by the plan, not run unqueued.
+    caps = info.capabilities
+    return name, naming, caps.model_copy(update={"queues": False}) if caps.queues else caps
 
 
 # Causes are immutable: one instance each, shared by every object that ends that way.

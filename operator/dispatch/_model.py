@@ -21,6 +21,10 @@ MAX_RULES: Final = 16
 NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME_LENGTH: Final = 48
 """Leaves room for the suffixes of the objects dispatch creates within Kubernetes' 63 characters."""
+KUEUE_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A LocalQueue's or WorkloadPriorityClass's name as Kueue takes it in a label value: a DNS-1123
+subdomain (jobframework's ValidateLabelAsCRDName) of at most 63 characters (a label value's limit)."""
+MAX_KUEUE_NAME_LENGTH: Final = 63
 
 
 class _Model(BaseModel):
@@ -240,6 +244,14 @@ class JobSpec(_Model):
     ]
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     recovery: RecoveryPolicy = RecoveryPolicy()
+    queue: Annotated[str, Field(max_length=MAX_KUEUE_NAME_LENGTH, pattern=KUEUE_NAME_PATTERN)] | None = None
+    """The Kueue LocalQueue (in the job's namespace) that admits each submission: Kueue then decides
+    when it starts and may preempt it; dispatch keeps the record, the rules and their budgets."""
+    workload_priority_class: (
+        Annotated[str, Field(max_length=MAX_KUEUE_NAME_LENGTH, pattern=KUEUE_NAME_PATTERN)] | None
+    ) = None
+    """Kueue's WorkloadPriorityClass for its submissions (its priority in Kueue's queueing and
+    preemption); only with ``queue``."""
     kubeflow: KubeflowOptions | None = None
     slurm: SlurmOptions | None = None
     options: dict[str, SerializeAsAny[OptionsModel]] = Field(default_factory=dict)
@@ -259,6 +271,12 @@ class JobSpec(_Model):
                         f"not {type(value).__name__} (dispatch._api.job_spec builds it from spec.{name})"
                     )
         return options
+
+    @model_validator(mode="after")
+    def _priority_needs_queue(self) -> JobSpec:
+        if self.workload_priority_class is not None and self.queue is None:
+            raise ValueError("workloadPriorityClass is Kueue's and needs queue (a LocalQueue) as well")
+        return self
 
 
 class NativeRule(_Model):
@@ -291,6 +309,9 @@ class Capabilities(_Model):
     """What a backend's scheduler enforces by itself."""
 
     native: tuple[NativeRule, ...] = ()
+    queues: bool = False
+    """Kueue can queue its objects (its kind is one of Kueue's integrations, and the backend releases
+    a queued object by Kueue's queue label instead of unsuspending it): ``spec.queue`` is allowed."""
 
 
 class PlannedRule(_Model):
@@ -308,12 +329,32 @@ class PlannedRule(_Model):
         return max(self.budget - self.firings, 0)
 
 
+KUEUE_ENFORCES: Final = ("admission", "quota", "preemption")
+DISPATCH_ENFORCES_WITH_KUEUE: Final = ("the rules' budgets", "recovery", "the record")
+
+
+class QueuePlan(_Model):
+    """Kueue's part of a queued job's plan: what Kueue decides, and what stays dispatch's."""
+
+    queue: str
+    """The LocalQueue each submission is released into."""
+    workload_priority_class: str | None = None
+    kueue: tuple[str, ...] = KUEUE_ENFORCES
+    """Enforced by Kueue: when a submission starts (admission), how much runs (quota) and which
+    running one it evicts for another (preemption)."""
+    dispatch: tuple[str, ...] = DISPATCH_ENFORCES_WITH_KUEUE
+    """Enforced by dispatch: an eviction is a cause like any other, answered by the job's rules within
+    their budgets; Kueue's own requeue of an evicted object is stopped by ending that object."""
+
+
 class Plan(_Model):
     """dispatch's answer before anything is created."""
 
     job: str
     rules: tuple[PlannedRule, ...] = ()
     uncovered: tuple[CauseKind, ...] = ()
+    queue: QueuePlan | None = None
+    """Set when Kueue admits the job's submissions (``spec.queue``)."""
 
 
 class ObjectView(_Model):

@@ -11,6 +11,7 @@ from ._model import (
     JobSpec,
     Plan,
     PlannedRule,
+    QueuePlan,
     Rule,
 )
 
@@ -34,7 +35,28 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
         for i, rule in enumerate(spec.recovery.rules)
     )
     covered = {cause for rule in spec.recovery.rules for cause in rule.on}
-    return Plan(job=job, rules=planned, uncovered=tuple(c for c in FAILURE_CAUSES if c not in covered))
+    return Plan(
+        job=job,
+        rules=planned,
+        uncovered=tuple(c for c in FAILURE_CAUSES if c not in covered),
+        queue=_queue(spec, capabilities),
+    )
+
+
+def _queue(spec: JobSpec, capabilities: Capabilities) -> QueuePlan | None:
+    """Kueue's part, for a job that names a LocalQueue; refused where Kueue cannot queue the objects
+    (Slurm, the memory scheduler, a cluster without Kueue): the job would otherwise start unqueued."""
+    if spec.queue is None:
+        return None
+    if not capabilities.queues:
+        raise PlanError(
+            None,
+            f"Kueue cannot queue this backend's jobs (LocalQueue {spec.queue!r}): spec.queue works only "
+            "with a backend whose kind Kueue integrates (kubeflow, job, jobset, trainjob), on a cluster "
+            "that serves workloads.kueue.x-k8s.io",
+            field="spec.queue",
+        )
+    return QueuePlan(queue=spec.queue, workload_priority_class=spec.workload_priority_class)
 
 
 def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> Enforcer:

@@ -342,6 +342,7 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
         *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
         ("", "events", "list"),
         ("", "nodes", "get"),
+        *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),  # read only (issue 15)
         *(("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")),
     }
     grants = _grants(_rules(docs))

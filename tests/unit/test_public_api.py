@@ -88,6 +88,7 @@ PUBLIC = [
     "Plan",
     "PlanError",
     "PlannedRule",
+    "QueuePlan",
     "Record",
     "RecordCanonical",
     "RecordError",

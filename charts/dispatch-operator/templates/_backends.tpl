@@ -32,6 +32,15 @@
   resources: ["events"]
   verbs: ["list"]
 {{- end }}
+{{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
+# job, jobset, kubeflow, trainjob: Kueue's Workloads of the objects of jobs with spec.queue (found
+# by ownerReference): read to tell a submission waiting for admission from one Kueue evicted
+# (preempted, PodsReady timeout, deactivated by an administrator). Read only: dispatch ends an
+# evicted object by deleting it, which deletes its Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
 {{- if (has "jobset" $enabled) }}
 # jobset: One JobSet per submission: created held, patched to release or stop it and to let go of
 # dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).

@@ -38,6 +38,16 @@ POD_EVENT_RULE: Final = PolicyRule(
 
 WORKLOAD_VERBS: Final = ("create", "get", "list", "watch", "patch", "delete")
 
+KUEUE_WORKLOAD_RULE: Final = PolicyRule(
+    ("kueue.x-k8s.io",),
+    ("workloads",),
+    ("get", "list", "watch"),
+    why="Kueue's Workloads of the objects of jobs with spec.queue (found by ownerReference): read to tell "
+    "a submission waiting for admission from one Kueue evicted (preempted, PodsReady timeout, deactivated "
+    "by an administrator). Read only: dispatch ends an evicted object by deleting it, which deletes its "
+    "Workload.",
+)
+
 
 def workload_backend(
     *,
@@ -52,16 +62,19 @@ def workload_backend(
     opener: str,
     options_required: bool = True,
     options_hint: str = "the image, at least",
+    kueue: bool = True,
 ) -> BackendInfo[OptionsT]:
     """A kit backend: one ``kind`` per submission, created held, released and stopped by patches,
     let go of by a JSON patch of dispatch's finalizer, deleted to end it; its pods read (and deleted
     where no garbage collector runs), their events and nodes read. ``adapter`` is the module with
-    ``open_adapter`` (the library's opener) and ``opener`` (the operator's, ``(api, *, namespaces)``)."""
+    ``open_adapter`` (the library's opener) and ``opener`` (the operator's, ``(api, *, namespaces)``).
+    ``kueue``: the kind is one of Kueue's integrations, so ``spec.queue`` is allowed (the
+    capabilities say ``queues``) and the chart grants the read of Kueue's Workloads."""
     return BackendInfo(
         name=name,
         summary=summary,
         where=Where.KUBERNETES,
-        capabilities=capabilities,
+        capabilities=capabilities.model_copy(update={"queues": kueue}),
         open=f"{adapter}:open_adapter",
         open_in_operator=f"{adapter}:{opener}",
         options=options,
@@ -78,6 +91,7 @@ def workload_backend(
             POD_RULE,
             POD_EVENT_RULE,
             NODE_RULE,
+            *((KUEUE_WORKLOAD_RULE,) if kueue else ()),
         ),
         metric_resources=(plural, f"{plural}/status", "pods", "events"),
     )

@@ -76,7 +76,7 @@ def from_object(obj: Mapping[str, Any], *, namespace: str | None = None) -> Mani
         )
     try:
         backend = _api.backend_of(spec).name
-        job_spec = _api.job_spec({"metadata": {"name": name}, "spec": spec})
+        job_spec = _api.job_spec({"metadata": {"name": name, "labels": meta.get("labels")}, "spec": spec})
     except _api.SpecError as error:
         raise ManifestError(str(error)) from None
     ns = meta.get("namespace") or namespace or "default"

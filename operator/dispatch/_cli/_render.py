@@ -23,6 +23,14 @@ def plan_lines(plan: Plan) -> list[str]:
     """The seed's lines: who enforces each rule, then the causes no rule covers."""
     lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
+    if plan.queue is not None:
+        queue = plan.queue
+        priority = (
+            f", priority class {queue.workload_priority_class}" if queue.workload_priority_class else ""
+        )
+        lines.append(f"queued by Kueue in LocalQueue {queue.queue}{priority}")
+        lines.append("  enforced by Kueue: " + ", ".join(queue.kueue))
+        lines.append("  enforced by dispatch: " + ", ".join(queue.dispatch))
     return lines
 
 

@@ -154,7 +154,10 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except PlanError as error:
             refused = True
             if args.output:
-                results.append({"job": manifest.job, "refused": {"rule": error.rule, "reason": error.reason}})
+                refusal = {"rule": error.rule, "reason": error.reason}
+                if error.field is not None:  # a field the backend cannot honour (spec.queue)
+                    refusal = {"field": error.field, "reason": error.reason}
+                results.append({"job": manifest.job, "refused": refusal})
             else:
                 prefix = f"{manifest.job}: " if len(manifests) > 1 else ""
                 print(f"{prefix}refused: {error}", file=err)

@@ -40,6 +40,7 @@ from .._constants import (
     REASON_BACKEND_NOT_CONFIGURED,
     REASON_INVALID_SPEC,
     REASON_UNENFORCEABLE,
+    REASON_UNQUEUEABLE,
     VERSION,
 )
 from .._errors import JobNotFound, PlanError, VersionConflict
@@ -53,9 +54,10 @@ from .store import KubeRecordStore
 
 log = logging.getLogger("dispatch.operator")
 
-FINAL_REFUSALS: Final = frozenset({REASON_UNENFORCEABLE, REASON_INVALID_SPEC})
+FINAL_REFUSALS: Final = frozenset({REASON_UNENFORCEABLE, REASON_INVALID_SPEC, REASON_UNQUEUEABLE})
 """Refusals that stand for the object's generation. A missing backend does not: another replica
-(or this one, restarted with the adapter configured) may supervise the job."""
+(or this one, restarted with the adapter configured) may supervise the job. A queue refused because
+Kueue is not installed does: the spec is fixed, so the job is created again once Kueue is there."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 END_POLL: Final = 0.5
 END_WAIT: Final = 30.0
@@ -220,6 +222,9 @@ class Runtime:
             if self.events is not None:
                 with contextlib.suppress(Exception):
                     self.events.refused(job, error)
+            if error.field is not None:  # spec.queue where Kueue cannot queue the job
+                await self._refuse(job, REASON_UNQUEUEABLE, f"{error.field}: {error.reason}", version)
+                return False
             await self._refuse(job, REASON_UNENFORCEABLE, f"rules[{error.rule}]: {error.reason}", version)
             return False
         try:
