@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/pytest
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all help venv demo test unit integration integration-kube integration-slurm e2e lint typecheck imports verify generate bench clean
+.PHONY: all help venv demo test unit integration integration-kube integration-kueue integration-slurm kueue-record e2e lint typecheck imports verify generate bench clean
 
 all: test
 
@@ -50,24 +50,38 @@ clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
 # The integration tier needs the real components: the Go-built control plane and Debian's Slurm.
-# Its two halves share nothing but the CPU, and the Slurm half mostly waits on slurmctld: they run
-# side by side (the Slurm half's output is printed when both are done; each has its own basetemp).
+# Its three processes share nothing but the CPU: the Slurm half mostly waits on slurmctld, and the
+# Kueue tests (marker kueue, a lab of their own with Kueue) mostly wait on Kueue's admissions, so
+# they run beside the Kubernetes half (their output is printed when all are done; each has its own
+# basetemp). Kueue tests that need Trainer (marker trainer) run in the Kubernetes half: Trainer's
+# cert dir is machine-global, one lab at a time holds it, and that half's lab does.
 INTEGRATION_TMP ?= $(or $(TMPDIR),/tmp)/dispatch-integration
-integration: $(STAMP) bins slurm-deps slurm-chroots ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, training operator, JobSet, Trainer) and real Slurm 22.05, 24.11, 26.05, side by side
+KUBE_MARKERS := integration and not slurm and (not kueue or trainer)
+KUEUE_MARKERS := integration and kueue and not trainer
+integration: $(STAMP) bins slurm-deps slurm-chroots ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, training operator, JobSet, Trainer, Kueue) and real Slurm 22.05, 24.11, 26.05, side by side
 	@mkdir -p $(INTEGRATION_TMP); \
 	$(PYTEST) -m "integration and slurm" tests/integration -p no:cacheprovider \
 	  --basetemp=$(INTEGRATION_TMP)/slurm > $(INTEGRATION_TMP)/slurm.log 2>&1 & slurm=$$!; \
-	$(PYTEST) -m "integration and not slurm" tests/integration --basetemp=$(INTEGRATION_TMP)/kube; kube=$$?; \
-	wait $$slurm; status=$$?; \
+	$(PYTEST) -m "$(KUEUE_MARKERS)" tests/integration -p no:cacheprovider \
+	  --basetemp=$(INTEGRATION_TMP)/kueue > $(INTEGRATION_TMP)/kueue.log 2>&1 & kueue=$$!; \
+	$(PYTEST) -m "$(KUBE_MARKERS)" tests/integration --basetemp=$(INTEGRATION_TMP)/kube; kube=$$?; \
+	wait $$kueue; kueue_status=$$?; wait $$slurm; status=$$?; \
+	echo "===== the Kueue tests (integration and kueue) ====="; cat $(INTEGRATION_TMP)/kueue.log; \
 	echo "===== the Slurm half (integration and slurm) ====="; cat $(INTEGRATION_TMP)/slurm.log; \
-	echo "integration: kubernetes half exit $$kube, slurm half exit $$status"; \
-	test $$kube -eq 0 -a $$status -eq 0
+	echo "integration: kubernetes half exit $$kube, kueue exit $$kueue_status, slurm half exit $$status"; \
+	test $$kube -eq 0 -a $$kueue_status -eq 0 -a $$status -eq 0
 
-integration-kube: $(STAMP) bins ## the Kubernetes half of the integration tier only
+integration-kube: $(STAMP) bins ## the Kubernetes half of the integration tier only (with the Kueue tests)
 	$(PYTEST) -m "integration and not slurm" tests/integration
+
+integration-kueue: $(STAMP) bins ## the Kueue tests only (a lab with Kueue, JobSet and Trainer)
+	$(PYTEST) -m "integration and kueue" tests/integration
 
 integration-slurm: $(STAMP) slurm-deps slurm-chroots ## the Slurm half of the integration tier only
 	$(PYTEST) -m "integration and slurm" tests/integration
+
+kueue-record: bins $(STAMP) ## re-record the real Kueue's Workloads and Events for the unit tests, on a lab of its own (~3 min)
+	$(PY) hack/kueue-record.py
 
 bench: $(STAMP) ## benchmarks; results go to BENCHMARKS.md by hand, with the command
 	$(PY) bench/core_bench.py

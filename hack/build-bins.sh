@@ -2,7 +2,7 @@
 # Build the test cluster's binaries from Go modules, without Docker and without release tarballs:
 # etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kwok, Kubeflow's
 # training operator (with the project's own main, hack/training-operator-lab/main.go), JobSet,
-# Kubeflow Trainer v2 and helm.
+# Kubeflow Trainer v2, Kueue and helm.
 #
 # Output (outside the repo, keyed by version, rebuilt only when missing):
 #   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/<name>-<version>/<name>
@@ -12,6 +12,7 @@
 #   .../bin/jobset-<JOBSET_VERSION>/jobset (+ manifests/: CRD and webhook configurations)
 #   .../bin/trainer-<TRAINER_VERSION>/trainer-controller-manager
 #       (+ manifests/: CRDs, webhook configurations, the torch-distributed ClusterTrainingRuntime)
+#   .../bin/kueue-<KUEUE_VERSION>/kueue (+ manifests/: its CRDs)
 #
 # Go's module and build caches stay at their defaults (GOMODCACHE, GOCACHE), so a
 # second machine-local build is fast. The script is idempotent and safe to run
@@ -26,10 +27,10 @@
 # The kube-* binaries are built from k8s.io/kubernetes with a throwaway wrapper go.mod (k/k's own
 # go.mod replaces its staging modules with ./staging/..., which `go install pkg@version` refuses),
 # so every staging module is replaced by its published v0.X.Y. etcd is built the same way (its
-# server/go.mod has replaces too). kwok, helm and Trainer build with a plain `go install pkg@version`.
+# server/go.mod has replaces too). kwok, helm, Trainer and Kueue build with a plain `go install pkg@version`.
 # JobSet cannot: `go install` reads the module's @v/list for deprecations, which the proxy refuses
-# for sigs.k8s.io/jobset (403); a wrapper module never asks for it. JobSet and Trainer build in
-# parallel (their dependency graphs share little, so the go tool's own parallelism leaves idle time).
+# for sigs.k8s.io/jobset (403); a wrapper module never asks for it. JobSet, Trainer and Kueue build
+# in parallel (their dependency graphs share little, so the go tool's own parallelism leaves idle time).
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
@@ -39,6 +40,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.9.3}"
 JOBSET_VERSION="${JOBSET_VERSION:-v0.11.1}"
 TRAINER_VERSION="${TRAINER_VERSION:-v2.2.0}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 DISPATCH_CACHE="${DISPATCH_CACHE:-${HOME}/.cache/dispatch}"
 BIN_DIR="${DISPATCH_CACHE}/bin"
@@ -60,6 +62,8 @@ JOBSET="${BIN_DIR}/jobset-${JOBSET_VERSION}/jobset"
 JOBSET_MANIFESTS="${BIN_DIR}/jobset-${JOBSET_VERSION}/manifests"
 TRAINER="${BIN_DIR}/trainer-${TRAINER_VERSION}/trainer-controller-manager"
 TRAINER_MANIFESTS="${BIN_DIR}/trainer-${TRAINER_VERSION}/manifests"
+KUEUE="${BIN_DIR}/kueue-${KUEUE_VERSION}/kueue"
+KUEUE_MANIFESTS="${BIN_DIR}/kueue-${KUEUE_VERSION}/manifests"
 
 print_env() {
   cat <<EOF
@@ -71,6 +75,7 @@ KWOK_VERSION=${KWOK_VERSION}
 TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION}
 JOBSET_VERSION=${JOBSET_VERSION}
 TRAINER_VERSION=${TRAINER_VERSION}
+KUEUE_VERSION=${KUEUE_VERSION}
 DISPATCH_KUBE_APISERVER=${KUBE_APISERVER}
 DISPATCH_KUBECTL=${KUBECTL}
 DISPATCH_KUBE_SCHEDULER=${KUBE_SCHEDULER}
@@ -84,6 +89,8 @@ DISPATCH_JOBSET=${JOBSET}
 DISPATCH_JOBSET_MANIFESTS=${JOBSET_MANIFESTS}
 DISPATCH_TRAINER=${TRAINER}
 DISPATCH_TRAINER_MANIFESTS=${TRAINER_MANIFESTS}
+DISPATCH_KUEUE=${KUEUE}
+DISPATCH_KUEUE_MANIFESTS=${KUEUE_MANIFESTS}
 EOF
 }
 
@@ -97,6 +104,7 @@ to_current() {
 # JobSet and Trainer are current when the binary and the manifests copied next to it are there.
 jobset_current() { [[ -x "${JOBSET}" && -f "${JOBSET_MANIFESTS}/webhook-manifests.yaml" ]]; }
 trainer_current() { [[ -x "${TRAINER}" && -f "${TRAINER_MANIFESTS}/torch_distributed.yaml" ]]; }
+kueue_current() { [[ -x "${KUEUE}" && -f "${KUEUE_MANIFESTS}/kueue.x-k8s.io_workloads.yaml" ]]; }
 
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
@@ -108,6 +116,7 @@ case "${1:-}" in
     to_current || { echo "missing or stale: ${TRAINING_OPERATOR}" >&2; rc=1; }
     jobset_current || { echo "missing: ${JOBSET} or its manifests" >&2; rc=1; }
     trainer_current || { echo "missing: ${TRAINER} or its manifests" >&2; rc=1; }
+    kueue_current || { echo "missing: ${KUEUE} or its manifests" >&2; rc=1; }
     exit "$rc" ;;
   "") ;;
   *) echo "usage: $0 [--print-env|--check]" >&2; exit 2 ;;
@@ -257,18 +266,7 @@ EOF
 }
 
 # --- kwok (the nodes and their kubelet, see tests/support/kwok.yaml) ----------------------
-build_kwok() {
-  if [[ -x "${KWOK}" ]]; then
-    log "kwok ${KWOK_VERSION}: cached"
-    return
-  fi
-  local gobin="${SRC_DIR}/kwok-${KWOK_VERSION}-gobin"
-  mkdir -p "${gobin}"
-  log "go install kwok ${KWOK_VERSION}"
-  timed kwok env GOBIN="${gobin}" "${GO}" install -p "${BUILD_JOBS}" -trimpath -ldflags "-s -w" \
-    "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
-  install_atomically "${gobin}/kwok" "${KWOK}"
-}
+build_kwok() { go_install kwok "${KWOK_VERSION}" sigs.k8s.io/kwok/cmd/kwok "${KWOK}"; }
 
 # --- Kubeflow's training operator --------------------------------------------------------
 # Upstream's cmd/training-operator.v1 cannot run outside a Pod (webhook on all interfaces, certs
@@ -336,18 +334,23 @@ build_jobset() {
   install -m 0644 "${mod}/config/components/webhook/manifests.yaml" "${JOBSET_MANIFESTS}/webhook-manifests.yaml"
 }
 
+# go_install NAME VERSION PKG FINAL: `go install PKG@VERSION` into FINAL unless it is there.
+go_install() {
+  local name=$1 version=$2 pkg=$3 final=$4
+  if [[ -x "${final}" ]]; then
+    log "${name} ${version}: cached"
+    return
+  fi
+  local gobin="${SRC_DIR}/${name}-${version}-gobin"
+  mkdir -p "${gobin}"
+  log "go install ${pkg##*/} ${version}"
+  timed "${name}" env GOBIN="${gobin}" "${GO}" install -p "${BUILD_JOBS}" -trimpath -ldflags "-s -w" "${pkg}@${version}"
+  install_atomically "${gobin}/${pkg##*/}" "${final}"
+}
+
 build_trainer() {
   local mod f
-  if [[ ! -x "${TRAINER}" ]]; then
-    local gobin="${SRC_DIR}/trainer-${TRAINER_VERSION}-gobin"
-    mkdir -p "${gobin}"
-    log "go install trainer-controller-manager ${TRAINER_VERSION}"
-    timed trainer env GOBIN="${gobin}" "${GO}" install -p "${BUILD_JOBS}" -trimpath -ldflags "-s -w" \
-      "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@${TRAINER_VERSION}"
-    install_atomically "${gobin}/trainer-controller-manager" "${TRAINER}"
-  else
-    log "trainer ${TRAINER_VERSION}: cached"
-  fi
+  go_install trainer "${TRAINER_VERSION}" github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager "${TRAINER}"
   mod="$(mod_dir "github.com/kubeflow/trainer/v2@${TRAINER_VERSION}")"
   mkdir -p "${TRAINER_MANIFESTS}"
   for f in "${mod}"/manifests/base/crds/trainer.kubeflow.org_*.yaml; do
@@ -357,14 +360,27 @@ build_trainer() {
   install -m 0644 "${mod}/manifests/base/runtimes/torch_distributed.yaml" "${TRAINER_MANIFESTS}/"
 }
 
-# Both in the background, then wait for each (a failure of either fails the script).
+# Kueue's CRDs go next to it; the lab patches their conversion webhooks (see tests/support/lab.py).
+build_kueue() {
+  local mod f
+  go_install kueue "${KUEUE_VERSION}" sigs.k8s.io/kueue/cmd/kueue "${KUEUE}"
+  mod="$(mod_dir "sigs.k8s.io/kueue@${KUEUE_VERSION}")"
+  mkdir -p "${KUEUE_MANIFESTS}"
+  for f in "${mod}"/config/components/crd/bases/kueue.x-k8s.io_*.yaml; do
+    install -m 0644 "${f}" "${KUEUE_MANIFESTS}/"
+  done
+}
+
+# All in the background, then wait for each (a failure of any fails the script).
 build_extras() {
   local pids=() rc=0 p
   jobset_current || { build_jobset & pids+=($!); }
   trainer_current || { build_trainer & pids+=($!); }
+  kueue_current || { build_kueue & pids+=($!); }
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  ((rc == 0)) || { echo "build-bins: jobset or trainer build failed (see above)" >&2; exit 1; }
-  jobset_current && trainer_current && log "jobset ${JOBSET_VERSION}, trainer ${TRAINER_VERSION}: ready"
+  ((rc == 0)) || { echo "build-bins: jobset, trainer or kueue build failed (see above)" >&2; exit 1; }
+  jobset_current && trainer_current && kueue_current &&
+    log "jobset ${JOBSET_VERSION}, trainer ${TRAINER_VERSION}, kueue ${KUEUE_VERSION}: ready"
 }
 
 # --- helm -------------------------------------------------------------------------------

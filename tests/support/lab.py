@@ -22,6 +22,14 @@ Kubeflow Trainer v2.2.0 (``trainer`` implies ``jobset``) with its CRDs, its webh
 webhooks on 127.0.0.1 with a cert from the lab's CA. Trainer reads its serving cert from the
 hard-coded ``/tmp/k8s-webhook-server/serving-certs``: one Trainer per machine, so the lab takes
 that directory under a lock, waits while another live lab holds it, and removes it when it stops.
+``kueue``: Kueue v0.17.0 (config ``config.kueue.x-k8s.io/v1beta2``, see :func:`kueue_config`) with
+its CRDs, namespace ``kueue-system`` and its internal cert management; the frameworks it manages
+follow what the lab runs (batch/job, plus PyTorchJob, JobSet and TrainJob when those run; it is
+restarted when a later extra adds one). Its webhooks are not registered: their certificate names
+``kueue-webhook-service.kueue-system.svc``, which nothing here resolves, so Kueue admits and evicts
+through its reconcilers only (a queue-labelled object must be created suspended, as dispatch does).
+Read its objects as ``kueue.x-k8s.io/v1beta2`` (the storage version): other versions go through
+the CRD conversion webhook, which fails here for the same reason.
 
 Python use::
 
@@ -47,6 +55,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -93,7 +102,7 @@ TRAINING_OPERATOR_NAMESPACE: Final = "kubeflow"
 TRAINING_OPERATOR_SA: Final = "training-operator"
 WEBHOOK_NAME: Final = "validator.training-operator.kubeflow.org"
 WRITE_VERBS: Final = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-EXTRAS: Final = ("jobset", "trainer")
+EXTRAS: Final = ("jobset", "trainer", "kueue")
 TRAINER_NAMESPACE: Final = "kubeflow-system"
 """Trainer's namespace: read from the in-Pod ServiceAccount file, else this default (no flag)."""
 TRAINER_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
@@ -104,6 +113,22 @@ TRAINER_WEBHOOKS: Final = (
     "trainer-mutating-webhook-configuration",
     "trainer-validating-webhook-configuration",
 )
+
+KUEUE_NAMESPACE: Final = "kueue-system"
+KUEUE_SECRET: Final = "kueue-webhook-server-cert"
+"""The Secret Kueue's cert rotator fills; the lab copies it into the lab's own cert dir (as the
+kubelet's Secret volume would: the rotator waits for the files there)."""
+KUEUE_CONVERSION_CRDS: Final = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+"""The CRDs whose conversion webhook the rotator injects its CA into (pkg/util/cert/cert.go); the
+base CRDs have none, and without the field the rotator never gets ready."""
+KUEUE_PODS_READY_TIMEOUT: Final = "30s"
+"""waitForPodsReady.timeout: short, so a PodsReadyTimeout eviction shows within a test (kwok's
+pods are Ready about a second after binding, so a healthy workload is far from it)."""
+KUEUE_FRAMEWORKS: Final = {
+    "pytorchjob": "kubeflow.org/pytorchjob",
+    "jobset": "jobset.x-k8s.io/jobset",
+    "trainer": "trainer.kubeflow.org/trainjob",
+}
 
 # Faster than the defaults so that node loss shows within seconds (tests wait, never assert time).
 KCM_NODE_FLAGS: Final = ("--node-monitor-period=1s", "--node-monitor-grace-period=12s")
@@ -138,6 +163,8 @@ class LabBinaries:
     jobset_manifests: Path = Path()
     trainer: str = ""
     trainer_manifests: Path = Path()
+    kueue: str = ""
+    kueue_manifests: Path = Path()
 
 
 def _extras(names: Sequence[str]) -> tuple[str, ...]:
@@ -178,7 +205,39 @@ def resolve_lab_binaries(*, training_operator: bool = True, extras: Sequence[str
         jobset_manifests=Path(found.get("DISPATCH_JOBSET_MANIFESTS", "")),
         trainer=found.get("DISPATCH_TRAINER", ""),
         trainer_manifests=Path(found.get("DISPATCH_TRAINER_MANIFESTS", "")),
+        kueue=found.get("DISPATCH_KUEUE", ""),
+        kueue_manifests=Path(found.get("DISPATCH_KUEUE_MANIFESTS", "")),
     )
+
+
+def kueue_config(
+    *,
+    ports: Mapping[str, int],
+    cert_dir: Path,
+    frameworks: Sequence[str],
+    pods_ready_timeout: str = KUEUE_PODS_READY_TIMEOUT,
+) -> dict[str, Any]:
+    """Kueue's configuration for the lab: everything on loopback, the cert dir the lab's own (not
+    a machine-global path), only queue-labelled objects managed, and waitForPodsReady with a short
+    timeout and a short requeue backoff (Kueue's own requeue, which dispatch must stop)."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['probe']}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{ports['metrics']}"},
+        "webhook": {"port": ports["webhook"], "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        # Off, the metrics cert path is hard-coded to /etc/kueue/metrics/certs (cmd/kueue/main.go).
+        "internalCertManagement": {"enable": True},
+        "manageJobsWithoutQueueName": False,
+        "waitForPodsReady": {
+            "timeout": pods_ready_timeout,
+            "blockAdmission": False,
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 5, "backoffMaxSeconds": 30},
+        },
+        "integrations": {"frameworks": ["batch/job", *frameworks]},
+    }
 
 
 def node_manifest(
@@ -543,15 +602,22 @@ class Lab:
             self.bins = resolve_lab_binaries(
                 training_operator=self.with_training_operator, extras=(*self.extras, *wanted)
             )
+        started: list[str] = []
         for extra in wanted:
             if self._extra_running(extra):
                 continue
             t0 = time.monotonic()
             if extra == "jobset":
                 self._start_jobset(detach=detach)
-            else:
+            elif extra == "trainer":
                 self._start_trainer(detach=detach)
+            else:
+                self._start_kueue(detach=detach)
+            started.append(extra)
             self.extras_seconds[extra] = round(time.monotonic() - t0, 2)
+        if "kueue" not in started and self._extra_running("kueue") and set(started) & set(KUEUE_FRAMEWORKS):
+            # Kueue sets up a framework whose CRD came later only after a backoff of minutes.
+            self.restart_kueue(detach=detach)
         self.extras = _extras((*self.extras, *wanted))
         if self.cp.state_file.exists():
             self._write_lab_state()
@@ -612,14 +678,16 @@ class Lab:
             )
         return out
 
-    def _spawn_ready(self, name: str, binary: str, make_args: Any, *, detach: bool) -> dict[str, int]:
+    def _spawn_ready(
+        self, name: str, binary: str, make_args: Any, *, detach: bool, env: dict[str, str] | None = None
+    ) -> dict[str, int]:
         """Spawn a controller-runtime manager on fresh loopback ports (probe, metrics, webhook)
         and wait for /readyz; a port taken meanwhile by another process means new ports."""
         for attempt in range(1, 4):
             ports = {"probe": _free_port(), "metrics": _free_port(), "webhook": _free_port()}
             self.cp._procs = [p for p in self.cp._procs if p.name != name]
             user = self.cp.mint_user(f"lab-{name}", ["system:masters"])
-            proc = self.cp.spawn(name, binary, make_args(ports, user), detach=detach)
+            proc = self.cp.spawn(name, binary, make_args(ports, user), detach=detach, env=env)
             try:
                 self.cp.wait_http(proc, f"http://127.0.0.1:{ports['probe']}/readyz")
             except _ExitedEarly:
@@ -673,7 +741,7 @@ class Lab:
         group = {"jobsets": "jobset.x-k8s.io"}
         # Polled here: `kubectl wait` fails at once while a new CRD has no conditions yet.
         for plural in plurals:
-            name = f"{plural}.{group.get(plural, 'trainer.kubeflow.org')}"
+            name = plural if "." in plural else f"{plural}.{group.get(plural, 'trainer.kubeflow.org')}"
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
             self.wait(
                 f"CRD {plural} Established",
@@ -741,6 +809,114 @@ class Lab:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _kueue_frameworks(self) -> list[str]:
+        running = {"pytorchjob"} if self.with_training_operator else set()
+        running |= {e for e in ("jobset", "trainer") if self._extra_running(e)}
+        return [fw for key, fw in KUEUE_FRAMEWORKS.items() if key in running]
+
+    def _start_kueue(self, *, detach: bool) -> None:
+        assert self.bins is not None
+        m = self.bins.kueue_manifests
+        for crd in sorted(m.glob("kueue.x-k8s.io_*.yaml")):
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        self._wait_established(*(f"{c}.kueue.x-k8s.io" for c in KUEUE_CONVERSION_CRDS))
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(
+                [
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Secret",
+                        "metadata": {"name": KUEUE_SECRET, "namespace": KUEUE_NAMESPACE},
+                    },
+                ]
+            ),
+        )
+        self._start_kueue_process(detach=detach)
+
+    def _start_kueue_process(self, *, detach: bool) -> None:
+        assert self.bins is not None
+        certs = self.dir / "kueue" / "certs"
+        config = self.dir / "kueue" / "config.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        frameworks = self._kueue_frameworks()
+
+        def args(ports: dict[str, int], user: Path) -> list[str]:
+            for crd in KUEUE_CONVERSION_CRDS:
+                conversion = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": {"url": f"https://localhost:{ports['webhook']}/convert"},
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
+                self.request(
+                    "PATCH",
+                    f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}.kueue.x-k8s.io",
+                    {"spec": {"conversion": conversion}},
+                    content_type="application/merge-patch+json",
+                )
+            body = kueue_config(ports=ports, cert_dir=certs, frameworks=frameworks)
+            config.write_text(yaml.safe_dump(body))
+            # --kubeconfig as a flag: the visibility server reads the flag, not $KUBECONFIG. That
+            # server is off: it writes self-signed certs to a hard-coded /visibility at the
+            # filesystem root (pkg/visibility/server.go), and the lab writes nothing outside its dir.
+            return [f"--kubeconfig={user}", f"--config={config}", "--feature-gates=VisibilityOnDemand=false"]
+
+        stop = threading.Event()
+        copier = threading.Thread(target=self._copy_kueue_certs, args=(certs, stop), daemon=True)
+        copier.start()
+        try:
+            self._spawn_ready(
+                "kueue", self.bins.kueue, args, detach=detach, env={"POD_NAMESPACE": KUEUE_NAMESPACE}
+            )
+        finally:
+            stop.set()
+            copier.join(timeout=10)
+
+    def _copy_kueue_certs(self, certs: Path, stop: threading.Event) -> None:
+        """Copy the rotator's Secret into the cert dir once it is filled (its kubelet volume). Once
+        is enough: the rotator only waits for the files, and it renews years later."""
+        path = f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{KUEUE_SECRET}"
+        while not stop.is_set():
+            try:
+                data = self.request("GET", path).get("data") or {}
+            except (ApiStatus, OSError):
+                data = {}
+            if all(data.get(k) for k in ("tls.crt", "tls.key", "ca.crt")):
+                certs.mkdir(parents=True, exist_ok=True)
+                for name, value in data.items():
+                    _write(certs / name, base64.b64decode(value), 0o600 if name.endswith(".key") else 0o644)
+                return
+            stop.wait(0.2)
+
+    def kueue_running(self) -> bool:
+        return self._extra_running("kueue")
+
+    def stop_kueue(self, *, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) Kueue and wait for it to exit."""
+        import signal
+
+        proc = next((p for p in self.cp._procs if p.name == "kueue"), None)
+        if proc is None or not self.kueue_running():
+            return
+        os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while self.kueue_running():
+            if time.monotonic() > deadline:
+                os.kill(proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def restart_kueue(self, *, detach: bool = False) -> None:
+        """Stop Kueue and start it again (frameworks recomputed from what runs now)."""
+        self.stop_kueue()
+        t0 = time.monotonic()
+        self._start_kueue_process(detach=detach)
+        self.extras_seconds["kueue"] = round(time.monotonic() - t0, 2)
 
     # The machine-global cert dir: mkdir of its parent is the mutex; owner.json names the holder
     # (its lab dir and the pids that keep it: this process until the Trainer runs, then the Trainer).

@@ -24,6 +24,7 @@ from tests.support.lab import LabError, _cert_dir_holder, _extras
         (("jobset",), ("jobset",)),
         (("trainer",), ("jobset", "trainer")),
         (("trainer", "jobset", "trainer"), ("jobset", "trainer")),
+        (("kueue", "trainer"), ("jobset", "trainer", "kueue")),
     ],
 )
 def test_trainer_brings_jobset_and_the_order_is_fixed(
@@ -33,8 +34,8 @@ def test_trainer_brings_jobset_and_the_order_is_fixed(
 
 
 def test_an_unknown_extra_is_named() -> None:
-    with pytest.raises(LabError, match=r"\['kueue'\]"):
-        _extras(("jobset", "kueue"))
+    with pytest.raises(LabError, match=r"\['volcano'\]"):
+        _extras(("jobset", "volcano"))
 
 
 def _owner(tmp_path: Path, pids: list[dict[str, object]]) -> Path:
