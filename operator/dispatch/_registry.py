@@ -113,6 +113,9 @@ class BackendInfo(Generic[OptionsT]):
         backend = _resolve(self.open_in_operator)(api, namespaces=namespaces)
         if inspect.isawaitable(backend):
             backend = await backend
+        prepare = getattr(backend, "prepare", None)
+        if prepare is not None:  # what it checks once on the cluster (the kit: whether Kueue is there)
+            await prepare()
         return backend
 
     def options_of(self, spec: JobSpec) -> OptionsT | None:

@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from kubernetes_asyncio.client import ApiClient
 
+from .. import _registry
 from .._constants import (
     ANNOTATION_ENDED,
     ANNOTATION_RELEASED,
@@ -73,6 +74,7 @@ from ._classify import (
     vanished,
 )
 from ._kind import Body, Kind, Refused, Target, object_name
+from ._kueue import Workloads, WorkloadView, hold_for_queue, release_patch, served, stop_patch
 
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
@@ -206,13 +208,16 @@ class WorkloadBackend:
         owns_api: bool = False,
         owner: OwnerLookup | None = _DEFAULT_OWNER,
         clock: Callable[[], float] = time.time,
+        kueue: bool | None = None,
     ) -> None:
         """``namespaces`` limits the watches (default: all namespaces). ``stop_ended=False`` makes a
         read-only observer: it never stops an object whose pods say it has ended. ``stop_grace``: how
         long a stop the controller will make itself (a failed pod it does not restart) waits for it
         before dispatch writes it. ``pod_cleanup_after``: how long after a stop the pods the
         controller should have deleted may still run before dispatch deletes them itself.
-        ``owner``: the ownerReference of a job's objects (default: its DispatchJob; None: none)."""
+        ``owner``: the ownerReference of a job's objects (default: its DispatchJob; None: none).
+        ``kueue``: watch Kueue's Workloads so that jobs with ``spec.queue`` can run (None: where the
+        API server serves them, found by :meth:`prepare`; False: never, and such jobs are refused)."""
         self.kind = kind
         self.api = api
         self.namespaces = tuple(namespaces) if namespaces else None
@@ -238,6 +243,9 @@ class WorkloadBackend:
         self._nodes: dict[str, tuple[bool, float]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._events: dict[str, tuple[float, list[Body]]] = {}  # namespace -> (until, disruption events)
+        self._kueue_wanted = kueue
+        self._workloads: Workloads | None = None
+        self._unwatch_kueue: Callable[[], Awaitable[None]] | None = None
 
     # ---- Backend protocol ------------------------------------------------------------------
 
@@ -247,7 +255,42 @@ class WorkloadBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.kind.capabilities
+        # Kueue can queue this backend's objects only once its Workloads are watched (prepare()).
+        caps = self.kind.capabilities
+        queues = self._workloads is not None
+        return caps if caps.queues is queues else caps.model_copy(update={"queues": queues})
+
+    async def prepare(self) -> None:
+        """Once, at open: watch Kueue's Workloads (shared by the kit backends of this API client)
+        when Kueue can queue this kind and the API server serves them."""
+        info = _registry.get(self.kind.name)
+        if self._kueue_wanted is False or self._workloads is not None or info is None:
+            return
+        if not info.capabilities.queues:
+            return
+        try:
+            found = await served(self.api)
+        except KubeError as error:
+            raise explain(error, "look for Kueue's Workloads (kueue.x-k8s.io/v1beta2)") from None
+        if not found:
+            if self._kueue_wanted:
+                raise BackendError("Kueue's Workloads (workloads.kueue.x-k8s.io/v1beta2) are not served")
+            self._log.info("Kueue is not installed: jobs with spec.queue are refused")
+            return
+        self._workloads = Workloads.shared(self.api, self.namespaces)
+        self._unwatch_kueue = self._workloads.subscribe(self.kind.resource.kind, self._workload_changed)
+
+    def _workload_changed(self, oid: str) -> None:
+        """A Workload of one of our objects changed: its verdict may have (admitted, evicted)."""
+        state = self._tracked.get(oid)
+        if state is None:
+            return
+        state.verdict = None
+        self._check_stop(oid)
+        self._wake(state.job)
+
+    def _workload_of(self, body: Body) -> WorkloadView | None:
+        return self._workloads.of(body) if self._workloads is not None else None
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         namespace, job_name = split_id(job)
@@ -256,7 +299,7 @@ class WorkloadBackend:
         target = Target(namespace, job_name, submission, owner)
         oid = target.id
         try:
-            body = self.kind.build(target, spec, plan)
+            body = hold_for_queue(self.kind.build(target, spec, plan), spec)
         except Refused as refused:
             return self._refuse(oid, job, submission, f"not created: {refused}")
         try:
@@ -306,21 +349,24 @@ class WorkloadBackend:
                     self._log.info("release %s: it no longer exists", object_id)
                     return
             annotations = body.get("metadata", {}).get("annotations") or {}
+            now = datetime.fromtimestamp(self._clock(), UTC).isoformat()
+            # A queued object is released into Kueue's queue and stays suspended: Kueue starts it.
+            patch = release_patch(body, now)
             if (
                 annotations.get(ANNOTATION_ENDED)
                 or not self.kind.suspended(body)
                 or body["metadata"].get("deletionTimestamp")
+                or (patch is not None and annotations.get(ANNOTATION_RELEASED))
             ):
                 return  # already released, or ended: never unsuspend what dispatch has stopped
-            patch = {
-                **self.kind.suspend_patch(False),
-                "metadata": {
-                    "resourceVersion": body["metadata"]["resourceVersion"],
-                    "annotations": {
-                        ANNOTATION_RELEASED: datetime.fromtimestamp(self._clock(), UTC).isoformat()
+            if patch is None:
+                patch = {
+                    **self.kind.suspend_patch(False),
+                    "metadata": {
+                        "resourceVersion": body["metadata"]["resourceVersion"],
+                        "annotations": {ANNOTATION_RELEASED: now},
                     },
-                },
-            }
+                }
             try:
                 patched = await request(
                     self.api, "PATCH", self._path(namespace, name), body=patch, content_type=MERGE_PATCH
@@ -350,13 +396,7 @@ class WorkloadBackend:
         owner = owner_of(body) if body is not None else None
         # Ours to let go of first: once deleted, this process no longer lists it as held by it.
         await self._let_go(namespace, name, body)
-        try:
-            await request(
-                self.api, "DELETE", self._path(namespace, name), query={"propagationPolicy": "Background"}
-            )
-        except KubeError as error:
-            if error.status != 404:
-                raise explain(error, f"delete {self._noun} {object_id}") from None
+        await self._delete(namespace, name)
         if owner is not None:
             state = self._state(object_id)
             state.ended_by_us = True
@@ -477,6 +517,9 @@ class WorkloadBackend:
             handle.cancel()
         self._timers.clear()
         self._subscribers.clear()
+        if self._unwatch_kueue is not None:
+            await self._unwatch_kueue()
+            self._unwatch_kueue = self._workloads = None
         if self._owns_api:
             await self.api.close()
 
@@ -516,7 +559,8 @@ class WorkloadBackend:
 
     async def _synced(self) -> None:
         self._start()
-        pending = [i for i in self._informers if not i.synced.is_set()]
+        kueue = self._workloads.informers if self._workloads is not None else []
+        pending = [i for i in (*self._informers, *kueue) if not i.synced.is_set()]
         if not pending:
             return
         try:
@@ -741,6 +785,7 @@ class WorkloadBackend:
             gone_nodes=gone,
             retained=state.retained,
             last_restart=state.last_restart,
+            workload=self._workload_of(body),
         )
 
     async def _classify(self, oid: str, body: Body) -> Verdict:
@@ -790,11 +835,13 @@ class WorkloadBackend:
 
     async def _classify_cached(self, oid: str, body: Body) -> Verdict:
         state = self._state(oid)
+        workload = self._workload_of(body)
         key = (
             resource_version(body),
             tuple(sorted((k, resource_version(p)) for k, p in state.pods.items())),
             state.retained,
             state.last_restart,
+            workload.resource_version if workload is not None else None,
         )
         if state.verdict is not None and state.verdict[0] == key:
             return state.verdict[1]
@@ -815,6 +862,7 @@ class WorkloadBackend:
             gone_nodes=lost,
             retained=state.retained,
             last_restart=state.last_restart,
+            workload=workload,
         )
         if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
             state.verdict = (key, verdict)  # neither the clock nor a node lookup can change it
@@ -1092,8 +1140,13 @@ class WorkloadBackend:
         update by the controller does not make it fail with 409. A release racing with it is
         conditional (resourceVersion) and refuses once the annotation is there."""
         namespace, name = split_id(oid, "object")
+        body = self._current(oid)
+        queued = stop_patch(body) if body is not None and suspend else {}
         patch: Body = {**(self.kind.suspend_patch(True) if suspend else {})}
-        patch["metadata"] = {"annotations": {ANNOTATION_ENDED: ended_annotation(cause)}}
+        patch["metadata"] = {
+            **queued.get("metadata", {}),
+            "annotations": {ANNOTATION_ENDED: ended_annotation(cause)},
+        }
         try:
             patched = await request(
                 self.api, "PATCH", self._path(namespace, name), body=patch, content_type=MERGE_PATCH
@@ -1104,6 +1157,10 @@ class WorkloadBackend:
             raise explain(error, f"stop {self._noun} {oid}") from None
         self._log.info("%s %s: %s (%s)", "stopped" if suspend else "recorded", oid, cause.kind, cause.detail)
         self._remember(oid, None, patched)
+        if queued:
+            # Deleting it deletes its Workload, so Kueue can neither requeue nor restart it; the
+            # finalizer keeps the object (and the cause) until the record has it.
+            await self._delete(namespace, name)
         if suspend:
             self._schedule_cleanup(oid)
 
@@ -1209,6 +1266,15 @@ class WorkloadBackend:
         raise TransientBackendError(
             f"remove the finalizer of {self._noun} {namespace}/{name}: it kept changing"
         )
+
+    async def _delete(self, namespace: str, name: str) -> None:
+        try:
+            await request(
+                self.api, "DELETE", self._path(namespace, name), query={"propagationPolicy": "Background"}
+            )
+        except KubeError as error:
+            if error.status != 404:
+                raise explain(error, f"delete {self._noun} {namespace}/{name}") from None
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None

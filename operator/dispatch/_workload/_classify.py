@@ -32,6 +32,7 @@ from .._constants import (
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
 from ._kind import Body, Kind
+from ._kueue import WorkloadView, queued_verdict
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
 _RANK: Final = {kind: i for i, kind in enumerate(CauseKind)}
@@ -434,8 +435,10 @@ def classify(
     gone_nodes: Container[str] = (),
     retained: Evidence | None = None,
     last_restart: Cause | None = None,
+    workload: WorkloadView | None = None,
 ) -> Verdict:
-    """The view of one object from its body, its pods and what was seen of pods already gone."""
+    """The view of one object from its body, its pods and what was seen of pods already gone, and
+    for a queued job's object its Kueue Workload (``workload``, see ``dispatch._workload._kueue``)."""
     owner = owner_of(body)
     job, submission = owner if owner is not None else ("", 0)
     oid = object_id(body)
@@ -504,6 +507,13 @@ def classify(
         return Verdict(view(Phase.ENDED, cause, cancelled=evidence is None))
     if evidence is not None:
         return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
+    kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=no_capacity_after(body))
+    if kueue is not None:
+        return Verdict(
+            view(kueue.phase, kueue.cause, kueue.cancelled, kueue.note),
+            stop=kueue.cause if kueue.stop else None,
+            recheck_at=kueue.recheck_at,
+        )
     if kind.suspended(body):
         if annotations.get(ANNOTATION_RELEASED):
             # Released by dispatch, suspended since by someone else (Kueue evicting it, a person):

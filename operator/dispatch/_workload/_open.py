@@ -38,10 +38,12 @@ async def open_workload(name: str, make: Callable[..., B], config: Mapping[str, 
         context=str(context) if context is not None else None,
     )
     extra: dict[str, Any] = {"owner": None} if owner == "none" else {}
-    return make(
+    backend = make(
         api,
         namespaces=list(namespaces) if namespaces is not None else None,
         stop_ended=flag(name, config, "stop_ended", True),  # "false" from YAML is false
         owns_api=True,
         **extra,
     )
+    await backend.prepare()  # is Kueue there (spec.queue)?
+    return backend

@@ -1,0 +1,200 @@
+"""The kit's side of Kueue in front (issue 15, behaviour 2): a queued object is created held with no
+Kueue label, released by ONE patch that adds Kueue's labels and leaves it suspended, stopped by a
+patch that also takes Kueue's label away and then deleted (its Workload goes with it); Kueue is
+watched only where the API server serves its Workloads, and a queued job is refused elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import pytest
+
+from dispatch import PlanError, make_plan
+from dispatch._constants import (
+    ANNOTATION_ENDED,
+    ANNOTATION_QUEUE,
+    ANNOTATION_RELEASED,
+    KUEUE_LABEL_PRIORITY_CLASS,
+    KUEUE_LABEL_QUEUE,
+)
+from dispatch._kubeclient import Informer
+from dispatch._kubeflow import PYTORCHJOB
+from dispatch._model import Cause, CauseKind, JobSpec, KubeflowOptions, Plan
+from dispatch._workload import WorkloadBackend
+from dispatch._workload._kueue import Workloads
+
+Body = dict[str, Any]
+NS, JOB = "team", "finetune"
+OID = f"{NS}/{JOB}-1"
+PATH = PYTORCHJOB.resource.path(NS, f"{JOB}-1")
+
+
+class _Response:
+    def __init__(self, status: int, body: Body) -> None:
+        self.status = status
+        self.reason = "OK" if status < 300 else "Error"
+        self._raw = json.dumps(body).encode()
+
+    async def read(self) -> bytes:
+        return self._raw
+
+    def release(self) -> None:
+        pass
+
+
+def _merge(target: Body, patch: Body) -> Body:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+class FakeApi:
+    """An API server of one namespace's PyTorchJobs, with or without Kueue's group: it applies merge
+    patches and deletions (kept while a finalizer is there) and records every write."""
+
+    def __init__(self, *, kueue: bool) -> None:
+        self.kueue = kueue
+        self.objects: dict[str, Body] = {}
+        self.writes: list[tuple[str, str, Any]] = []
+        self.rv = 10
+
+    async def call_api(
+        self, path: str, method: str, *, query_params: Iterable[tuple[str, str]], body: Any = None, **_: Any
+    ) -> _Response:
+        if path == "/apis/kueue.x-k8s.io/v1beta2":
+            if not self.kueue:
+                return _Response(404, {"reason": "NotFound", "message": path})
+            return _Response(200, {"resources": [{"name": "workloads"}, {"name": "workloads/status"}]})
+        if method != "GET":
+            self.writes.append((method, path, copy.deepcopy(body)))
+        found = self.objects.get(path)
+        if found is None:
+            return _Response(404, {"reason": "NotFound", "message": path})
+        if method == "GET":
+            return _Response(200, found)
+        if method == "PATCH":
+            _merge(found, body)
+        elif method == "DELETE":
+            found["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+        self.rv += 1
+        found["metadata"]["resourceVersion"] = str(self.rv)
+        return _Response(200, found)
+
+
+def spec(queue: str | None = "team-a") -> JobSpec:
+    return JobSpec(
+        name=JOB,
+        command=("python", "train.py"),
+        queue=queue,
+        workload_priority_class="high" if queue else None,
+        kubeflow=KubeflowOptions(image="pytorch:2"),
+    )
+
+
+@pytest.fixture
+async def made() -> AsyncIterator[list[WorkloadBackend]]:
+    backends: list[WorkloadBackend] = []
+    yield backends
+    for backend in backends:
+        await backend.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _no_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def idle(self: Informer) -> None:
+        self.synced.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(Informer, "run", idle)
+
+
+async def backend_on(api: FakeApi, made: list[WorkloadBackend]) -> WorkloadBackend:
+    backend = WorkloadBackend(PYTORCHJOB, api, owner=None)  # type: ignore[arg-type]
+    made.append(backend)
+    await backend.prepare()
+    return backend
+
+
+def held(api: FakeApi, job: JobSpec, backend: WorkloadBackend) -> Body:
+    """The object create() would POST (built by the kind, held for the queue), as the API stores it."""
+    from dispatch._workload._kind import Target
+    from dispatch._workload._kueue import hold_for_queue
+
+    body = hold_for_queue(PYTORCHJOB.build(Target(NS, JOB, 1), job, Plan(job=f"{NS}/{JOB}")), job)
+    body["metadata"].update(uid="u-1", resourceVersion="5")
+    api.objects[PATH] = body
+    return body
+
+
+async def test_kueue_is_watched_only_where_its_workloads_are_served(made: list[WorkloadBackend]) -> None:
+    with_kueue = await backend_on(FakeApi(kueue=True), made)
+    without = await backend_on(FakeApi(kueue=False), made)
+    assert with_kueue.capabilities.queues
+    assert not without.capabilities.queues
+    assert with_kueue.capabilities.native == without.capabilities.native == PYTORCHJOB.capabilities.native
+    make_plan(f"{NS}/{JOB}", spec(), with_kueue.capabilities, supervised=True)
+    with pytest.raises(PlanError) as caught:  # refused at once, with the field: never pending in silence
+        make_plan(f"{NS}/{JOB}", spec(), without.capabilities, supervised=True)
+    assert caught.value.field == "spec.queue"
+    assert Workloads.shared(with_kueue.api, None) is with_kueue._workloads  # one watch, shared
+
+
+async def test_the_release_of_a_queued_object_is_one_patch_that_leaves_it_suspended(
+    made: list[WorkloadBackend],
+) -> None:
+    api = FakeApi(kueue=True)
+    backend = await backend_on(api, made)
+    body = held(api, spec(), backend)
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in body["metadata"]["labels"])
+    assert body["metadata"]["annotations"][ANNOTATION_QUEUE] == "team-a"
+    await backend.release(OID)
+    assert len(api.writes) == 1
+    method, path, patch = api.writes[0]
+    assert (method, path) == ("PATCH", PATH)
+    assert "spec" not in patch  # dispatch never unsuspends a queued object: Kueue does, on admission
+    assert patch["metadata"]["labels"] == {KUEUE_LABEL_QUEUE: "team-a", KUEUE_LABEL_PRIORITY_CLASS: "high"}
+    assert ANNOTATION_RELEASED in patch["metadata"]["annotations"]
+    assert patch["metadata"]["resourceVersion"] == "5"  # only the object the record names canonical
+    stored = api.objects[PATH]
+    assert stored["spec"]["runPolicy"]["suspend"] is True
+    await backend.release(OID)  # released already (and still suspended): never a second write
+    assert len(api.writes) == 1
+
+
+async def test_an_unqueued_object_is_released_by_unsuspending_it(made: list[WorkloadBackend]) -> None:
+    api = FakeApi(kueue=True)
+    backend = await backend_on(api, made)
+    held(api, spec(None), backend)
+    await backend.release(OID)
+    ((_, _, patch),) = api.writes
+    assert patch["spec"] == {"runPolicy": {"suspend": False}}
+    assert "labels" not in patch["metadata"]
+
+
+async def test_a_stop_of_a_queued_object_takes_kueues_label_away_and_deletes_it(
+    made: list[WorkloadBackend],
+) -> None:
+    api = FakeApi(kueue=True)
+    backend = await backend_on(api, made)
+    held(api, spec(), backend)
+    await backend.release(OID)
+    cause = Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue")
+    await backend._patch_stop(OID, cause)
+    (_, _, stop), (method, path, _) = api.writes[1:]
+    # Kueue would unsuspend a suspended object whose Workload it admitted while the label is there.
+    assert stop["metadata"]["labels"] == {KUEUE_LABEL_QUEUE: None}
+    assert stop["spec"] == {"runPolicy": {"suspend": True}}
+    assert json.loads(stop["metadata"]["annotations"][ANNOTATION_ENDED])["kind"] == "preempted"
+    assert (method, path) == ("DELETE", PATH)  # its Workload goes with it: no requeue by Kueue
+    stored = api.objects[PATH]
+    assert KUEUE_LABEL_QUEUE not in stored["metadata"]["labels"]
+    assert stored["metadata"]["deletionTimestamp"]  # kept by dispatch's finalizer until recorded
