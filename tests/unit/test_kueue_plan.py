@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from dispatch import JobSpec, MemoryBackend, PlanError, _api, _registry, make_plan
 from dispatch._backends._common import KUEUE_WORKLOAD_RULE
+from dispatch._cli import _render as render
 from dispatch._cli.main import main
 from dispatch._constants import KUEUE_LABEL_QUEUE
 from dispatch._model import DISPATCH_ENFORCES_WITH_KUEUE, KUEUE_ENFORCES, QueuePlan
@@ -153,3 +154,17 @@ def test_kubectl_dispatch_plan_refuses_a_queue_on_slurm(monkeypatch: pytest.Monk
     assert err.startswith("refused: spec.queue is refused: Kueue cannot queue")
     code, out, _ = plan_cli(manifest("slurm", queue="team-a"), monkeypatch, "-o", "json")
     assert yaml.safe_load(out)["refused"]["field"] == "spec.queue"
+
+
+def test_kubectl_dispatch_describe_shows_kueues_part_from_the_status() -> None:
+    b = body()
+    b["metadata"] = {**b["metadata"], "creationTimestamp": "2026-12-01T00:00:00Z"}  # type: ignore[dict-item]
+    parsed = _api.job_spec(b)
+    info = _registry.get("job")
+    assert info is not None
+    plan = make_plan("ns/finetune", parsed, info.capabilities, supervised=True)
+    status = _api.record_status(_api.new_record(b, parsed, plan))
+    assert status["plan"]["queue"]["queue"] == "team-a"  # in the record, so in status
+    text = render.describe_text(render.describe_data({**b, "status": status}))
+    assert "  queued by Kueue in LocalQueue team-a" in text
+    assert "    enforced by Kueue: admission, quota, preemption" in text

@@ -23,15 +23,20 @@ def plan_lines(plan: Plan) -> list[str]:
     """The seed's lines: who enforces each rule, then the causes no rule covers."""
     lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
-    if plan.queue is not None:
-        queue = plan.queue
-        priority = (
-            f", priority class {queue.workload_priority_class}" if queue.workload_priority_class else ""
-        )
-        lines.append(f"queued by Kueue in LocalQueue {queue.queue}{priority}")
-        lines.append("  enforced by Kueue: " + ", ".join(queue.kueue))
-        lines.append("  enforced by dispatch: " + ", ".join(queue.dispatch))
-    return lines
+    return lines + queue_lines(plan)
+
+
+def queue_lines(plan: Plan) -> list[str]:
+    """Kueue's part of the plan (spec.queue): what Kueue enforces and what stays dispatch's."""
+    queue = plan.queue
+    if queue is None:
+        return []
+    priority = f", priority class {queue.workload_priority_class}" if queue.workload_priority_class else ""
+    return [
+        f"queued by Kueue in LocalQueue {queue.queue}{priority}",
+        "  enforced by Kueue: " + ", ".join(queue.kueue),
+        "  enforced by dispatch: " + ", ".join(queue.dispatch),
+    ]
 
 
 def plan_data(plan: Plan) -> dict[str, Any]:
@@ -301,6 +306,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
         out.append("  uncovered: [" + " ".join(c.value for c in p.uncovered) + "]")
+        out.extend(f"  {line}" for line in queue_lines(p))
     out.append("Submissions:")
     if data["submissions"]:
         rows = [
