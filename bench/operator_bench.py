@@ -93,8 +93,9 @@ class Timeline:
         self.changed.set()
 
 
-async def follow(list_call: Any, on_object: Any) -> None:
-    """List, then watch forever, calling ``on_object(obj, receive_time)``.
+async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None:
+    """List, then watch forever, calling ``on_object(obj, receive_time)`` (and
+    ``on_deleted(obj, receive_time)`` for a DELETED event, when given).
 
     ``list_call(**kwargs)`` is a kubernetes_asyncio list method bound to its resource.
     """
@@ -127,11 +128,29 @@ async def follow(list_call: Any, on_object: Any) -> None:
                         rv = event["object"]["metadata"]["resourceVersion"]
                         if event["type"] in ("ADDED", "MODIFIED"):
                             on_object(event["object"], now)
+                        elif event["type"] == "DELETED" and on_deleted is not None:
+                            on_deleted(event["object"], now)
         except asyncio.CancelledError:
             raise
         except Exception as error:
             print(f"watch: {error}; again", file=sys.stderr)
             await asyncio.sleep(0.2)
+
+
+def dispatchjob(name: str, namespace: str, budget: int, **kubeflow: Any) -> dict[str, Any]:
+    """A DispatchJob on Kubeflow whose one rule is ``preempted -> resubmit`` with BUDGET."""
+    return {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backend": "kubeflow",
+            "command": ["torchrun", "train.py"],
+            "nodes": 1,
+            "kubeflow": {"image": "pytorch/pytorch:2.4", **kubeflow},
+            "recovery": {"rules": [{"on": ["preempted"], "budget": budget}]},
+        },
+    }
 
 
 async def wait_until(timeline: Timeline, predicate: Any, what: str, within: float = 60.0) -> None:
@@ -219,18 +238,7 @@ async def measure(
             asyncio.create_task(follow(functools.partial(core.list_namespaced_pod, NAMESPACE), timeline.pod)),
         ]
         n = args.recoveries
-        manifest = {
-            "apiVersion": "dispatch.dev/v1alpha1",
-            "kind": "DispatchJob",
-            "metadata": {"name": JOB, "namespace": NAMESPACE},
-            "spec": {
-                "backend": "kubeflow",
-                "command": ["torchrun", "train.py"],
-                "nodes": 1,
-                "kubeflow": {"image": "pytorch/pytorch:2.4"},
-                "recovery": {"rules": [{"on": ["preempted"], "budget": n}]},
-            },
-        }
+        manifest = dispatchjob(JOB, NAMESPACE, n)
         await asyncio.to_thread(
             subprocess.run, [*kubectl, "apply", "-f", "-"], input=json.dumps(manifest).encode(), check=True
         )
@@ -303,6 +311,14 @@ async def measure(
     return result
 
 
+def report(result: dict[str, Any], path: Path | None) -> None:
+    """The figures as JSON on stdout, and in PATH when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        path.write_text(text + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -324,10 +340,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.kill(operator.pid, signal.SIGKILL)
         cp.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    report(result, args.json)
     return 0
 
 

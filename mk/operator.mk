@@ -2,7 +2,7 @@
 # Included by the main Makefile (uses its $(PY) and $(STAMP)). hack/gen.py lists the generated
 # files; add new ones there (a list of (path, render function)).
 
-.PHONY: generate verify operator-bench
+.PHONY: generate verify operator-bench bench-operator
 
 generate: $(STAMP) ## regenerate crds/ and docs/api.md from the pydantic models
 	$(PY) hack/gen.py
@@ -12,3 +12,9 @@ verify: $(STAMP) ## fail with a diff when a committed generated file is stale
 
 operator-bench: bins $(STAMP) ## recoveries on the test control plane: latency and API writes per recovery
 	$(PY) bench/operator_bench.py
+
+# The operator at scale (issue 13): N DispatchJobs on kwok nodes, a restart, preemptions one at a
+# time and 1,000 at once through kube-scheduler, the Job controller's peer, the API server's floor.
+BENCH_ARGS ?= --jobs 1000
+bench-operator: bins $(STAMP) ## the operator at scale on the real stack (BENCH_ARGS="--jobs 10000"); figures to BENCHMARKS.md by hand
+	$(PY) bench/operator_scale.py $(BENCH_ARGS)

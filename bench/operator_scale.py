@@ -1,0 +1,998 @@
+#!/usr/bin/env python3
+"""Benchmark: the operator at scale on the real stack, and the Job controller beside it (issue 13).
+
+    .venv/bin/python bench/operator_scale.py [--jobs 1000] [--preempt 1000] [--samples 30]
+        [--operator-tree DIR] [--json out.json]
+
+The lab (tests/support/lab.py: kube-apiserver with an audit log, kube-scheduler,
+kube-controller-manager, kwok, Kubeflow's training operator v1.9.3) with the bench's own kwok
+nodes, each exactly full with ``--slots`` pods of 1 cpu (so that any pod of a higher priority must
+preempt). The operator runs as a user starts it (``python -m dispatch._kube`` with its documented
+flags, its own client certificate ``dispatch-operator``, metrics on a loopback port), from this
+tree or from ``--operator-tree`` (a ``git archive`` of another commit: before/after). DispatchJobs
+are applied with kubectl. One run, in order:
+
+1. creation: N DispatchJobs applied at once (4 kubectl processes); first submissions created per
+   second, from this process's own watch on PyTorchJobs; then every pod Running;
+2. steady: RSS of the operator (/proc) with N running jobs, per job over the empty operator; idle
+   requests and writes per second and CPU over a quiet window;
+3. restart: SIGTERM, start again; time until the operator's own "all known and decided" line (or,
+   for an operator without it, until its requests go quiet), and its writes in that window;
+4. reaction: ``--samples`` preemptions one at a time (the lab's ``preempt_pod``) with N jobs in
+   the cache: failure visible -> next submission released, median/p99; writes, requests, 409s
+   and CPU per recovery;
+5. mass preemption: every node but ``preempt / slots`` cordoned, one pod of PriorityClass
+   lab-high per such node that needs the whole node; kube-scheduler preempts every job pod there
+   (``--preempt`` in all); time until every preempted job's next submission is released;
+0. first, the peer: as many batch/v1 Jobs (podFailurePolicy: Ignore on DisruptionTarget) on nodes
+   of the same shape (tainted for them alone), preempted the same way; time until every preempted
+   Job has its replacement pod; then its Jobs are deleted;
+7. the floor: the operator stopped, as many status writes (merge patches on DispatchJobs' status
+   in a namespace no operator watches), one at a time and 8 at a time.
+
+An invariant monitor runs throughout: at every PyTorchJob event, no job may have two released
+objects (unsuspended, and neither finished, deleted nor with a failed or disrupted pod). At the
+end every preempted submission's recorded cause must be ``preempted``. The machine's load
+(``os.getloadavg()``) is printed beside every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "operator"))
+
+from kubernetes_asyncio import config as kconfig  # noqa: E402
+from kubernetes_asyncio.client import (  # noqa: E402
+    ApiClient,
+    BatchV1Api,
+    Configuration,
+    CoreV1Api,
+    CustomObjectsApi,
+)
+
+from bench.operator_bench import OPERATOR_USER, Timeline, dispatchjob, follow, percentile, report, wait_until  # noqa: E402
+from tests.support.controlplane import resolve_binaries  # noqa: E402
+from tests.support.lab import HIGH_PRIORITY, Lab, node_manifest, resolve_lab_binaries  # noqa: E402
+
+NAMESPACE = "bench"
+PEER_NAMESPACE = "bench-peer"
+FLOOR_NAMESPACE = "bench-floor"
+LABEL_JOB = "dispatch.dev/job"
+KUBEFLOW_JOB = "training.kubeflow.org/job-name"
+PEER_JOB = "batch.kubernetes.io/job-name"
+PEER_TAINT = "bench.dispatch.dev/peer"
+"""Taint and label of the peer's nodes: only its Jobs' pods and their preemptors go there."""
+PEER_TOLERATION = {"key": PEER_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+SYNCED = re.compile(r"all (\d+) jobs? known and decided")
+"""The operator's own line once every job it found at start is known and decided (runtime of
+issue 13); an operator without it is timed until its requests go quiet."""
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), 1),
+        "p99": round(percentile(list(values), 0.99), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def disrupted(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Failed" or any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+
+
+class World(Timeline):
+    """What this process's own watches have seen, with receive times (time.time()): the
+    Timeline's (PyTorchJob created and released, its pod's first failure) and more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dispatchjobs: dict[str, float] = {}  # name -> first seen
+        self.ptj_job: dict[str, str] = {}  # PyTorchJob -> DispatchJob
+        self.ptj_body: dict[str, dict[str, Any]] = {}
+        self.by_job: dict[str, set[str]] = defaultdict(set)  # DispatchJob -> PyTorchJobs
+        self.pods: dict[str, dict[str, Any]] = {}  # pod name -> {owner, node, phase, uid}
+        self.violations: list[dict[str, Any]] = []
+        self.events = 0
+        # the peer: batch/v1 Job -> pod uids in creation order, and each pod's first sight
+        self.peer_pods: dict[str, list[str]] = defaultdict(list)
+        self.peer_pod_seen: dict[str, float] = {}
+        self.peer_pod_failed: dict[str, float] = {}
+        self.peer_pod_phase: dict[str, str] = {}
+
+    def _ended(self, name: str) -> bool:
+        body = self.ptj_body[name]
+        if body["metadata"].get("deletionTimestamp") or name in self.failed:
+            return True
+        return any(
+            c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+            for c in (body.get("status") or {}).get("conditions") or ()
+        )
+
+    def _released(self, name: str) -> bool:
+        return not ((self.ptj_body[name].get("spec") or {}).get("runPolicy") or {}).get("suspend")
+
+    def _check(self, job: str, now: float) -> None:
+        live = sorted(n for n in self.by_job[job] if self._released(n) and not self._ended(n))
+        if len(live) > 1:
+            self.violations.append({"job": job, "released": live, "at": now})
+
+    def pytorchjob(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        name = meta["name"]
+        job = (meta.get("labels") or {}).get(LABEL_JOB, name)
+        self.created.setdefault(name, now)
+        self.ptj_job[name] = job
+        self.by_job[job].add(name)
+        self.ptj_body[name] = {"metadata": meta, "spec": obj.get("spec"), "status": obj.get("status")}
+        if self._released(name):
+            self.released.setdefault(name, now)
+        self.events += 1
+        self._check(job, now)
+        self.changed.set()
+
+    def pod(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        owner = (meta.get("labels") or {}).get(KUBEFLOW_JOB)
+        if not owner:
+            return
+        self.pods[meta["name"]] = {
+            "owner": owner,
+            "node": (obj.get("spec") or {}).get("nodeName"),
+            "phase": (obj.get("status") or {}).get("phase"),
+            "uid": meta["uid"],
+            "deleting": bool(meta.get("deletionTimestamp")),
+        }
+        if disrupted(obj):
+            self.failed.setdefault(owner, now)
+        self.changed.set()
+
+    def pytorchjob_deleted(self, obj: dict[str, Any], now: float) -> None:
+        name = obj["metadata"]["name"]
+        if name in self.ptj_body:
+            self.ptj_body[name]["metadata"] = {**obj["metadata"], "deletionTimestamp": "deleted"}
+
+    def pod_deleted(self, obj: dict[str, Any], now: float) -> None:
+        self.pods.pop(obj["metadata"]["name"], None)
+
+    def dispatchjob(self, obj: dict[str, Any], now: float) -> None:
+        self.dispatchjobs.setdefault(obj["metadata"]["name"], now)
+        self.changed.set()
+
+    def peer_pod(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        job = (meta.get("labels") or {}).get(PEER_JOB)
+        if not job:
+            return
+        uid = meta["uid"]
+        if uid not in self.peer_pod_seen:
+            self.peer_pod_seen[uid] = now
+            self.peer_pods[job].append(uid)
+        self.peer_pod_phase[uid] = (obj.get("status") or {}).get("phase") or ""
+        if disrupted(obj):
+            self.peer_pod_failed.setdefault(uid, now)
+        self.changed.set()
+
+    def next_of(self, ptj: str) -> str | None:
+        """The job's PyTorchJob after ``ptj`` (names end in ``-<submission>``)."""
+        stem, _, n = ptj.rpartition("-")
+        following = f"{stem}-{int(n) + 1}"
+        return following if following in self.created else None
+
+    def latest(self, job: str) -> str:
+        return max(self.by_job[job], key=lambda n: int(n.rpartition("-")[2]))
+
+    async def until(self, predicate: Callable[[], bool], what: str, within: float) -> float:
+        await wait_until(self, predicate, what, within)
+        return time.time()
+
+
+class Operator:
+    """The operator process, started as a user would, from a source tree."""
+
+    def __init__(self, identity: Path, work: Path, tree: Path, no_events: bool) -> None:
+        self.identity, self.work, self.tree, self.no_events = identity, work, tree, no_events
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log: Path = work / "operator-0.log"
+        self.starts = 0
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.port = free_port()
+        self.log = self.work / f"operator-{self.starts}.log"
+        self.starts += 1
+        argv = [sys.executable, "-m", "dispatch._kube", f"--kubeconfig={self.identity}"]
+        argv += [f"--namespace={NAMESPACE}", "--log-level=INFO", f"--metrics-port={self.port}"]
+        argv += ["--metrics-addr=127.0.0.1", *(["--no-events"] if self.no_events else [])]
+        env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")}
+        self.started_at = time.time()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.tree, env=env, start_new_session=True
+            )
+
+    def stop(self) -> float:
+        """SIGTERM and wait; returns the seconds it took to exit."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        t0 = time.monotonic()
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        return round(time.monotonic() - t0, 2)
+
+    def alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited; log {self.log}")
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        raise RuntimeError("no VmRSS")
+
+    def cpu_seconds(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def requests(self) -> Counter[str]:
+        """The operator's own request counter (dispatch_api_requests_total) by verb and code."""
+        out = Counter[str]()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return out
+        for line in text.splitlines():
+            if line.startswith("dispatch_api_requests_total{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                value = float(line.rsplit(" ", 1)[1])
+                out[f"{labels.get('verb')} {labels.get('code')}"] += int(value)
+        return out
+
+    def synced(self) -> tuple[float, int] | None:
+        """(seconds after start, jobs) from the operator's own line, if it wrote one."""
+        for line in self.log.read_text(errors="replace").splitlines():
+            m = SYNCED.search(line)
+            if m:
+                found = re.search(r"in ([0-9.]+) ?s", line)
+                return (float(found.group(1)) if found else -1.0), int(m.group(1))
+        return None
+
+
+def requests_delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
+    """Requests other than watches, and 409s, between two reads of the counter."""
+    diff = {k: after[k] - before.get(k, 0) for k in after}
+    return {
+        "requests": sum(v for k, v in diff.items() if not k.startswith("watch ")),
+        "conflicts_409": sum(v for k, v in diff.items() if k.endswith(" 409")),
+    }
+
+
+def writes_summary(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    kinds = Counter[str]()
+    codes = Counter[int]()
+    for e in events:
+        ref = e.get("objectRef") or {}
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        kinds[f"{e['verb']} {ref.get('resource', '?')}{sub}"] += 1
+        codes[int((e.get("responseStatus") or {}).get("code") or 0)] += 1
+    return {"total": sum(kinds.values()), "by_kind": dict(sorted(kinds.items())), "codes": dict(codes)}
+
+
+def peer_job(name: str) -> dict[str, Any]:
+    """batch/v1 Job at its fastest replacement setting: a disrupted pod is ignored (not counted
+    against backoffLimit) and replaced."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": PEER_NAMESPACE},
+        "spec": {
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            },
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "tolerations": [PEER_TOLERATION],
+                    "nodeSelector": {PEER_TAINT: "true"},
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "pytorch/pytorch:2.4",
+                            "command": ["torchrun", "train.py"],
+                            "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def hog(name: str, namespace: str, cpu: int, *, peer: bool = False) -> dict[str, Any]:
+    """A pod of the higher PriorityClass that needs a whole node: kube-scheduler preempts every
+    job pod there at once (one scheduling cycle per node: with one hog per victim the scheduler
+    needed minutes for 200, most of it hogs waiting in its backoff queue)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"bench.dispatch.dev/hog": "true"}},
+        "spec": {
+            "priorityClassName": HIGH_PRIORITY,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [PEER_TOLERATION] if peer else [],
+            "nodeSelector": {PEER_TAINT: "true"} if peer else {},
+            "containers": [
+                {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": str(cpu)}}}
+            ],
+        },
+    }
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.n: int = args.jobs
+        self.m: int = min(args.preempt, self.n)
+        self.slots: int = args.slots
+        self.work = Path(tempfile.mkdtemp(prefix="dispatch-scale-"))
+        self.lab = Lab(self.work / "lab", nodes=0, start_timeout=300)
+        self.world = World()
+        self.result: dict[str, Any] = {"jobs": self.n, "preempt": self.m, "slots_per_node": self.slots}
+        self.kubectl: list[str] = []
+        self.operator: Operator | None = None
+        self.nodes: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} [load {load()}] {text}", file=sys.stderr, flush=True)
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def add_nodes(self, prefix: str, count: int, *, taint: str = "") -> list[str]:
+        names = [f"{prefix}{i}" for i in range(count)]
+        labels = {PEER_TAINT: "true"} if taint else {}
+        docs = [
+            node_manifest(n, cpu=str(self.slots), pods=str(self.slots + 10), labels=labels) for n in names
+        ]
+        for doc in docs if taint else ():
+            doc["spec"] = {"taints": [{"key": taint, "value": "true", "effect": "NoSchedule"}]}
+        self.run_kubectl(
+            ["create", "-f", "-"], json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+        )
+
+        def ready() -> bool:
+            nodes = self.lab.request("GET", "/api/v1/nodes").get("items") or []
+            up = {
+                n["metadata"]["name"]
+                for n in nodes
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in (n.get("status") or {}).get("conditions") or ()
+                )
+            }
+            return set(names) <= up
+
+        self.lab.wait(f"{count} nodes Ready", ready, 300, interval=1.0)
+        return names
+
+    def cordon(self, names: Iterable[str], on: bool) -> None:
+        for name in names:
+            self.lab.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"spec": {"unschedulable": on or None}},
+                content_type="application/merge-patch+json",
+            )
+
+    def run_kubectl(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        out = subprocess.run(
+            [*self.kubectl, *argv], input=stdin.encode() if stdin else None, check=True, capture_output=True
+        )
+        return out.stdout.decode()
+
+    async def apply(self, docs: list[dict[str, Any]], processes: int = 4) -> None:
+        """``kubectl apply --server-side`` of DOCS, split over a few kubectl processes."""
+        chunks = [docs[i::processes] for i in range(processes) if docs[i::processes]]
+        files = []
+        for i, chunk in enumerate(chunks):
+            path = self.work / f"apply-{time.monotonic_ns()}-{i}.json"
+            path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk}))
+            files.append(path)
+        procs = [
+            await asyncio.create_subprocess_exec(
+                *self.kubectl,
+                "apply",
+                "--server-side",
+                "-f",
+                str(f),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for f in files
+        ]
+        for p in procs:
+            _, err = await p.communicate()
+            if p.returncode:
+                raise RuntimeError(f"kubectl apply failed: {err.decode()[-2000:]}")
+
+    def tune(self) -> None:
+        """The lab's binaries, with the bench's client flags for the training operator and
+        kube-controller-manager: a wrapper script found first (the env var) execs the real binary
+        with them, so the lab starts them as ever (tests/support/lab.py is unchanged)."""
+        real = resolve_lab_binaries()
+        flags = {
+            "DISPATCH_TRAINING_OPERATOR": (real.training_operator, self.args.training_operator_flags),
+            "DISPATCH_KUBE_CONTROLLER_MANAGER": (real.kube_controller_manager, self.args.kcm_flags),
+        }
+        (self.work / "bin").mkdir(exist_ok=True)
+        for key, (binary, extra) in flags.items():
+            wrapper = self.work / "bin" / Path(binary).name
+            wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(binary)} {extra} "$@"\n')
+            wrapper.chmod(0o755)
+            os.environ[key] = str(wrapper)
+        self.result["component_flags"] = {
+            "training-operator": self.args.training_operator_flags,
+            "kube-controller-manager": self.args.kcm_flags,
+        }
+
+    def setup(self) -> None:
+        self.tune()
+        self.lab.start()
+        self.say(f"lab up in {self.lab.start_seconds:.1f}s")
+        self.kubectl = [resolve_binaries().kubectl, f"--kubeconfig={self.lab.kubeconfig}"]
+        tree = Path(self.args.operator_tree).resolve() if self.args.operator_tree else REPO
+        crd = str(tree / "crds/dispatch.dev_dispatchjobs.yaml")  # the operator's own version of it
+        self.run_kubectl(["apply", "--server-side", "-f", crd])
+        self.lab.wait(
+            "DispatchJob CRD Established",
+            lambda: any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (
+                    self.lab.request(
+                        "GET",
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/dispatchjobs.dispatch.dev",
+                    ).get("status")
+                    or {}
+                ).get("conditions")
+                or ()
+            ),
+            60,
+        )
+        for ns in (NAMESPACE, PEER_NAMESPACE, FLOOR_NAMESPACE):
+            self.run_kubectl(["create", "namespace", ns])
+        self.nodes = self.add_nodes("bench-node-", -(-self.n // self.slots))
+        self.say(f"{len(self.nodes)} nodes of {self.slots} slots Ready")
+        identity = self.lab.mint_user(OPERATOR_USER, ["system:masters"])
+        self.operator = Operator(identity, self.work, tree, self.args.no_events)
+        self.result["operator_tree"] = str(tree)
+        self.result["operator_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+
+    # ---- phases ---------------------------------------------------------------------------------
+
+    async def wait_running(self, what: str) -> None:
+        """Every job's latest PyTorchJob released and its pod Running."""
+        w = self.world
+
+        def all_running() -> bool:
+            if len(w.by_job) < self.n:
+                return False
+            running = {p["owner"] for p in w.pods.values() if p["phase"] == "Running" and not p["deleting"]}
+            return all(w.latest(j) in running for j in w.by_job)
+
+        await w.until(all_running, what, 300 + self.n * 0.5)
+
+    async def quiet(self, seconds: float) -> None:
+        assert self.operator is not None
+        before = self.operator.requests()
+        while True:
+            await asyncio.sleep(seconds)
+            after = self.operator.requests()
+            if requests_delta(after, before)["requests"] == 0:
+                return
+            before = after
+            if seconds > 30:
+                return
+
+    async def creation(self) -> None:
+        assert self.operator is not None
+        op = self.operator
+        op.start()
+        await asyncio.sleep(3)
+        op.alive()
+        await self.quiet(2)
+        self.result["rss_empty_mib"] = op.rss_mib()
+        docs = [
+            dispatchjob(f"job-{i:05d}", NAMESPACE, self.args.budget, resources={"cpu": "1"})
+            for i in range(self.n)
+        ]
+        t0 = time.time()
+        self.say(f"applying {self.n} DispatchJobs")
+        await self.apply(docs, self.args.appliers)
+        applied = time.time()
+        w = self.world
+        await w.until(lambda: len(w.created) >= self.n, f"{self.n} first PyTorchJobs", 120 + self.n * 0.5)
+        created = sorted(w.created.values())
+        first_dj = min(w.dispatchjobs.values())
+        span = created[-1] - first_dj
+        lo, hi = created[len(created) // 10], created[(len(created) * 9) // 10]
+        self.result["creation"] = {
+            "kubectl_apply_seconds": round(applied - t0, 1),
+            "dispatchjobs_per_second": round(self.n / max(max(w.dispatchjobs.values()) - first_dj, 1e-3), 1),
+            "first_submissions_per_second": round(self.n / span, 1),
+            "first_submissions_per_second_10_to_90pct": round(0.8 * self.n / max(hi - lo, 1e-3), 1),
+            "first_dispatchjob_to_last_created_s": round(span, 1),
+            "load": load(),
+        }
+        self.say(f"creation: {self.result['creation']}")
+        await self.wait_running(f"{self.n} jobs running")
+        self.say("every job running")
+
+    async def steady(self) -> None:
+        assert self.operator is not None
+        op = self.operator
+        await self.quiet(5)
+        rss = op.rss_mib()
+        self.result["rss"] = {
+            "after_creation_mib": rss,
+            "per_job_kib": round((rss - self.result["rss_empty_mib"]) * 1024 / self.n, 1),
+            "load": load(),
+        }
+        self.result["idle"] = await self.idle_window(20)
+        self.say(f"rss {self.result['rss']} idle {self.result['idle']}")
+
+    async def idle_window(self, seconds: float) -> dict[str, Any]:
+        assert self.operator is not None
+        op = self.operator
+        mark, req, cpu = self.lab.audit_mark(), op.requests(), op.cpu_seconds()
+        await asyncio.sleep(seconds)
+        delta = requests_delta(op.requests(), req)
+        writes = len(self.lab.audit_writes(mark, user=OPERATOR_USER))
+        return {
+            "window_s": seconds,
+            "requests_per_s": round(delta["requests"] / seconds, 2),
+            "writes_per_s": round(writes / seconds, 2),
+            "cpu_percent": round((op.cpu_seconds() - cpu) / seconds * 100, 1),
+            "load": load(),
+        }
+
+    async def restart(self) -> None:
+        assert self.operator is not None
+        op = self.operator
+        stopped = op.stop()
+        mark = self.lab.audit_mark()
+        op.start()
+        t0 = op.started_at
+        last_change, before = time.time(), Counter[str]()
+        synced: tuple[float, int] | None = None
+        while time.time() - t0 < 120 + self.n * 0.1:
+            await asyncio.sleep(0.25)
+            op.alive()
+            synced = op.synced()
+            if synced is not None:
+                break
+            now = op.requests()
+            if requests_delta(now, before)["requests"]:
+                last_change, before = time.time(), now
+            elif now and time.time() - last_change > 10:
+                break
+        out: dict[str, Any] = {"stop_seconds": stopped}
+        if synced is not None:
+            out["known_and_decided_s"] = synced[0]
+            out["known_and_decided_jobs"] = synced[1]
+            out["seen_by_bench_s"] = round(time.time() - t0, 2)
+            await asyncio.sleep(5)  # writes that would follow the line count too
+        else:
+            out["requests_quiet_after_s"] = round(last_change - t0, 2)
+            out["note"] = "no 'known and decided' line: time until the operator's requests went quiet"
+        writes = self.lab.audit_writes(mark, user=OPERATOR_USER)
+        out["writes"] = writes_summary(
+            w for w in writes if (w.get("objectRef") or {}).get("resource") != "leases"
+        )
+        out["requests"] = requests_delta(op.requests(), Counter())
+        out["rss_after_sync_mib"] = op.rss_mib()
+        out["rss_per_job_kib"] = round(
+            (out["rss_after_sync_mib"] - self.result["rss_empty_mib"]) * 1024 / self.n, 1
+        )
+        out["load"] = load()
+        self.result["restart"] = out
+        self.say(f"restart: {out}")
+
+    async def reaction(self) -> None:
+        """Preemptions one at a time, each through kube-scheduler (the lab's preempt_pod)."""
+        assert self.operator is not None
+        op, w = self.operator, self.world
+        k = min(self.args.samples, self.n)
+        jobs = [f"job-{i:05d}" for i in range(0, self.n, max(self.n // k, 1))][:k]
+        mark, req, cpu = self.lab.audit_mark(), op.requests(), op.cpu_seconds()
+        latencies: list[float] = []
+        created: list[float] = []
+        t0 = time.time()
+        for job in jobs:
+            ptj = w.latest(job)
+            pod = next(p for p, v in w.pods.items() if v["owner"] == ptj and v["phase"] == "Running")
+            await asyncio.to_thread(self.lab.preempt_pod, NAMESPACE, pod)
+            await w.until(functools.partial(self.next_released, ptj), f"{ptj}'s next released", 120)
+            after = w.next_of(ptj)
+            assert after is not None
+            latencies.append((w.released[after] - w.failed[ptj]) * 1000)
+            created.append((w.created[after] - w.failed[ptj]) * 1000)
+        elapsed = time.time() - t0
+        await asyncio.sleep(2)
+        writes = self.lab.audit_writes(mark, user=OPERATOR_USER)
+        writes = [e for e in writes if (e.get("objectRef") or {}).get("resource") != "leases"]
+        delta = requests_delta(op.requests(), req)
+        summary = writes_summary(writes)
+        self.result["reaction"] = {
+            "samples": k,
+            "failure_to_created_ms": stats(created),
+            "failure_to_released_ms": stats(latencies),
+            "writes_per_recovery": round(summary["total"] / k, 2),
+            "writes_by_kind_per_recovery": {kk: round(v / k, 2) for kk, v in summary["by_kind"].items()},
+            "requests_per_recovery": round(delta["requests"] / k, 2),
+            "conflicts_409_per_recovery": round(delta["conflicts_409"] / k, 2),
+            "cpu_ms_per_recovery": round((op.cpu_seconds() - cpu) * 1000 / k, 1),
+            "wall_s": round(elapsed, 1),
+            "load": load(),
+        }
+        self.say(f"reaction: {self.result['reaction']}")
+        await self.wait_running("every job running again after the reaction samples")
+
+    def next_released(self, ptj: str) -> bool:
+        return (self.world.next_of(ptj) or "") in self.world.released
+
+    async def create_all(self, core: CoreV1Api, bodies: list[dict[str, Any]], parallel: int = 16) -> None:
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(body: dict[str, Any]) -> None:
+            async with gate:
+                await core.create_namespaced_pod(body["metadata"]["namespace"], cast(Any, body))
+
+        await asyncio.gather(*(one(b) for b in bodies))
+
+    async def delete_hogs(self, core: CoreV1Api, namespace: str) -> None:
+        await core.delete_collection_namespaced_pod(
+            namespace, label_selector="bench.dispatch.dev/hog=true", grace_period_seconds=0
+        )
+
+    def victim_nodes(self, pool: Sequence[str], owner_running: Callable[[str], int]) -> list[str]:
+        want = -(-self.m // self.slots)
+        full = [n for n in pool if owner_running(n) == self.slots]
+        if len(full) < want:
+            raise RuntimeError(f"only {len(full)} full nodes of {len(pool)}; need {want}")
+        return full[:want]
+
+    async def mass(self, core: CoreV1Api) -> None:
+        assert self.operator is not None
+        op, w = self.operator, self.world
+
+        def running_on(node: str) -> int:
+            return sum(
+                1
+                for p in w.pods.values()
+                if p["node"] == node
+                and p["phase"] == "Running"
+                and not p["deleting"]
+                and p["owner"] not in w.failed
+            )
+
+        victims_nodes = self.victim_nodes(self.nodes, running_on)
+        self.cordon([n for n in self.nodes if n not in victims_nodes], True)
+        before = set(w.failed)
+        mark, req, cpu = self.lab.audit_mark(), op.requests(), op.cpu_seconds()
+        t0 = time.time()
+        await self.create_all(
+            core, [hog(f"hog-{i:05d}", NAMESPACE, self.slots) for i in range(self.m // self.slots)]
+        )
+        hogs_created = time.time()
+
+        def victims() -> list[str]:
+            return [p for p in w.failed if p not in before]
+
+        def recovered() -> bool:
+            v = victims()
+            return len(v) >= self.m and all((w.next_of(p) or "") in w.released for p in v)
+
+        await w.until(recovered, f"{self.m} preempted jobs released again", 300 + self.m)
+        done = time.time()
+        await asyncio.sleep(2)
+        v = victims()
+        writes = [
+            e
+            for e in self.lab.audit_writes(mark, user=OPERATOR_USER)
+            if (e.get("objectRef") or {}).get("resource") != "leases"
+        ]
+        summary = writes_summary(writes)
+        delta = requests_delta(op.requests(), req)
+        per_job = [(w.released[w.next_of(p) or ""] - w.failed[p]) * 1000 for p in v]
+        last_failure = max(w.failed[p] for p in v)
+        self.result["mass_preemption"] = {
+            "preempted": len(v),
+            "hogs_created_s": round(hogs_created - t0, 1),
+            "first_to_last_failure_s": round(last_failure - min(w.failed[p] for p in v), 1),
+            "hogs_start_to_all_released_s": round(done - t0, 1),
+            "last_failure_to_all_released_s": round(done - last_failure, 2),
+            "failure_to_released_ms": stats(per_job),
+            "writes_per_recovery": round(summary["total"] / len(v), 2),
+            "writes_by_kind_per_recovery": {k: round(c / len(v), 2) for k, c in summary["by_kind"].items()},
+            "write_codes": summary["codes"],
+            "requests_per_recovery": round(delta["requests"] / len(v), 2),
+            "conflicts_409": delta["conflicts_409"],
+            "cpu_ms_per_recovery": round((op.cpu_seconds() - cpu) * 1000 / len(v), 1),
+            "load": load(),
+        }
+        self.say(f"mass preemption: {self.result['mass_preemption']}")
+        await self.delete_hogs(core, NAMESPACE)
+        self.cordon(self.nodes, False)
+
+    async def peer(self, core: CoreV1Api) -> None:
+        w = self.world
+        self.add_nodes("bench-peer-node-", -(-self.m // self.slots), taint=PEER_TAINT)
+        await self.apply([peer_job(f"peer-{i:05d}") for i in range(self.m)])
+
+        def running() -> bool:
+            return sum(1 for p in w.peer_pod_phase.values() if p == "Running") >= self.m
+
+        await w.until(running, f"{self.m} peer pods Running", 300 + self.m)
+        self.say("peer Jobs running")
+        await asyncio.sleep(3)
+        t0 = time.time()
+        await self.create_all(
+            core,
+            [hog(f"hog-{i:05d}", PEER_NAMESPACE, self.slots, peer=True) for i in range(self.m // self.slots)],
+        )
+
+        def victims() -> dict[str, str]:
+            return {
+                job: uids[0] for job, uids in w.peer_pods.items() if uids and uids[0] in w.peer_pod_failed
+            }
+
+        def replaced() -> bool:
+            v = victims()
+            return len(v) >= self.m and all(len(w.peer_pods[j]) > 1 for j in v)
+
+        await w.until(replaced, f"{self.m} peer Jobs with a replacement pod", 300 + self.m)
+        done = time.time()
+        v = victims()
+        failures = [w.peer_pod_failed[uid] for uid in v.values()]
+        per_job = [
+            (w.peer_pod_seen[w.peer_pods[j][1]] - w.peer_pod_failed[uid]) * 1000 for j, uid in v.items()
+        ]
+        self.result["peer"] = {
+            "controller": f"kube-controller-manager's Job controller, {self.args.kcm_flags}",
+            "preempted": len(v),
+            "first_to_last_failure_s": round(max(failures) - min(failures), 1),
+            "hogs_start_to_all_replaced_s": round(done - t0, 1),
+            "last_failure_to_all_replaced_s": round(done - max(failures), 2),
+            "failure_to_replacement_ms": stats(per_job),
+            "load": load(),
+        }
+        self.say(f"peer: {self.result['peer']}")
+        await self.delete_hogs(core, PEER_NAMESPACE)
+        await asyncio.to_thread(
+            self.run_kubectl, ["delete", "jobs", "--all", "-n", PEER_NAMESPACE, "--wait=false"]
+        )
+
+    async def floor(self, custom: CustomObjectsApi) -> None:
+        assert self.operator is not None
+        self.result["operator_stop_s"] = self.operator.stop()
+        names = [f"floor-{i:05d}" for i in range(self.m)]
+        docs = [dispatchjob(n, FLOOR_NAMESPACE, 1) for n in names]
+        await self.apply(docs)
+        out: dict[str, Any] = {}
+        for parallel in (1, 8):
+            gate = asyncio.Semaphore(parallel)
+
+            async def one(name: str, gate: asyncio.Semaphore = gate, parallel: int = parallel) -> None:
+                async with gate:
+                    await cast(Any, custom).patch_namespaced_custom_object_status(
+                        "dispatch.dev",
+                        "v1alpha1",
+                        FLOOR_NAMESPACE,
+                        "dispatchjobs",
+                        name,
+                        {"status": {"observedNote": f"floor write, {parallel} at a time"}},
+                        _content_type="application/merge-patch+json",
+                    )
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(n) for n in names))
+            out[f"{parallel}_at_a_time_s"] = round(time.monotonic() - t0, 2)
+            out[f"{parallel}_at_a_time_load"] = load()
+        mass = self.result.get("mass_preemption", {})
+        if mass:
+            best = min(out["1_at_a_time_s"], out["8_at_a_time_s"])
+            out["ratio_mass_preemption_tail_to_floor"] = round(
+                mass["last_failure_to_all_released_s"] / best, 2
+            )
+            out["ratio_mass_preemption_total_to_floor"] = round(
+                mass["hogs_start_to_all_released_s"] / best, 2
+            )
+        self.result["floor"] = out
+        self.say(f"floor: {out}")
+
+    async def records(self, custom: CustomObjectsApi) -> None:
+        """Every preempted submission recorded with cause ``preempted``."""
+        listed = await custom.list_namespaced_custom_object(
+            "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs"
+        )
+        by_name = {o["metadata"]["name"]: o for o in listed["items"]}
+        wrong: list[dict[str, Any]] = []
+        checked = 0
+        for ptj in self.world.failed:
+            job = self.world.ptj_job.get(ptj, "")
+            n = int(ptj.rpartition("-")[2])
+            subs = ((by_name.get(job) or {}).get("status") or {}).get("submissions") or []
+            sub = next((s for s in subs if s.get("n") == n), None)
+            checked += 1
+            kind = ((sub or {}).get("cause") or {}).get("kind")
+            if kind != "preempted":
+                wrong.append({"job": job, "submission": n, "cause": kind})
+        self.result["monitor"] = {
+            "pytorchjob_events_checked": self.world.events,
+            "two_released_violations": len(self.world.violations),
+            "violations_first": self.world.violations[:5],
+            "preempted_submissions_checked": checked,
+            "recorded_with_another_cause": len(wrong),
+            "wrong_first": wrong[:10],
+        }
+        self.say(f"monitor: {self.result['monitor']}")
+
+    async def run(self) -> None:
+        cfg = Configuration()
+        await kconfig.load_kube_config(config_file=str(self.lab.kubeconfig), client_configuration=cfg)
+        cfg.connection_pool_maxsize = 32
+        w = self.world
+        async with ApiClient(configuration=cfg) as api:
+            custom, core, batch = CustomObjectsApi(api), CoreV1Api(api), BatchV1Api(api)
+            ptjs = functools.partial(
+                custom.list_namespaced_custom_object, "kubeflow.org", "v1", NAMESPACE, "pytorchjobs"
+            )
+            djs = functools.partial(
+                custom.list_namespaced_custom_object, "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs"
+            )
+            watches = [
+                asyncio.create_task(follow(ptjs, w.pytorchjob, w.pytorchjob_deleted)),
+                asyncio.create_task(
+                    follow(functools.partial(core.list_namespaced_pod, NAMESPACE), w.pod, w.pod_deleted)
+                ),
+                asyncio.create_task(follow(djs, w.dispatchjob)),
+                asyncio.create_task(
+                    follow(functools.partial(core.list_namespaced_pod, PEER_NAMESPACE), w.peer_pod)
+                ),
+            ]
+            del batch
+            try:
+                if not self.args.no_peer:
+                    await self.peer(core)  # first: its pods are gone before the operator's run
+                await self.creation()
+                await self.steady()
+                await self.restart()
+                await self.reaction()
+                await self.mass(core)
+                await self.records(custom)
+                await self.floor(custom)
+                if "peer" in self.result and "mass_preemption" in self.result:
+                    mp, peer = self.result["mass_preemption"], self.result["peer"]
+                    self.result["ratio_to_peer"] = {
+                        "total": round(
+                            mp["hogs_start_to_all_released_s"] / peer["hogs_start_to_all_replaced_s"], 2
+                        ),
+                        "per_job_median": round(
+                            mp["failure_to_released_ms"]["median"]
+                            / peer["failure_to_replacement_ms"]["median"],
+                            2,
+                        ),
+                    }
+            finally:
+                for t in watches:
+                    t.cancel()
+                for t in watches:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+
+    def close(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+        self.lab.stop()
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM too: the lab and the operator are stopped on the way out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=1000, help="DispatchJobs running at once")
+    parser.add_argument("--preempt", type=int, default=1000, help="jobs preempted at once (and peer Jobs)")
+    parser.add_argument(
+        "--samples", type=int, default=30, help="preemptions one at a time (reaction latency)"
+    )
+    parser.add_argument("--slots", type=int, default=200, help="pods of 1 cpu per kwok node (it is full)")
+    parser.add_argument("--budget", type=int, default=5, help="each job's preempted -> resubmit budget")
+    parser.add_argument("--operator-tree", help="run the operator from this source tree (default: this one)")
+    parser.add_argument("--no-events", action="store_true", help="run the operator without Kubernetes Events")
+    parser.add_argument("--no-peer", action="store_true", help="skip the batch/v1 Job peer")
+    parser.add_argument(
+        "--training-operator-flags",
+        default="--kube-api-qps=100 --kube-api-burst=200 --controller-threads=4",
+        help="the training operator's client flags (its defaults 20/30, 1 thread: minutes per 1,000 jobs)",
+    )
+    parser.add_argument(
+        "--kcm-flags",
+        default="--kube-api-qps=50 --kube-api-burst=100",
+        help="kube-controller-manager's client flags (the peer; default: the operator's write limit)",
+    )
+    parser.add_argument("--appliers", type=int, default=8, help="kubectl processes applying the DispatchJobs")
+    parser.add_argument("--keep", action="store_true", help="leave the lab's directory (logs) in place")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.jobs % args.slots or min(args.preempt, args.jobs) % args.slots:
+        parser.error("--jobs and --preempt must be multiples of --slots (every node full)")
+    signal.signal(signal.SIGTERM, _interrupted)
+    bench = Bench(args)
+    try:
+        bench.setup()
+        asyncio.run(bench.run())
+    finally:
+        bench.close()
+        bench.result["work_dir"] = str(bench.work)
+        report(bench.result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
