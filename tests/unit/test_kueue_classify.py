@@ -230,3 +230,22 @@ def test_the_held_object_has_no_kueue_label_and_the_release_is_one_patch_leaving
     unqueued = {"metadata": {"name": "b-1", "labels": {}}}
     assert release_patch(unqueued, "t") is None
     assert stop_patch(unqueued) == {}
+
+
+def test_a_deactivation_stays_a_cancel_once_dispatch_has_stopped_the_object() -> None:
+    # What a restarted operator reads: the stop's annotation, the Workload gone with the object.
+    from dispatch._workload._classify import ended_annotation
+
+    steps = list(replay("deactivated"))
+    cause = steps[-1].verdict.stop
+    assert cause is not None
+    assert cause.kind is CauseKind.NONE
+    data = json.loads((DATA / "deactivated.json").read_text())
+    job = next(e["object"] for e in reversed(data["stream"]) if e["object"].get("kind") == "PyTorchJob")
+    job["metadata"]["annotations"][ANNOTATION_QUEUE] = QUEUE
+    job["metadata"]["annotations"]["dispatch.dev/ended"] = ended_annotation(cause)
+    job["metadata"]["deletionTimestamp"] = "2026-12-01T15:33:00Z"
+    view = classify(PYTORCHJOB, job, [], now=BASE).view
+    assert view.phase is Phase.ENDED
+    assert view.cancelled
+    assert view.cause == cause

@@ -976,7 +976,10 @@ class WorkloadBackend:
         if view.phase is not Phase.ENDED or verdict.stop is not None:
             # Evidence seen once is final (a pod recreated before the stop lands does not revive
             # the object), and the view keeps the cause the annotation will say.
-            view = view.model_copy(update={"phase": Phase.ENDED, "cause": stop.cause, "cancelled": False})
+            # A stop with no cause is an object cancelled outside dispatch (a Workload deactivated
+            # in Kueue): it stays a cancel, as the annotation will say.
+            cancelled = stop.cause.kind is CauseKind.NONE
+            view = view.model_copy(update={"phase": Phase.ENDED, "cause": stop.cause, "cancelled": cancelled})
         self._ensure_stop_task(stop)
         return view
 

@@ -497,7 +497,9 @@ def classify(
             cause = Cause.model_validate(json.loads(ended))
         except ValueError:
             cause = Cause(kind=CauseKind.UNKNOWN, detail=detail("unreadable annotation", ANNOTATION_ENDED))
-        return Verdict(view(Phase.ENDED, cause))
+        # dispatch stops an object with no cause only when it was cancelled outside dispatch (its
+        # Workload deactivated in Kueue): read back as that cancel.
+        return Verdict(view(Phase.ENDED, cause, cancelled=cause.kind is CauseKind.NONE))
     outcome = kind.outcome(body, restart_cause)
     if outcome is not None:
         cause = evidence.cause if outcome.failed and evidence is not None else outcome.cause
