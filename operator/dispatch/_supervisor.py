@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -115,7 +116,20 @@ class Supervisor:
         A job whose step raises an error that is not transient (a bug, a vanished record) stops
         being supervised; the first such error is raised once every other job has settled.
         """
-        queue = _Queue(self, jobs)
+        settled: dict[str, Record] = {}
+
+        async def turn(job: str) -> Turn:
+            intent = await self.prepare(job)
+            step = intent.decision.step
+            if isinstance(step, Done):
+                settled[job] = intent.record
+                return Turn.DONE
+            if isinstance(step, Wait):
+                return Turn.WAIT
+            await self.perform(intent)
+            return Turn.AGAIN
+
+        queue = WorkQueue(turn, jobs, poll_interval=self.poll_interval, retry_delays=self.retry_delays)
         unsubscribe: list[Callable[[], None]] = []
         for job in queue.pending:
             wake = functools.partial(queue.enqueue, job)
@@ -130,7 +144,7 @@ class Supervisor:
                 unsub()
         if queue.errors:
             raise next(iter(queue.errors.values()))
-        return queue.settled
+        return settled
 
     async def drive(self, job: str) -> Decision:
         """Take steps until there is nothing to do but wait; return that last decision."""
@@ -221,81 +235,149 @@ class Supervisor:
             await self.backend.end(object_id)
 
 
-class _Queue:
-    """The work queue behind :meth:`Supervisor.run_all`."""
+class Turn(enum.Enum):
+    """What a work queue's handler says about the job it just worked on."""
 
-    def __init__(self, supervisor: Supervisor, jobs: Iterable[str]) -> None:
-        self.supervisor = supervisor
+    DONE = "done"
+    """Nothing more to do: the job leaves the queue (settled, refused, gone)."""
+    AGAIN = "again"
+    """A step landed: look again, behind the jobs already waiting."""
+    URGENT = "urgent"
+    """A recovery is under way: look again before routine work."""
+    WAIT = "wait"
+    """Nothing to do until a wake (a watch, the poll interval)."""
+
+
+Handler = Callable[[str], Awaitable[Turn]]
+
+
+class WorkQueue:
+    """The work queue behind :meth:`Supervisor.run_all` and the operator's supervision loop.
+
+    Jobs may be added and removed while it runs. Two lanes: urgent (a job woken by failure evidence,
+    a recovery under way) is always taken before routine (a first look, an observe, a poll). A job
+    is never worked on by two workers at once; a wake while it is worked on puts it back once that
+    turn is done. ``handle(job)`` does one turn; a lost compare-and-swap is AGAIN; a transient error
+    is retried after ``retry_delays``; any other error stops the job (``errors``) unless
+    ``persistent``, where it is retried too (a long-running operator never gives a job up).
+    With ``forever`` the workers keep waiting for jobs when none is left (until cancelled).
+    """
+
+    def __init__(
+        self,
+        handle: Handler,
+        jobs: Iterable[str] = (),
+        *,
+        poll_interval: float,
+        retry_delays: tuple[float, ...],
+        forever: bool = False,
+        persistent: bool = False,
+    ) -> None:
+        self.handle = handle
+        self.poll_interval = poll_interval
+        self.retry_delays = retry_delays
+        self.forever = forever
+        self.persistent = persistent
         self.pending: dict[str, None] = dict.fromkeys(jobs)  # ordered, unique
-        self.ready: deque[str] = deque(self.pending)
+        self.lanes: tuple[deque[str], deque[str]] = (deque(), deque(self.pending))
         self.queued: set[str] = set(self.pending)
         self.busy: set[str] = set()
         self.dirty: set[str] = set()
+        self.dirty_urgent: set[str] = set()
         self.failures: dict[str, int] = {}
-        self.settled: dict[str, Record] = {}
         self.errors: dict[str, Exception] = {}
+        self.idle: dict[str, asyncio.Event] = {}
+        """Set when a removed job's turn in progress is over (see :meth:`remove`)."""
         self.wake = asyncio.Event()
 
-    def enqueue(self, job: str) -> None:
+    def add(self, job: str, *, urgent: bool = False) -> None:
+        """Supervise ``job`` (again) from now on; a job already here is only woken."""
+        if job not in self.pending:
+            self.pending[job] = None
+            self.errors.pop(job, None)
+        self.enqueue(job, urgent=urgent)
+
+    async def remove(self, job: str) -> None:
+        """Stop supervising ``job``; returns once no turn of it runs any more."""
+        self.pending.pop(job, None)
+        self.failures.pop(job, None)
+        self.queued.discard(job)
+        self.dirty.discard(job)
+        self.dirty_urgent.discard(job)
+        if job in self.busy:
+            done = self.idle.setdefault(job, asyncio.Event())
+            await done.wait()
+
+    def enqueue(self, job: str, *, urgent: bool = False) -> None:
         if job not in self.pending:
             return
         if job in self.busy:
-            self.dirty.add(job)  # being worked on: look again when that step is done
-        elif job not in self.queued:
+            self.dirty.add(job)  # being worked on: look again when that turn is done
+            if urgent:
+                self.dirty_urgent.add(job)
+        elif job not in self.queued or urgent:
             self.queued.add(job)
-            self.ready.append(job)
+            self.lanes[0 if urgent else 1].append(job)  # a routine entry left behind is skipped
             self.wake.set()
 
     def finish(self, job: str) -> None:
-        del self.pending[job]
+        self.pending.pop(job, None)
         self.failures.pop(job, None)
         if not self.pending:
             self.wake.set()  # let idle workers see there is nothing left
 
+    def _next(self) -> str | None:
+        for lane in self.lanes:
+            while lane:
+                job = lane.popleft()
+                if job in self.queued and job not in self.busy:
+                    return job
+        return None
+
     async def work(self) -> None:
-        sup = self.supervisor
         loop = asyncio.get_running_loop()
-        while self.pending:
-            if not self.ready:
+        while self.pending or self.forever:
+            job = self._next()
+            if job is None:
                 self.wake.clear()
                 try:
-                    async with asyncio.timeout(sup.poll_interval):
+                    async with asyncio.timeout(self.poll_interval):
                         await self.wake.wait()
                 except TimeoutError:
                     for job in list(self.pending):  # a periodic look, for backends that cannot wake us
                         self.enqueue(job)
                 continue
-            job = self.ready.popleft()
             self.queued.discard(job)
             self.busy.add(job)
-            again = False
+            turn = Turn.WAIT
             try:
-                intent = await sup.prepare(job)
-                step = intent.decision.step
-                if isinstance(step, Done):
-                    self.settled[job] = intent.record
+                turn = await self.handle(job)
+                if turn is Turn.DONE:
                     self.finish(job)
-                elif not isinstance(step, Wait):
-                    await sup.perform(intent)
-                    again = True
                 self.failures.pop(job, None)
             except VersionConflict:
-                again = True
-            except TransientBackendError as error:
-                failures = self.failures.get(job, 0)
-                self.failures[job] = failures + 1
-                delay = sup.retry_delays[min(failures, len(sup.retry_delays) - 1)]
-                log.warning("job %s: %s; retrying in %.2fs", job, error, delay, extra={"job": job})
-                loop.call_later(delay, self.enqueue, job)
-            except Exception as error:  # not transient: stop supervising this job, keep the others
-                log.exception("job %s: supervision stopped", job, extra={"job": job})
-                self.errors[job] = error
-                self.finish(job)
+                turn = Turn.AGAIN
+            except Exception as error:
+                if not isinstance(error, TransientBackendError) and not self.persistent:
+                    log.exception("job %s: supervision stopped", job, extra={"job": job})
+                    self.errors[job] = error
+                    self.finish(job)
+                else:
+                    failures = self.failures.get(job, 0)
+                    self.failures[job] = failures + 1
+                    delay = self.retry_delays[min(failures, len(self.retry_delays) - 1)]
+                    log.warning("job %s: %s; retrying in %.2fs", job, error, delay, extra={"job": job})
+                    loop.call_later(delay, self.enqueue, job)
             finally:
                 self.busy.discard(job)
-                if again or job in self.dirty:
+                idle = self.idle.pop(job, None)
+                if idle is not None:
+                    idle.set()
+                urgent = turn is Turn.URGENT or job in self.dirty_urgent
+                if turn in (Turn.AGAIN, Turn.URGENT) or job in self.dirty:
                     self.dirty.discard(job)
-                    self.enqueue(job)
+                    self.dirty_urgent.discard(job)
+                    self.enqueue(job, urgent=urgent)
             # A backend whose calls never suspend (the memory backend) would otherwise keep this
             # worker, and so the event loop, busy until every job waits: one step, then yield.
             await asyncio.sleep(0)

@@ -12,8 +12,8 @@ default ``kubeflow``) are opened with the operator's API client; the Slurm adapt
 
 With ``--leader-elect`` every replica runs kopf (so every replica serves the admission webhooks
 and answers its health endpoint) while the elector campaigns for the Lease in the background; the
-handlers supervise only once this process holds it (``Runtime.leading``, see handlers.py). Losing
-the Lease stops the process (exit 1), as before.
+supervision loop (loop.py) starts only once this process holds it (``Runtime.leading``, see
+handlers.py). Losing the Lease stops the process (exit 1), as before.
 """
 
 from __future__ import annotations
@@ -478,6 +478,11 @@ async def run(
             registry=registry, settings=settings, port=args.webhook_port, runtime=runtime, args=args
         )
 
+    async def supervise() -> None:
+        await leading.wait()  # nothing is read before this process holds the Lease
+        runtime.start_loop()
+
+    supervising: asyncio.Task[None] | None = asyncio.create_task(supervise(), name="dispatch-supervise")
     stop_flag = stop_flag if stop_flag is not None else asyncio.Event()
     exit_code = 0
     elector: Any = None
@@ -539,8 +544,12 @@ async def run(
         if elector is not None:
             with contextlib.suppress(Exception):
                 await elector.release()
-        for task in list(runtime.tasks.values()):
-            task.cancel()
+        if supervising is not None:
+            supervising.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await supervising
+        if runtime.loop is not None:
+            await runtime.loop.stop()
         if events is not None:
             with contextlib.suppress(Exception):
                 await events.aclose()

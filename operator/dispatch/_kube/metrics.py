@@ -15,6 +15,9 @@
 ``dispatch_events_dropped_total{reason}``              Events not posted (too many pending, or the API refused
                                                        or never answered); the record and conditions still
                                                        hold the transition's reason
+``dispatch_startup_jobs``                              jobs the first DispatchJob list after start held
+``dispatch_startup_decided_seconds``                   start -> every one of them decided once (planned,
+                                                       refused, waiting or settled); unset until then
 ``dispatch_build_info{version}``                       always 1
 =====================================================  =======================================================
 
@@ -191,6 +194,14 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.startup_jobs = Gauge(
+            "dispatch_startup_jobs", "Jobs the first DispatchJob list after start held.", registry=r
+        )
+        self.startup_decided = Gauge(
+            "dispatch_startup_decided_seconds",
+            "Seconds from the supervision loop's start until every job of its first list was decided once.",
+            registry=r,
+        )
         self.build_info = Gauge("dispatch_build_info", "Build information.", ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         for state in RECORDED_STATES:
@@ -252,6 +263,11 @@ class Metrics:
     def errored(self, job: str, step: Step, error: Exception) -> None:
         name = type(step).__name__
         self.step_errors.labels(step=name if name in STEPS else "other").inc()
+
+    def decided(self, jobs: int, seconds: float) -> None:
+        """Every job known at start has been decided once (the supervision loop tells it once)."""
+        self.startup_jobs.set(jobs)
+        self.startup_decided.set(seconds)
 
     def event_dropped(self, reason: str) -> None:
         """An Event of ``reason`` was not posted (EventRecorder's ``on_dropped``)."""

@@ -5,13 +5,18 @@ ended run stays until the next one ends); the printer columns read the observed 
 (``status.observedState``, ``status.observedCause``), written here from the decision every step
 already makes. Only when the supervisor has nothing to do but wait (a write step is followed by
 another decision anyway) and only when they changed: an idle job costs no write.
+
+A record write carries the observed fields of the decision that made it (a recovery's authorize
+writes ``recovering``/``preempted`` along with the new submission), so the wait at the end of a
+recovery finds them unchanged and writes nothing: one status write per recovery fewer.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from .._decide import Done, Wait
+from .._api import observed_fields
+from .._decide import WRITES, Done, Wait
 from .._errors import VersionConflict
 from .._supervisor import Intent, Supervisor
 from .store import KubeRecordStore
@@ -37,3 +42,10 @@ class ObservingSupervisor(Supervisor):
             with contextlib.suppress(VersionConflict):
                 await store.observe(job, decision.state, decision.cause, intent.version, _note(intent))
         return intent
+
+    async def perform(self, intent: Intent) -> None:
+        store = self.store
+        if isinstance(intent.decision.step, WRITES) and isinstance(store, KubeRecordStore):
+            decision = intent.decision
+            store.observing(intent.record.job, observed_fields(decision.state, decision.cause, _note(intent)))
+        await super().perform(intent)

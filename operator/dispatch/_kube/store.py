@@ -36,11 +36,23 @@ from .._api import (
 )
 from .._constants import API_VERSION, KIND
 from .._errors import JobExists, JobNotFound, VersionConflict
-from .._kubeclient import Body, Conflict, CustomObjects, NotFound, WatchEvent, split_job, watch_forever
+from .._kubeclient import (
+    Body,
+    Conflict,
+    CustomObjects,
+    NotFound,
+    WatchEvent,
+    resource_version,
+    split_job,
+    watch_forever,
+)
 from .._model import Cause, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
+
+OnEvent = Callable[[str, str, Body], None]
+"""Told about every DispatchJob event of the shared watch: (ADDED|MODIFIED|DELETED, job, body)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +94,10 @@ class KubeRecordStore:
         self._seen: dict[str, _Seen] = {}
         self._subscribers: dict[str, list[Wake]] = {}
         self._watches: list[asyncio.Task[None]] = []
+        self._listeners: list[OnEvent] = []
+        self._observing: dict[str, dict[str, str]] = {}
+        self._listed: set[str | None] = set()
+        self._on_synced: list[Callable[[], None]] = []
         self.writes = 0
         self.conflicts = 0
 
@@ -100,10 +116,14 @@ class KubeRecordStore:
         return body
 
     async def get(self, job: str) -> Versioned:
-        body = self._fresh.get(job) if self.cache and job in self._subscribers else None
-        if body is None:
-            body = await self.read(job)
+        body = await self.body(job)
         return Versioned(record_from(body, clock=self.clock), str(body["metadata"]["resourceVersion"]))
+
+    async def body(self, job: str) -> Body:
+        """The job's DispatchJob from the cache the shared watch keeps, else from the API server."""
+        cached = self._listeners or job in self._subscribers
+        body = self._fresh.get(job) if self.cache and cached else None
+        return body if body is not None else await self.read(job)
 
     # -- writing
 
@@ -125,10 +145,19 @@ class KubeRecordStore:
         status["conditions"] = render_conditions(
             conditions_for(record), seen.conditions, seen.generation, self.clock()
         )
-        # The PUT replaces the status: carry the observed fields over, or set them when the record
-        # settles (nothing changes after that, so the observer would only write them again).
-        status.update(observed_fields(record.state, record.cause) if record.settled else seen.observed)
+        # The PUT replaces the status: carry the observed fields over (or those of the decision that
+        # made this write: :meth:`observing`), or set them when the record settles (nothing changes
+        # after that, so the observer would only write them again).
+        observing = self._observing.pop(record.job, None)
+        if record.settled:
+            status.update(observed_fields(record.state, record.cause))
+        else:
+            status.update(observing if observing is not None else seen.observed)
         return await self._put_status(record.job, status, expected)
+
+    def observing(self, job: str, fields: dict[str, str]) -> None:
+        """The observed fields the next :meth:`put` of ``job`` writes (what its decision shows)."""
+        self._observing[job] = fields
 
     async def observe(
         self, job: str, state: State, cause: Cause, expected: str, note: str = ""
@@ -220,10 +249,20 @@ class KubeRecordStore:
                 wakes.remove(wake)
                 if not wakes:
                     del self._subscribers[job]
-                    self._fresh.pop(job, None)
-                    self._seen.pop(job, None)
+                    if not self._listeners:
+                        self._fresh.pop(job, None)
+                        self._seen.pop(job, None)
 
         return unsubscribe
+
+    def watch_all(self, on_event: OnEvent, on_synced: Callable[[], None] | None = None) -> None:
+        """Tell ``on_event`` about every DispatchJob event (the shared watch: list, then watch);
+        ``on_synced()`` once the first list of every namespace has been told. From then on every
+        body the watch shows is cached, so :meth:`get` needs no GET for any job."""
+        self._listeners.append(on_event)
+        if on_synced is not None:
+            self._on_synced.append(on_synced)
+        self._start_watches()
 
     def _start_watches(self) -> None:
         if self._watches:
@@ -235,7 +274,14 @@ class KubeRecordStore:
         ]
 
     async def _watch(self, namespace: str | None) -> None:
-        async for event in watch_forever(self.objects, namespace):
+        def listed() -> None:
+            first = len(self._listed) < len(self.namespaces)
+            self._listed.add(namespace)
+            if first and len(self._listed) == len(self.namespaces):
+                for synced in self._on_synced:
+                    synced()
+
+        async for event in watch_forever(self.objects, namespace, on_listed=listed):
             self._dispatch(event)
 
     def _dispatch(self, event: WatchEvent) -> None:
@@ -244,12 +290,21 @@ class KubeRecordStore:
             return
         job = job_id(meta["namespace"], meta["name"])
         fresh = self._fresh.get(job)
-        if fresh is not None and (
-            event.type == "DELETED" or fresh["metadata"].get("resourceVersion") != meta.get("resourceVersion")
-        ):
-            del self._fresh[job]
         if event.type == "DELETED":
+            self._fresh.pop(job, None)
             self._seen.pop(job, None)
+        elif self.cache and (self._listeners or job in self._subscribers):
+            # Keep the newest body: an event older than our own last write (the watch lags) is not.
+            if fresh is None or (resource_version(event.object) or 0) >= (resource_version(fresh) or 0):
+                self._fresh[job] = event.object
+                self._remember(job, event.object)
+        elif fresh is not None and fresh["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+            del self._fresh[job]
+        for listener in tuple(self._listeners):
+            try:
+                listener(event.type, job, event.object)
+            except Exception:  # a listener's bug must not stop the shared watch
+                log.exception("event listener of job %s failed", job)
         for wake in tuple(self._subscribers.get(job, ())):
             try:
                 wake()
@@ -263,6 +318,7 @@ class KubeRecordStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._watches = []
+        self._listed.clear()
 
 
 __all__ = ["KubeRecordStore"]

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Final
@@ -327,10 +327,12 @@ async def watch_forever(
     namespace: str | None = None,
     *,
     retry_delay: float = 1.0,
+    on_listed: Callable[[], None] | None = None,
 ) -> AsyncIterator[WatchEvent]:
     """List, then watch from the list's resourceVersion, re-listing on 410 and reconnecting on errors.
 
-    Every object of the initial list (and of each re-list) is yielded as an ADDED event.
+    Every object of the initial list (and of each re-list) is yielded as an ADDED event;
+    ``on_listed()`` is called once the consumer has taken the last of them (the cache is whole).
     """
     resource_version: str | None = None
     while True:
@@ -339,6 +341,9 @@ async def watch_forever(
                 items, resource_version = await objects.list(namespace)
                 for item in items:
                     yield WatchEvent("ADDED", item)
+                del items
+                if on_listed is not None:
+                    on_listed()
             async for event in objects.watch(namespace, resource_version=resource_version):
                 rv = event.object.get("metadata", {}).get("resourceVersion")
                 if rv:

@@ -1,0 +1,221 @@
+"""The operator's one supervision loop: every DispatchJob in one work queue, no task per job.
+
+The record store's shared DispatchJob watch (list, then watch from its resourceVersion, with
+bookmarks: :meth:`KubeRecordStore.watch_all`) discovers every job and caches its body; each event
+wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers take one turn at a
+time: plan a new job (or refuse it), else the (Observing)Supervisor's prepare, then perform its one
+step. The backends' shared watches wake a job too, in the queue's urgent lane: a change of a job's
+objects is where failure evidence comes from, and a recovery under way (authorize, create, record
+the canonical, release) stays urgent until it waits, its writes marked urgent for the write limit
+(:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine.
+
+Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
+Lease; :meth:`stop` cancels the workers and the watch. kopf keeps only the deletion finalizer
+(handlers.py), which calls :meth:`forget` (no turn of the job runs after it returns) before it ends
+the job's objects.
+
+After a start, once the first list has been taken and every job in it has had one turn (planned,
+refused, decided to wait or settled), the loop logs ``all N jobs known and decided in S s`` and sets
+the gauges ``dispatch_startup_jobs`` and ``dispatch_startup_decided_seconds`` (:meth:`Metrics.decided`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from .._api import has_record, record_from, refusal
+from .._constants import REASON_BACKEND_NOT_CONFIGURED
+from .._decide import Authorize, Create, Done, RecordCanonical, Release, Wait
+from .._errors import JobNotFound
+from .._kubeclient import Body, urgent
+from .._protocols import Backend
+from .._supervisor import Turn, WorkQueue
+from .observed import ObservingSupervisor
+
+log = logging.getLogger("dispatch.operator")
+
+RECOVERY_STEPS: Final = (Authorize, Create, RecordCanonical, Release)
+"""Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
+RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+DEFAULT_WORKERS: Final = 32
+
+
+class SupervisionLoop:
+    """Every job of ``runtime`` (a handlers.Runtime) in one work queue; see the module docstring."""
+
+    def __init__(
+        self, runtime: Any, *, workers: int = DEFAULT_WORKERS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.runtime = runtime
+        self.workers = workers
+        self._clock = clock
+        self.queue = WorkQueue(
+            self.turn,
+            poll_interval=runtime.poll_interval,
+            retry_delays=RETRY_DELAYS,
+            forever=True,
+            persistent=True,
+        )
+        self.supervisors: dict[str, ObservingSupervisor] = {
+            name: ObservingSupervisor(
+                backend, runtime.store, listener=runtime.listener, poll_interval=runtime.poll_interval
+            )
+            for name, backend in runtime.backends.items()
+        }
+        self._unsubscribe: dict[str, Callable[[], None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = 0.0
+        self._undecided: set[str] | None = None
+        """The first list's jobs still waiting for their first turn; None until it is taken."""
+        self._listed: set[str] = set()
+        self._known = 0
+        self._forgotten: set[str] = set()
+        """Jobs the finalizer took out: their last events (finalizers let go) must not bring them back."""
+        self.decided_after: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the watch and the workers (call once this process may supervise)."""
+        if self._tasks:
+            return
+        self._started = self._clock()
+        self.runtime.store.watch_all(self._on_event, self._on_synced)
+        self._tasks = [
+            asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for unsubscribe in self._unsubscribe.values():
+            unsubscribe()
+        self._unsubscribe.clear()
+
+    def abandon(self) -> None:
+        """Cancel the workers at once (the Lease was lost; the process stops)."""
+        for task in self._tasks:
+            task.cancel()
+
+    async def forget(self, job: str) -> None:
+        """Supervise ``job`` no more; returns once no turn of it runs (the finalizer's first step)."""
+        self._forgotten.add(job)
+        await self.queue.remove(job)
+        self._let_go(job)
+        self._decided(job)
+
+    def _let_go(self, job: str) -> None:
+        unsubscribe = self._unsubscribe.pop(job, None)
+        if unsubscribe is not None:
+            unsubscribe()
+
+    # ------------------------------------------------------------------ discovery
+
+    def _on_event(self, kind: str, job: str, body: Body) -> None:
+        if kind == "DELETED":
+            self._forgotten.discard(job)
+            self.queue.pending.pop(job, None)  # a turn in progress finds it gone (JobNotFound)
+            self._let_go(job)
+            self._decided(job)
+            return
+        if job in self._forgotten:
+            return
+        if self._undecided is None:
+            self._listed.add(job)
+        if self.runtime.events is not None:
+            uid = (body.get("metadata") or {}).get("uid")
+            if uid:
+                with contextlib.suppress(Exception):
+                    self.runtime.events.remember(job, str(uid))
+        self.queue.add(job)
+
+    def _on_synced(self) -> None:
+        self._known = len(self._listed)
+        self._undecided = {j for j in self._listed if j in self.queue.pending}
+        self._listed = set()
+        self._check_decided()
+
+    def _decided(self, job: str) -> None:
+        if self._undecided is not None and self._undecided:
+            self._undecided.discard(job)
+            self._check_decided()
+
+    def _check_decided(self) -> None:
+        if self._undecided or self.decided_after is not None or self._undecided is None:
+            return
+        self.decided_after = self._clock() - self._started
+        count = self._known
+        log.info(
+            "all %d jobs known and decided in %.2fs",
+            count,
+            self.decided_after,
+            extra={"decided_jobs": count, "decided_seconds": round(self.decided_after, 3)},
+        )
+        metrics = self.runtime.metrics
+        if metrics is not None:
+            with contextlib.suppress(Exception):
+                metrics.decided(count, self.decided_after)
+
+    # ------------------------------------------------------------------ one turn
+
+    async def turn(self, job: str) -> Turn:
+        try:
+            turn = await self._turn(job)
+        except JobNotFound:
+            turn = Turn.DONE  # deleted
+        if turn is Turn.DONE:
+            self._let_go(job)
+        self._decided(job)
+        return turn
+
+    async def _turn(self, job: str) -> Turn:
+        runtime = self.runtime
+        body = await runtime.store.body(job)
+        version = str(body["metadata"]["resourceVersion"])
+        backend: Backend | None = runtime.backend_of(body)
+        name = str((body.get("spec") or {}).get("backend", ""))
+        if not has_record(body):
+            if refusal(body) in runtime.final_refusals:
+                return Turn.DONE  # stands for this generation; a new one is a new event
+            if backend is None:
+                if refusal(body) != REASON_BACKEND_NOT_CONFIGURED:
+                    message = f"this operator has no adapter for backend {name!r}; nothing was created"
+                    await runtime._refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
+                log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
+                return Turn.DONE  # a change of the object, or an operator with the adapter, looks again
+            await runtime._initialize(job, body, backend, version)
+            return Turn.AGAIN  # planned or refused: the next turn starts from what was written
+        if backend is None:
+            raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
+        record = record_from(body)
+        if runtime.metrics is not None:
+            with contextlib.suppress(Exception):
+                runtime.metrics.observe(record)
+        if record.settled:
+            return Turn.DONE
+        if job not in self._unsubscribe:
+            wake = functools.partial(self.queue.enqueue, job, urgent=True)
+            self._unsubscribe[job] = backend.subscribe(job, wake)
+        supervisor = self.supervisors[name]
+        with urgent(False):
+            intent = await supervisor.prepare(job)
+        step = intent.decision.step
+        if isinstance(step, Done):
+            log.info("job %s settled: %s", job, intent.record.state, extra={"job": job})
+            return Turn.DONE
+        if isinstance(step, Wait):
+            return Turn.WAIT
+        recovering = isinstance(step, RECOVERY_STEPS)
+        with urgent(recovering):
+            await supervisor.perform(intent)
+        return Turn.URGENT if recovering else Turn.AGAIN

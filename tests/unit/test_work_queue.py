@@ -1,0 +1,92 @@
+"""The supervisor's work queue (dispatch._supervisor.WorkQueue) as the operator's loop uses it:
+jobs added and removed while it runs, urgent work before routine work, never two turns of a job at
+once, and a persistent queue that retries what a one-shot run_all would give up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dispatch._supervisor import Turn, WorkQueue
+
+
+async def test_urgent_jobs_are_taken_before_routine_ones_queued_earlier() -> None:
+    order: list[str] = []
+    three = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        order.append(job)
+        if len(order) == 3:
+            three.set()
+        return Turn.DONE
+
+    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
+    for job in ("routine-a", "routine-b"):
+        queue.add(job)
+    queue.add("recovery", urgent=True)
+    queue.add("routine-a", urgent=True)  # already waiting: woken urgently, taken once
+    worker = asyncio.create_task(queue.work())
+    try:
+        await asyncio.wait_for(three.wait(), 10)
+    finally:
+        worker.cancel()
+    assert order == ["recovery", "routine-a", "routine-b"]
+
+
+async def test_jobs_come_and_go_while_it_runs_and_a_removed_job_has_no_turn_after() -> None:
+    turns: dict[str, int] = {}
+    gate = asyncio.Event()
+    inside = asyncio.Event()
+    late = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        turns[job] = turns.get(job, 0) + 1
+        if job == "late":
+            late.set()
+        if job == "slow":
+            inside.set()
+            await gate.wait()
+        return Turn.WAIT
+
+    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
+    workers = [asyncio.create_task(queue.work()) for _ in range(2)]
+    try:
+        queue.add("slow")
+        await asyncio.wait_for(inside.wait(), 10)
+        queue.enqueue("slow")  # woken while busy: looked at again once this turn is over
+        removal = asyncio.create_task(queue.remove("slow"))
+        await asyncio.sleep(0)
+        assert not removal.done(), "remove() returned while a turn of the job was running"
+        queue.add("late")
+        await asyncio.wait_for(late.wait(), 10)
+        gate.set()
+        await asyncio.wait_for(removal, 10)
+        queue.enqueue("slow")  # no longer supervised: ignored
+        await asyncio.sleep(0.05)
+    finally:
+        for w in workers:
+            w.cancel()
+    assert turns["slow"] == 1
+    assert "slow" not in queue.pending
+    assert "late" in queue.pending
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+async def test_a_bug_stops_one_job_in_run_all_and_is_retried_by_the_operator(persistent: bool) -> None:
+    calls = 0
+
+    async def handle(job: str) -> Turn:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise RuntimeError("a bug")
+        return Turn.DONE
+
+    queue = WorkQueue(handle, ["job"], poll_interval=60, retry_delays=(0.01,), persistent=persistent)
+    await asyncio.wait_for(queue.work(), 10)
+    if persistent:
+        assert (calls, queue.errors) == (3, {})
+    else:
+        assert calls == 1
+        assert isinstance(queue.errors["job"], RuntimeError)
