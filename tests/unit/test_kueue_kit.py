@@ -66,6 +66,8 @@ class FakeApi:
         self.objects: dict[str, Body] = {}
         self.writes: list[tuple[str, str, Any]] = []
         self.rv = 10
+        self.failing_deletes = 0
+        """How many DELETEs to answer 503 (the API server under load) before doing them."""
 
     async def call_api(
         self, path: str, method: str, *, query_params: Iterable[tuple[str, str]], body: Any = None, **_: Any
@@ -81,6 +83,9 @@ class FakeApi:
             return _Response(404, {"reason": "NotFound", "message": path})
         if method == "GET":
             return _Response(200, found)
+        if method == "DELETE" and self.failing_deletes > 0:
+            self.failing_deletes -= 1
+            return _Response(503, {"reason": "ServiceUnavailable", "message": "try again"})
         if method == "PATCH":
             _merge(found, body)
         elif method == "DELETE":
@@ -198,3 +203,16 @@ async def test_a_stop_of_a_queued_object_takes_kueues_label_away_and_deletes_it(
     stored = api.objects[PATH]
     assert KUEUE_LABEL_QUEUE not in stored["metadata"]["labels"]
     assert stored["metadata"]["deletionTimestamp"]  # kept by dispatch's finalizer until recorded
+
+
+async def test_the_delete_of_a_stopped_queued_object_is_retried(made: list[WorkloadBackend]) -> None:
+    # Once the annotation is written the stop counts as landed: a lost DELETE would leave the
+    # object's Workload in Kueue's queue, to be admitted again and hold quota for nothing.
+    api = FakeApi(kueue=True)
+    backend = await backend_on(api, made)
+    held(api, spec(), backend)
+    await backend.release(OID)
+    api.failing_deletes = 2
+    await backend._patch_stop(OID, Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue"))
+    assert [m for m, _, _ in api.writes] == ["PATCH", "PATCH", "DELETE", "DELETE", "DELETE"]
+    assert api.objects[PATH]["metadata"]["deletionTimestamp"]

@@ -1162,8 +1162,17 @@ class WorkloadBackend:
         self._remember(oid, None, patched)
         if queued:
             # Deleting it deletes its Workload, so Kueue can neither requeue nor restart it; the
-            # finalizer keeps the object (and the cause) until the record has it.
-            await self._delete(namespace, name)
+            # finalizer keeps the object (and the cause) until the record has it. Retried here: once
+            # the annotation is there the stop counts as landed, and nothing else would delete it.
+            for delay in (*STOP_RETRY, None):
+                try:
+                    await self._delete(namespace, name)
+                    break
+                except TransientBackendError as error:
+                    if delay is None:
+                        raise
+                    self._log.warning("delete stopped %s: %s; again in %.2fs", oid, error, delay)
+                    await asyncio.sleep(delay)
         if suspend:
             self._schedule_cleanup(oid)
 
