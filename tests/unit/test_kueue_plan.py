@@ -168,3 +168,27 @@ def test_kubectl_dispatch_describe_shows_kueues_part_from_the_status() -> None:
     text = render.describe_text(render.describe_data({**b, "status": status}))
     assert "  queued by Kueue in LocalQueue team-a" in text
     assert "    enforced by Kueue: admission, quota, preemption" in text
+
+
+def test_the_refusal_event_of_a_queue_says_queue_refused() -> None:
+    import asyncio
+
+    from dispatch._constants import REASON_UNQUEUEABLE
+    from dispatch._kube.events import EventRecorder
+
+    posted: list[dict[str, object]] = []
+
+    async def post(namespace: str, event: dict[str, object]) -> None:
+        posted.append(event)
+
+    with pytest.raises(PlanError) as caught:
+        make_plan("ns/finetune", spec(), MemoryBackend("job").capabilities, supervised=True)
+
+    async def go() -> None:
+        recorder = EventRecorder(post)
+        recorder.refused("ns/finetune", caught.value)
+        await recorder.drain()
+
+    asyncio.run(go())
+    assert [e["reason"] for e in posted] == [REASON_UNQUEUEABLE]
+    assert str(posted[0]["note"]).startswith("refused: spec.queue is refused: Kueue cannot queue")

@@ -50,6 +50,7 @@ from .._constants import (
     REASON_RECOVERING,
     REASON_SUCCEEDED,
     REASON_UNENFORCEABLE,
+    REASON_UNQUEUEABLE,
     REPORTING_CONTROLLER,
 )
 from .._decide import (
@@ -309,8 +310,9 @@ class EventRecorder:
         self._last_error.pop(job, None)
 
     def refused(self, job: str, error: PlanError) -> None:
-        """The job was refused: a rule nobody would enforce."""
-        self.emit(job, EVENT_WARNING, REASON_UNENFORCEABLE, "Refuse", f"refused: {error}")
+        """The job was refused: a rule nobody would enforce, or a queue Kueue cannot serve here."""
+        reason = REASON_UNQUEUEABLE if error.field is not None else REASON_UNENFORCEABLE
+        self.emit(job, EVENT_WARNING, reason, "Refuse", f"refused: {error}")
 
     def invalid(self, job: str, message: str) -> None:
         """The job was refused: its spec is invalid."""
