@@ -30,17 +30,21 @@ from .._backends.job import BACKEND, JobOptions
 from .._errors import BackendError
 from .._model import Capabilities, Cause, CauseKind, JobSpec, Plan
 from .._workload import (
+    SPEC_SUSPEND,
     Body,
     HeldBySpecSuspend,
     Outcome,
     Resource,
+    Shape,
     Target,
     check_env,
     check_size,
+    conditions,
     container,
     detail,
     failed_exit,
     labels,
+    merge,
     metadata,
     restart_budget,
     true_condition,
@@ -112,6 +116,9 @@ def _failed_cause(condition: Body, in_place: bool, last_restart: Cause | None) -
     return Cause(kind=CauseKind.UNKNOWN, detail=detail("Job", reason, message))
 
 
+OUTCOME_CONDITIONS: Final = conditions("Complete", "SuccessCriteriaMet", "Failed", "FailureTarget")
+
+
 class BatchJobKind(HeldBySpecSuspend):
     """The kit's :class:`~dispatch._workload.Kind` for batch/v1 Job."""
 
@@ -119,6 +126,10 @@ class BatchJobKind(HeldBySpecSuspend):
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "FailedCreate"
+    projection: Final[Shape] = merge(
+        SPEC_SUSPEND,
+        {"spec": {"backoffLimit": True}, "status": {"conditions": OUTCOME_CONDITIONS, "ready": True}},
+    )
 
     @property
     def capabilities(self) -> Capabilities:
@@ -130,7 +141,7 @@ class BatchJobKind(HeldBySpecSuspend):
     def outcome(self, body: Body, last_restart: Cause | None) -> Outcome | None:
         # SuccessCriteriaMet / FailureTarget come first, while the last pods terminate: the Job
         # controller creates no pod after either (Complete / Failed follow).
-        for kind in ("Complete", "SuccessCriteriaMet"):
+        for kind in ("Complete", "SuccessCriteriaMet"):  # in OUTCOME_CONDITIONS
             done = true_condition(body, kind)
             if done is not None:
                 return Outcome(Cause(kind=CauseKind.NONE, detail=detail(done.get("message"))), failed=False)

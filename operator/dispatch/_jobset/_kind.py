@@ -31,17 +31,21 @@ from .._backends.jobset import BACKEND, JobSetOptions
 from .._errors import BackendError
 from .._model import Capabilities, Cause, CauseKind, JobSpec, Plan
 from .._workload import (
+    SPEC_SUSPEND,
     Body,
     HeldBySpecSuspend,
     Outcome,
     Resource,
+    Shape,
     Target,
     check_env,
     check_size,
+    conditions,
     container,
     detail,
     failed_exit,
     labels,
+    merge,
     metadata,
     restart_budget,
     true_condition,
@@ -148,6 +152,17 @@ class JobSetKind(HeldBySpecSuspend):
     create_failure_reason: Final = "JobCreationFailed"
     """The JobSet controller's event when it cannot create a child Job (pods are the Jobs' to create:
     their refusals are ``FailedCreate`` events on the child Job)."""
+    projection: Final[Shape] = merge(
+        SPEC_SUSPEND,
+        {
+            "spec": {"failurePolicy": {"maxRestarts": True}},
+            "status": {
+                "conditions": conditions("Completed", "Failed"),
+                "restarts": True,
+                "replicatedJobsStatus": ({"ready": True, "active": True},),
+            },
+        },
+    )
 
     @property
     def capabilities(self) -> Capabilities:

@@ -4,6 +4,8 @@ It lists (paginated) to learn the current state and a resourceVersion, then watc
 with bookmarks, so a reconnect resumes where it left off; a 410 Gone (the resourceVersion was
 compacted away) or any other break of the stream makes it list again. Every change is handed to
 ``on_change(old, new)`` (``new`` None for a deletion), also the differences a re-list reveals.
+With ``project``, only ``project(body)`` of each object is kept and handed on (the workload kit's
+slim projection): the whole body lives only while its event is read.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Informer:
         label_selector: str,
         on_change: OnChange,
         on_relist: Callable[[str], None] | None = None,
+        project: Callable[[Body], Body] | None = None,
         what: str,
     ) -> None:
         self.api = api
@@ -63,6 +66,7 @@ class Informer:
         self.label_selector = label_selector
         self.on_change = on_change
         self.on_relist = on_relist
+        self.project = project
         self.what = what
         self.items: dict[str, Body] = {}
         self.synced = asyncio.Event()
@@ -104,7 +108,7 @@ class Informer:
                 request_timeout=60,
             )
             for item in page.get("items") or []:
-                fresh[key_of(item)] = item
+                fresh[key_of(item)] = self.project(item) if self.project is not None else item
             meta = page.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
@@ -165,6 +169,8 @@ class Informer:
                 if kind == "BOOKMARK":
                     continue
                 self.events += 1
+                if self.project is not None:
+                    obj = self.project(obj)
                 key = key_of(obj)
                 before = self.items.get(key)
                 if kind == "DELETED":

@@ -48,9 +48,11 @@ from .._workload import (
     Body,
     Outcome,
     Resource,
+    Shape,
     Target,
     check_env,
     check_size,
+    conditions,
     container,
     container_restarts,
     detail,
@@ -127,6 +129,10 @@ class PyTorchJobKind:
     resource: Final = RESOURCE
     container: Final = PYTORCH_CONTAINER
     create_failure_reason: Final = "FailedCreatePod"
+    projection: Final[Shape] = {
+        "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Master": {"restartPolicy": True}}},
+        "status": {"conditions": conditions("Succeeded", "Failed", "Running")},
+    }
 
     @property
     def capabilities(self) -> Capabilities:

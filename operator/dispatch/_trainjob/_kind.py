@@ -23,16 +23,20 @@ from .._constants import RUNTIME_PATCH_MANAGER
 from .._errors import BackendError
 from .._model import Capabilities, Cause, CauseKind, JobSpec, Plan
 from .._workload import (
+    SPEC_SUSPEND,
     Body,
     HeldBySpecSuspend,
     Outcome,
     Resource,
+    Shape,
     Target,
     check_env,
     check_size,
+    conditions,
     container,
     detail,
     labels,
+    merge,
     metadata,
     true_condition,
 )
@@ -103,6 +107,15 @@ class TrainJobKind(HeldBySpecSuspend):
     container: Final = CONTAINER
     create_failure_reason: Final = "TrainJobResourcesCreationFailed"
     """The Trainer's Warning event when it cannot build the TrainJob's objects (trainjob_controller.go)."""
+    projection: Final[Shape] = merge(
+        SPEC_SUSPEND,
+        {
+            "status": {
+                "conditions": conditions("Complete", "Failed"),
+                "jobsStatus": ({"ready": True, "active": True},),
+            }
+        },
+    )
 
     @property
     def capabilities(self) -> Capabilities:

@@ -68,8 +68,11 @@ from ._classify import (
     kind_evidence,
     needs_node,
     node_ready,
+    object_shape,
     owner_of,
     parse_time,
+    project_object,
+    project_pod,
     restart_budget,
     vanished,
 )
@@ -230,6 +233,7 @@ class WorkloadBackend:
         self._clock = clock
         self._born = clock()
         self._noun = kind.resource.kind
+        self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
         self._informers: list[Informer] = []
@@ -541,6 +545,7 @@ class WorkloadBackend:
                     label_selector=SELECTOR,
                     on_change=self._object_changed,
                     on_relist=self._relisted,
+                    project=self._project,
                     what=f"{self.kind.resource.plural}{where}",
                 )
             )
@@ -550,6 +555,7 @@ class WorkloadBackend:
                     f"/api/v1/namespaces/{ns}/pods" if ns else "/api/v1/pods",
                     label_selector=SELECTOR,
                     on_change=self._pod_changed,
+                    project=self._project_pod,
                     what=f"pods{where}",
                 )
             )
@@ -586,7 +592,19 @@ class WorkloadBackend:
             self._state(oid).job = job
             self._by_job.setdefault(job, set()).add(oid)
 
+    def _project(self, body: Body) -> Body:
+        """What the cache keeps of an object of this kind (see ``_classify.object_shape``)."""
+        return project_object(self._shape, body)
+
+    def _project_pod(self, pod: Body) -> Body:
+        """What the cache keeps of a pod (``_classify.POD``)."""
+        return project_pod(pod)
+
     def _object_changed(self, old: Body | None, new: Body | None) -> None:
+        # Projected here, as each event arrives: no whole body outlives the event (a projection
+        # from the informer's store comes back unchanged).
+        new = self._project(new) if new is not None else None
+        old = self._project(old) if old is not None else None
         body = new if new is not None else old
         if body is None:
             return
@@ -632,6 +650,8 @@ class WorkloadBackend:
                 self._object_changed(mine, None)
 
     def _pod_changed(self, old: Body | None, new: Body | None) -> None:
+        new = self._project_pod(new) if new is not None else None
+        old = self._project_pod(old) if old is not None else None
         body = new if new is not None else old
         if body is None:
             return
@@ -726,6 +746,7 @@ class WorkloadBackend:
 
     def _remember(self, oid: str, job: str | None, body: Body) -> None:
         """Our own write: newer than the cache until the watch brings it (or something newer) back."""
+        body = self._project(body)
         state = self._state(oid)
         cached = state.body
         if cached is not None and (resource_version(cached) or 0) >= (resource_version(body) or 0):

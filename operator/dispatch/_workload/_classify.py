@@ -25,13 +25,15 @@ from .._constants import (
     ANNOTATION_NO_CAPACITY_AFTER,
     ANNOTATION_RELEASED,
     ANNOTATION_RESTART_BUDGET,
+    GROUP,
     LABEL_JOB,
+    LABEL_MANAGED_BY,
     LABEL_SUBMISSION,
     OBJECT_FINALIZER,
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._kind import Body, Kind
+from ._kind import Body, Clip, Kind, Prefixed, Shape, conditions, merge, project
 from ._kueue import WorkloadView, queued_verdict
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
@@ -76,6 +78,90 @@ def evidence_events(kind: Kind) -> tuple[tuple[str, str], ...]:
 
 _REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the request")
 """FailedCreatePod messages that will never change (quota or a missing ServiceAccount might)."""
+
+
+KEPT_PREFIXES: Final = (f"{GROUP}/", LABEL_MANAGED_BY, "kueue.x-k8s.io/")
+"""The labels and annotations the kit keeps: dispatch's own, and Kueue's (its queue and priority)."""
+METADATA: Final[Mapping[str, Shape]] = {
+    "name": True,
+    "namespace": True,
+    "uid": True,
+    "resourceVersion": True,
+    "creationTimestamp": True,
+    "deletionTimestamp": True,
+    "finalizers": True,
+    "labels": Prefixed(KEPT_PREFIXES),
+    "annotations": Prefixed(KEPT_PREFIXES),
+}
+"""What the kit reads of an object's metadata: its id, the owner labels, the annotations it
+writes and reads back, the finalizer it removes, the precondition of its patches; a pod's is the
+part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."""
+_TERMINATED: Final[Shape] = {"reason": True, "exitCode": True, "message": Clip(_MAX_DETAIL)}
+POD: Final[Shape] = {
+    "metadata": {
+        k: METADATA[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
+    },
+    "spec": {"nodeName": True},
+    "status": {
+        "phase": True,
+        "reason": True,
+        "message": Clip(_MAX_DETAIL),
+        "conditions": conditions(
+            "DisruptionTarget",
+            "PodScheduled",
+            shape={"type": True, "status": True, "reason": True, "message": True, "lastTransitionTime": True},
+        ),
+        "containerStatuses": (
+            {
+                "name": True,
+                "restartCount": True,
+                "state": {"terminated": _TERMINATED, "waiting": {"reason": True, "message": True}},
+                "lastState": {"terminated": _TERMINATED},
+            },
+        ),
+    },
+}
+"""What :func:`pod_evidence` and the kinds' ``restarts`` read of a pod: its conditions, its
+containers' states (every container's: the first one stands in when the kind's is missing), its
+node. Messages only ever shown in a cause's detail are cut to the detail's length."""
+
+
+def object_shape(kind: Kind) -> Shape:
+    """What the kit caches of one object of ``kind``: the kind's own :attr:`Kind.projection`, the
+    metadata, when its controller started it (``status.startTime``) and who owns its suspend field
+    (``managedFields``, for :func:`held_outside`)."""
+    path: list[str] = []
+    step: Any = kind.suspend_patch(True)
+    while isinstance(step, dict) and len(step) == 1:
+        key = next(iter(step))
+        path.append(f"f:{key}")
+        step = step[key]
+    fields: Shape = True
+    for key in reversed(path):
+        fields = {key: fields}
+    managed: Shape = ({"manager": True, "time": True, "fieldsV1": fields},)
+    kit: Shape = {"metadata": {**METADATA, "managedFields": managed}, "status": {"startTime": True}}
+    return merge(kit, kind.projection)
+
+
+def project_object(shape: Shape, body: Body) -> Body:
+    """``body`` as the kit caches it (``shape`` from :func:`object_shape`); managedFields entries
+    that own nothing of the suspend field are left out (:func:`held_outside` skips them)."""
+    kept: Body = project(body, shape)
+    meta = kept.get("metadata")
+    if not isinstance(meta, dict):
+        return kept
+    managed = meta.get("managedFields")
+    if isinstance(managed, list) and any(isinstance(e, dict) and not e.get("fieldsV1") for e in managed):
+        owning = [e for e in managed if not isinstance(e, dict) or e.get("fieldsV1")]
+        kept = {**kept, "metadata": {**meta, "managedFields": owning}}
+    return kept
+
+
+def project_pod(pod: Body) -> Body:
+    """``pod`` as the kit caches it (:data:`POD`)."""
+    kept: Body = project(pod, POD)
+    return kept
 
 
 @dataclass(frozen=True, slots=True)

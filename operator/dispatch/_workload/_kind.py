@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from .._constants import (
     ANNOTATION_NO_CAPACITY_AFTER,
@@ -36,6 +36,96 @@ object is refused by the API server, and its pods (each a copy of a template) to
 ENV_NAME: Final = re.compile(r"[\x20-\x3c\x3e-\x7e]+")
 """Kubernetes' rule for a container env name since 1.32 (IsRelaxedEnvVarName): printable ASCII,
 no '='."""
+
+
+@dataclass(frozen=True, slots=True)
+class Clip:
+    """A string kept up to ``limit`` characters: one only ever shown cut to that length."""
+
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prefixed:
+    """A string map (labels, annotations) of which only the keys with these prefixes are kept."""
+
+    prefixes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """The elements of a list whose ``key`` is one of ``values``, each by ``shape`` (the conditions
+    of the types a reader looks up; it looks them up by type, so the others say nothing to it)."""
+
+    key: str
+    values: frozenset[str]
+    shape: Shape
+
+
+Shape: TypeAlias = Literal[True] | Clip | Prefixed | Where | Mapping[str, "Shape"] | tuple["Shape"]
+"""Which part of a JSON value the kit caches (:func:`project`): ``True`` the value whole; a mapping
+the listed keys of an object, each by its own shape; ``(shape,)`` every element of a list by
+``shape``; :class:`Clip`, :class:`Prefixed`, :class:`Where` as they say."""
+
+CONDITION: Final[Mapping[str, Shape]] = {"type": True, "status": True, "reason": True, "message": True}
+
+
+def conditions(*types: str, shape: Shape = CONDITION) -> Where:
+    """``status.conditions`` of these types only, as :func:`true_condition`-style readers see them."""
+    return Where("type", frozenset(types), shape)
+
+
+def project(value: Any, shape: Shape) -> Any:
+    """The part of ``value`` that ``shape`` names (nothing else of ``value`` stays referenced).
+
+    A container of which nothing is left out is ``value`` itself, so projecting a projection again
+    returns it unchanged (the informer's store and the kit's cache hold the same objects). A value
+    of another type than its shape expects is kept whole: its readers see what they would have
+    seen in the whole body."""
+    if shape is True:
+        return value
+    if isinstance(shape, Clip):
+        return value[: shape.limit] if isinstance(value, str) else value
+    if isinstance(shape, Prefixed):
+        if not isinstance(value, dict):
+            return value
+        kept = {k: v for k, v in value.items() if k.startswith(shape.prefixes)}
+        return value if len(kept) == len(value) else kept
+    if isinstance(shape, tuple | Where):
+        if not isinstance(value, list):
+            return value
+        if isinstance(shape, Where):
+            wanted = (i for i in value if not isinstance(i, dict) or i.get(shape.key) in shape.values)
+            items = [project(item, shape.shape) for item in wanted]
+        else:
+            items = [project(item, shape[0]) for item in value]
+        same = len(items) == len(value) and all(a is b for a, b in zip(items, value, strict=True))
+        return value if same else items
+    if not isinstance(value, dict):
+        return value
+    # The shape's own key strings, not the body's: one copy of each key for every cached object.
+    out = {key: project(value[key], sub) for key, sub in shape.items() if key in value}
+    if len(out) == len(value) and all(out[key] is value[key] for key in out):
+        return value
+    return out
+
+
+def merge(a: Shape, b: Shape) -> Shape:
+    """Both shapes' fields (a mapping's keys from either; ``True`` wins over any part)."""
+    if a is True or b is True:
+        return True
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out: dict[str, Shape] = dict(a)
+        for key, sub in b.items():
+            out[key] = merge(out[key], sub) if key in out else sub
+        return out
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return (merge(a[0], b[0]),)
+    if isinstance(a, Where) and isinstance(b, Where) and a.key == b.key:
+        return Where(a.key, a.values | b.values, merge(a.shape, b.shape))
+    if a == b:
+        return a
+    raise ValueError(f"shapes {a!r} and {b!r} cannot be merged")
 
 
 class Refused(BackendError):
@@ -124,6 +214,14 @@ class Kind(Protocol):
     def create_failure_reason(self) -> str:
         """The reason of the Event its controller writes on the object when the API server refuses
         the pods it creates (``FailedCreatePod``, ``FailedCreate``)."""
+        ...
+
+    @property
+    def projection(self) -> Shape:
+        """Every field of ``spec`` and ``status`` the methods below read from an object (its suspend
+        field, its terminal conditions, its restart settings): the kit caches an object as this
+        plus the metadata it reads itself, never the whole body, so a field read but not declared
+        here is absent (tests/unit/test_projection.py compares both on every recorded event)."""
         ...
 
     def build(self, target: Target, spec: JobSpec, plan: Plan) -> Body:
@@ -255,9 +353,14 @@ def check_size(body: Body, noun: str) -> Body:
     return body
 
 
+SPEC_SUSPEND: Final[Shape] = {"spec": {"suspend": True}}
+"""What :class:`HeldBySpecSuspend` reads: merge it into the kind's projection."""
+
+
 class HeldBySpecSuspend:
     """Defaults for a kind held by ``spec.suspend`` (batch Job, JobSet, TrainJob) whose pods are
-    named ``<object name>-...``: mix in and define the rest of :class:`Kind`."""
+    named ``<object name>-...``: mix in and define the rest of :class:`Kind` (its projection
+    merged with :data:`SPEC_SUSPEND`)."""
 
     def suspended(self, body: Body) -> bool:
         return bool(body.get("spec", {}).get("suspend"))

@@ -1,0 +1,233 @@
+"""The kit's slim cache: what it keeps of an object or a pod says the same as the whole body.
+
+The kit caches each object as ``object_shape(kind)`` (the kind's declared :attr:`Kind.projection`
+plus the metadata the kit reads) and each pod as ``POD``, never the whole body. These tests take
+every event recorded from the real stack (tests/unit/data/<backend>/*.json) and check that every
+read the kit and the kinds make gives the same answer on the projection as on the whole body: one
+field read but not declared fails them. Then the same recordings go through the backend's own
+watch handlers with and without the projection, and every ``list()`` must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch import _registry
+from dispatch._job import JOB, JobBackend
+from dispatch._jobset import JOBSET, JobSetBackend
+from dispatch._kubeclient import key_of
+from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
+from dispatch._model import Cause, CauseKind, ObjectView
+from dispatch._trainjob import TRAINJOB, TrainJobBackend
+from dispatch._workload import (
+    POD,
+    Kind,
+    WorkloadBackend,
+    classify,
+    container_restarts,
+    failed_exit,
+    object_shape,
+    parse_time,
+    project,
+    project_object,
+    project_pod,
+)
+from dispatch._workload._classify import (
+    METADATA,
+    best,
+    event_evidence,
+    held_outside,
+    kind_evidence,
+    needs_node,
+    no_capacity_after,
+    owner_of,
+    restart_budget,
+)
+from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted
+
+DATA = Path(__file__).parent / "data"
+Body = dict[str, Any]
+# backend directory -> (kind, backend class, the resource of its objects in the recordings)
+BACKENDS: dict[str, tuple[Kind, Callable[..., WorkloadBackend], str]] = {
+    "kubeflow": (PYTORCHJOB, KubeflowBackend, "pytorchjobs"),
+    "job": (JOB, JobBackend, "jobs"),
+    "jobset": (JOBSET, JobSetBackend, "jobsets.jobset.x-k8s.io"),
+    "trainjob": (TRAINJOB, TrainJobBackend, "trainjobs.trainer.kubeflow.org"),
+}
+RECORDINGS = [
+    (backend, name)
+    for backend in BACKENDS
+    for name in names(DATA / backend)
+    if load(DATA / backend, name)["stream"]  # webhook-refused: nothing was ever created
+]
+LISTED = [(b, n) for b, n in RECORDINGS if final(load(DATA / b, n), BACKENDS[b][2])]
+"""The recordings whose object still exists at their end (``replay`` lists its job's one view)."""
+A_RESTART = Cause(kind=CauseKind.OUT_OF_MEMORY, detail="pod x: OOMKilled", exit_code=137)
+"""A latest in-place restart, so that the kinds' "backoff limit" branches are read too."""
+
+
+def recording(backend: str, name: str) -> Body:
+    data = load(DATA / backend, name)
+    resource = BACKENDS[backend][2]
+    return {**data, "stream": [e for e in data["stream"] if e["resource"] in (resource, "pods")]}
+
+
+def moments(backend: str, name: str) -> Iterator[tuple[Body, list[Body]]]:
+    """After each recorded event: the object as last seen and the pods that exist then."""
+    resource = BACKENDS[backend][2]
+    body: Body | None = None
+    pods: dict[str, Body] = {}
+    for event in recording(backend, name)["stream"]:
+        obj = event["object"]
+        if event["resource"] == resource:
+            body = obj  # a deleted object is still classified on its last body (a tombstone)
+        elif event["type"] == "DELETED":
+            pods.pop(key_of(obj), None)
+        else:
+            pods[key_of(obj)] = obj
+        if body is not None:
+            yield body, list(pods.values())
+
+
+def pod_reads(kind: Kind, body: Body, pod: Body, now: float, nodes: frozenset[str]) -> tuple[object, ...]:
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    return (
+        kind_evidence(kind, body, pod, now=now),
+        kind_evidence(kind, body, pod, now=now, gone_nodes=nodes),
+        needs_node(pod),
+        kind.restarts(pod),
+        container_restarts(pod, kind.container),
+        failed_exit(pod, kind.container),
+        key_of(pod),
+        owner_of(pod),
+        meta.get("uid"),
+        meta.get("resourceVersion"),
+        meta.get("deletionTimestamp"),
+        status.get("phase"),
+        pod.get("spec", {}).get("nodeName"),
+    )
+
+
+def reads(
+    kind: Kind, body: Body, pods: list[Body], events: list[Body], now: float, nodes: frozenset[str]
+) -> tuple[object, ...]:
+    """Everything the kit and ``kind`` read of one object and its pods, as the kit reads it."""
+    retained = best(
+        e for p in pods for e in [kind_evidence(kind, body, p, now=now)[0]] if e is not None and e.terminal
+    )
+    meta = body.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    return (
+        classify(kind, body, pods, now=now),
+        classify(kind, body, pods, now=now, gone_nodes=nodes, retained=retained, last_restart=A_RESTART),
+        [pod_reads(kind, body, p, now, nodes) for p in pods],
+        kind.suspended(body),
+        kind.running(body),
+        kind.in_place(body),
+        kind.object_restarts(body),
+        kind.outcome(body, None),
+        kind.outcome(body, A_RESTART),
+        kind.pod_prefixes(body),
+        held_outside(kind, body),
+        event_evidence(kind, body, events),
+        key_of(body),
+        owner_of(body),
+        restart_budget(body),
+        no_capacity_after(body),
+        sorted(annotations.items()),
+        meta.get("uid"),
+        meta.get("resourceVersion"),
+        meta.get("creationTimestamp"),
+        meta.get("deletionTimestamp"),
+        meta.get("finalizers"),
+        parse_time(body.get("status", {}).get("startTime")),
+    )
+
+
+def test_every_kit_kind_is_compared_on_its_recordings() -> None:
+    """A new Kubernetes backend on the kit comes with recordings, compared here."""
+    assert sorted(BACKENDS) == sorted(b.name for b in _registry.kubernetes_backends())
+    assert all(isinstance(kind, Kind) for kind, _, _ in BACKENDS.values())
+    assert {b for b, _ in RECORDINGS} == set(BACKENDS)
+
+
+@pytest.mark.parametrize(("backend", "name"), RECORDINGS)
+def test_every_read_of_the_projection_equals_the_read_of_the_whole_body(backend: str, name: str) -> None:
+    kind = BACKENDS[backend][0]
+    data = recording(backend, name)
+    now = late_clock(data)
+    nodes = frozenset(
+        e["object"].get("spec", {}).get("nodeName") or "" for e in data["stream"] if e["resource"] == "pods"
+    )
+    shape = object_shape(kind)
+    for step, (body, pods) in enumerate(moments(backend, name)):
+        whole = reads(kind, body, pods, data["events"], now, nodes)
+        slim = reads(
+            kind, project_object(shape, body), [project_pod(p) for p in pods], data["events"], now, nodes
+        )
+        assert slim == whole, f"{backend}/{name}, after event {step}"
+
+
+@pytest.mark.parametrize(("backend", "name"), RECORDINGS)
+def test_a_projection_projected_again_is_itself(backend: str, name: str) -> None:
+    """The informer's store and the kit's cache hold the same objects (no second copy)."""
+    shape = object_shape(BACKENDS[backend][0])
+    for body, pods in moments(backend, name):
+        slim = project_object(shape, body)
+        assert project_object(shape, slim) is slim
+        for pod in pods:
+            kept = project_pod(pod)
+            assert project(kept, POD) is kept
+
+
+def test_the_cache_keeps_a_small_part_of_each_body() -> None:
+    """Templates, managedFields, specs of containers: none of it is cached (a regression that keeps
+    a whole body would show here first; the bytes are measured by bench/kit_memory.py)."""
+    whole = slim = 0
+    for backend, name in RECORDINGS:
+        shape = object_shape(BACKENDS[backend][0])
+        for event in recording(backend, name)["stream"]:
+            obj = event["object"]
+            kept = project_pod(obj) if event["resource"] == "pods" else project_object(shape, obj)
+            text = json.dumps(kept)
+            for dropped in ('"template"', '"image"', '"fieldsType"'):
+                assert dropped not in text
+            whole += len(json.dumps(obj))
+            slim += len(text)
+    assert slim * 4 < whole, (slim, whole)
+
+
+async def views(backend: str, name: str, made: list[WorkloadBackend]) -> list[ObjectView]:
+    _, make, resource = BACKENDS[backend]
+    data = recording(backend, name)
+    out = [
+        await replay(make, made, data, events, resource=resource)
+        for events in orders(data, resource).values()
+    ]
+    out.append(
+        await replay(make, made, data, restarted(data, resource), resource=resource, born=late_clock(data))
+    )
+    return out
+
+
+@pytest.mark.parametrize(("backend", "name"), LISTED)
+async def test_the_backend_lists_the_same_on_projections(
+    observer: list[WorkloadBackend], backend: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recordings through the backend's own watch handlers, in every order and after a restart:
+    the views are the ones the whole bodies give."""
+    slim = await views(backend, name, observer)
+    cached = [t.current() for b in observer for t in b._tracked.values()]
+    cached += [p for b in observer for t in b._tracked.values() for p in t.pods.values()]
+    assert cached
+    assert all(set((c or {}).get("metadata", {})) <= {*METADATA, "managedFields"} for c in cached)
+    with monkeypatch.context() as patched:
+        patched.setattr(WorkloadBackend, "_project_pod", lambda self, pod: pod)
+        patched.setattr(WorkloadBackend, "_project", lambda self, body: body)
+        whole = await views(backend, name, observer)
+    assert slim == whole
