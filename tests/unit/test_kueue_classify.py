@@ -249,3 +249,21 @@ def test_a_deactivation_stays_a_cancel_once_dispatch_has_stopped_the_object() ->
     assert view.phase is Phase.ENDED
     assert view.cancelled
     assert view.cause == cause
+
+
+def test_the_watch_keeps_only_what_the_view_reads_of_each_recorded_workload() -> None:
+    from dispatch._workload._kueue import project_workload
+
+    seen = 0
+    for path in sorted(DATA.glob("*.json")):
+        for event in json.loads(path.read_text())["stream"]:
+            body = event["object"]
+            if body.get("kind") != "Workload":
+                continue
+            kept = project_workload(body)
+            assert workload_view(kept) == workload_view(body)
+            assert "podSets" not in kept.get("spec", {})
+            assert "admission" not in kept.get("status", {})
+            assert len(json.dumps(kept)) < len(json.dumps(body))
+            seen += 1
+    assert seen > 20

@@ -40,7 +40,7 @@ from .._constants import (
 from .._kubeclient import Informer, KubeError, request
 from .._model import Cause, CauseKind, JobSpec, Phase
 from . import _classify  # the module: it imports this one (classify reads queued_verdict)
-from ._kind import Body, Kind, Resource
+from ._kind import Body, Clip, Kind, Resource, Shape, conditions, project
 
 log = logging.getLogger("dispatch.kueue")
 
@@ -100,6 +100,31 @@ class WorkloadView:
 _KEPT_CONDITIONS: Final = frozenset(
     {COND_QUOTA_RESERVED, COND_ADMITTED, COND_EVICTED, COND_PREEMPTED, COND_FINISHED}
 )
+
+
+WORKLOAD_SHAPE: Final[Shape] = {
+    "metadata": {
+        "name": True,
+        "namespace": True,
+        "resourceVersion": True,
+        "ownerReferences": ({"kind": True, "name": True, "uid": True, "controller": True},),
+    },
+    "spec": {"queueName": True, "active": True},
+    "status": {
+        "conditions": conditions(
+            *_KEPT_CONDITIONS,
+            shape={"type": True, "status": True, "reason": True, "message": Clip(_MAX_DETAIL)},
+        ),
+        "schedulingStats": {"evictions": ({"reason": True, "underlyingCause": True, "count": True},)},
+    },
+}
+"""What the shared watch keeps of a Workload (its Informer's store): what :func:`workload_view`
+reads, nothing of its pod sets, admission or resource usage."""
+
+
+def project_workload(body: Body) -> Body:
+    kept: Body = project(body, WORKLOAD_SHAPE)
+    return kept
 
 
 def workload_view(body: Mapping[str, Any]) -> WorkloadView | None:
@@ -338,6 +363,7 @@ class Workloads:
                 WORKLOADS.path(ns),
                 label_selector="",
                 on_change=self._changed,
+                project=project_workload,
                 what=f"workloads{f' in {ns}' if ns else ''}",
             )
             for ns in (namespaces or (None,))
