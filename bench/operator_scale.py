@@ -334,9 +334,13 @@ def peer_job(name: str) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             "podFailurePolicy": {
-                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+                ]
             },
             "template": {
+                # the lab's kwok completes a Job's pod after this delay (default 1 s): it must run on
+                "metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "240h"}},
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 0,
@@ -350,7 +354,7 @@ def peer_job(name: str) -> dict[str, Any]:
                             "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
                         }
                     ],
-                }
+                },
             },
         },
     }
@@ -512,12 +516,17 @@ class Bench:
         identity = self.lab.mint_user(OPERATOR_USER, ["system:masters"])
         self.operator = Operator(identity, self.work, tree, self.args.no_events)
         self.result["operator_tree"] = str(tree)
-        self.result["operator_commit"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        stamp = tree / "COMMIT"  # write the commit there beside a git archive
+        self.result["operator_commit"] = (
+            stamp.read_text().strip()
+            if stamp.exists()
+            else subprocess.run(
+                ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        )
 
     # ---- phases ---------------------------------------------------------------------------------
 
@@ -531,7 +540,7 @@ class Bench:
             running = {p["owner"] for p in w.pods.values() if p["phase"] == "Running" and not p["deleting"]}
             return all(w.latest(j) in running for j in w.by_job)
 
-        await w.until(all_running, what, 300 + self.n * 0.5)
+        await w.until(all_running, what, 1800 + self.n * 2.0)
 
     async def quiet(self, seconds: float) -> None:
         assert self.operator is not None
@@ -562,7 +571,7 @@ class Bench:
         await self.apply(docs, self.args.appliers)
         applied = time.time()
         w = self.world
-        await w.until(lambda: len(w.created) >= self.n, f"{self.n} first PyTorchJobs", 120 + self.n * 0.5)
+        await w.until(lambda: len(w.created) >= self.n, f"{self.n} first PyTorchJobs", 1800 + self.n * 2.0)
         created = sorted(w.created.values())
         first_dj = min(w.dispatchjobs.values())
         span = created[-1] - first_dj
@@ -744,7 +753,7 @@ class Bench:
             v = victims()
             return len(v) >= self.m and all((w.next_of(p) or "") in w.released for p in v)
 
-        await w.until(recovered, f"{self.m} preempted jobs released again", 300 + self.m)
+        await w.until(recovered, f"{self.m} preempted jobs released again", 1800 + self.m * 2.0)
         done = time.time()
         await asyncio.sleep(2)
         v = victims()
@@ -784,7 +793,7 @@ class Bench:
         def running() -> bool:
             return sum(1 for p in w.peer_pod_phase.values() if p == "Running") >= self.m
 
-        await w.until(running, f"{self.m} peer pods Running", 300 + self.m)
+        await w.until(running, f"{self.m} peer pods Running", 1800 + self.m * 2.0)
         self.say("peer Jobs running")
         await asyncio.sleep(3)
         t0 = time.time()
@@ -802,7 +811,7 @@ class Bench:
             v = victims()
             return len(v) >= self.m and all(len(w.peer_pods[j]) > 1 for j in v)
 
-        await w.until(replaced, f"{self.m} peer Jobs with a replacement pod", 300 + self.m)
+        await w.until(replaced, f"{self.m} peer Jobs with a replacement pod", 1800 + self.m * 2.0)
         done = time.time()
         v = victims()
         failures = [w.peer_pod_failed[uid] for uid in v.values()]
