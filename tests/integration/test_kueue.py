@@ -440,6 +440,28 @@ async def test_quota_that_never_frees_up_ends_no_capacity_after_the_jobs_wait(k:
     await never_admitted_again(k.crds, PYTORCHJOB, k.namespace, "starved")
 
 
+@pytest.mark.parametrize("queues", [{"memory": "1000Gi"}], indirect=True, ids=["memory-1000Gi"])
+async def test_kueues_pods_ready_timeout_on_unschedulable_pods_is_no_capacity(k: Kueued) -> None:
+    """Kueue admits it (its quota holds 1000Gi) but no node has 300Gi: kube-scheduler leaves the
+    pods Unschedulable, and Kueue's PodsReady timeout (30 s in the lab) comes long before the job's
+    own wait (600 s): the cause is no-capacity, from Kueue's eviction."""
+    k.operator()
+    text = manifest(
+        PYTORCHJOB,
+        "too-big",
+        k.queues.queue,
+        rules=[],
+        options={"resources": {"cpu": "1", "memory": "300Gi"}, "noCapacityAfterSeconds": 600},
+    )
+    await asyncio.to_thread(apply, k.crds, k.namespace, text)
+    body = await settled(k.crds, k.namespace, "too-big")
+    assert body["status"]["state"] == "failed"
+    assert body["status"]["cause"]["kind"] == "no-capacity"
+    assert "PodsReady" in body["status"]["cause"]["detail"], body["status"]["cause"]
+    assert history(body) == [("pending", "failed", 1, "no-capacity")]
+    await never_admitted_again(k.crds, PYTORCHJOB, k.namespace, "too-big")
+
+
 # ---- 5. an administrator deactivates the Workload ------------------------------------------------
 
 
