@@ -1,6 +1,8 @@
 """The operator's one supervision loop (dispatch._kube.loop): after a restart with running jobs,
 every job is known and decided (the log line the scale benchmark reads), and nothing is written:
-an unchanged observed field is not written again, no object is touched."""
+an unchanged observed field is not written again, no object is touched. Counted by the operator's
+own metrics: the API server drops a no-op update without a new resourceVersion, so the objects'
+versions alone would not show such a write."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ from tests.integration.conftest import (
     apply,
     await_for,
     dispatch_job,
+    free_port,
     get_job,
     pytorchjobs,
 )
+from tests.integration.test_operator_ha import samples
+from tests.integration.test_webhook_operator import scrape
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.integration
@@ -38,7 +43,8 @@ def versions(cluster: KubeCluster, namespace: str) -> dict[str, str]:
 async def test_a_restart_with_running_jobs_decides_every_job_and_writes_nothing(
     crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess]
 ) -> None:
-    op = operator()
+    port = free_port()
+    op = operator(f"--metrics-port={port}", "--metrics-addr=127.0.0.1")
     for job in JOBS:
         await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1))
 
@@ -59,4 +65,11 @@ async def test_a_restart_with_running_jobs_decides_every_job_and_writes_nothing(
     (count,) = await await_for("the restarted operator's decided line", decided)
     assert count == str(len(JOBS))
     after = await asyncio.to_thread(versions, crds, namespace)
-    assert after == before, "the restarted operator wrote to an unchanged job"
+    assert after == before, "the restarted operator changed an unchanged job"
+    metrics = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+    writes = {
+        verb: samples(metrics, "dispatch_api_requests_total", verb=verb)
+        for verb in ("create", "update", "patch", "delete")
+    }
+    assert writes == dict.fromkeys(writes, 0.0), f"the restarted operator wrote: {writes}"
+    assert f"dispatch_startup_jobs {float(len(JOBS))}" in metrics

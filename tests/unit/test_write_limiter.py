@@ -37,15 +37,17 @@ async def test_urgent_waiters_get_tokens_before_routine_ones_queued_earlier() ->
     assert order == [f"recovery-{i}" for i in range(3)] + [f"routine-{i}" for i in range(3)]
 
 
-async def test_a_cancelled_waiter_does_not_keep_its_token() -> None:
-    limiter = WriteLimiter(qps=200.0, burst=1)
+async def test_a_cancelled_waiter_leaves_its_lane() -> None:
+    limiter = WriteLimiter(qps=0.001, burst=1)  # no new token within the test
     await limiter.acquire()
     gone = asyncio.create_task(limiter.acquire())
     await asyncio.sleep(0)
+    assert limiter._waiting()
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
-    await asyncio.wait_for(limiter.acquire(), 10)  # the next one is served
+    assert not limiter._waiting()  # nobody left to hand the next token to
+    assert limiter.granted == 1
 
 
 def test_urgency_is_scoped_to_the_block() -> None:

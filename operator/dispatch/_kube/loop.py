@@ -10,9 +10,15 @@ the canonical, release) stays urgent until it waits, its writes marked urgent fo
 (:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine.
 
 Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
-Lease; :meth:`stop` cancels the workers and the watch. kopf keeps only the deletion finalizer
-(handlers.py), which calls :meth:`forget` (no turn of the job runs after it returns) before it ends
-the job's objects.
+Lease; :meth:`stop` cancels the workers and the watch.
+
+The deletion finalizer (``dispatch.dev/finalizer``) is the loop's too, so kopf watches nothing:
+kopf kept every DispatchJob it watched at about 130 KiB each (bench/kopf_cost.py, BENCHMARKS.md).
+A job's first turn adds the finalizer (a merge patch carrying the resourceVersion read). A turn
+that finds ``deletionTimestamp`` hands the job to one deletion task: it takes the job out of the
+queue (:meth:`forget`: no turn of it runs after that, so no create lands after the listing), ends
+every object of the job until none is left, then removes the finalizer the same way. A standby
+runs no loop, so it never lets go of a DispatchJob.
 
 After a start, once the first list has been taken and every job in it has had one turn (planned,
 refused, decided to wait or settled), the loop logs ``all N jobs known and decided in S s`` and sets
@@ -30,10 +36,11 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from .._api import has_record, record_from, refusal
-from .._constants import REASON_BACKEND_NOT_CONFIGURED
+from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
 from .._decide import Authorize, Create, Done, RecordCanonical, Release, Wait
-from .._errors import JobNotFound
-from .._kubeclient import Body, urgent
+from .._errors import JobNotFound, VersionConflict
+from .._kubeclient import Body, Conflict, NotFound, split_job, urgent
+from .._model import Phase
 from .._protocols import Backend
 from .._supervisor import Turn, WorkQueue
 from .observed import ObservingSupervisor
@@ -44,6 +51,7 @@ RECOVERY_STEPS: Final = (Authorize, Create, RecordCanonical, Release)
 """Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DEFAULT_WORKERS: Final = 32
+END_POLL: Final = 0.5
 
 
 class SupervisionLoop:
@@ -75,6 +83,7 @@ class SupervisionLoop:
         """The first list's jobs still waiting for their first turn; None until it is taken."""
         self._listed: set[str] = set()
         self._known = 0
+        self._deleting: dict[str, asyncio.Task[None]] = {}
         self._forgotten: set[str] = set()
         """Jobs the finalizer took out: their last events (finalizers let go) must not bring them back."""
         self.decided_after: float | None = None
@@ -92,19 +101,21 @@ class SupervisionLoop:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._deleting.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self._deleting.clear()
         for unsubscribe in self._unsubscribe.values():
             unsubscribe()
         self._unsubscribe.clear()
 
     def abandon(self) -> None:
         """Cancel the workers at once (the Lease was lost; the process stops)."""
-        for task in self._tasks:
+        for task in [*self._tasks, *self._deleting.values()]:
             task.cancel()
 
     async def forget(self, job: str) -> None:
@@ -181,7 +192,17 @@ class SupervisionLoop:
     async def _turn(self, job: str) -> Turn:
         runtime = self.runtime
         body = await runtime.store.body(job)
-        version = str(body["metadata"]["resourceVersion"])
+        meta = body["metadata"]
+        version = str(meta["resourceVersion"])
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            if FINALIZER in finalizers and job not in self._deleting:
+                deleting = asyncio.create_task(self._delete(job, body), name=f"dispatch-delete-{job}")
+                self._deleting[job] = deleting
+            return Turn.DONE
+        if FINALIZER not in finalizers:
+            await self._patch_finalizers(job, [*finalizers, FINALIZER], version)
+            return Turn.AGAIN
         backend: Backend | None = runtime.backend_of(body)
         name = str((body.get("spec") or {}).get("backend", ""))
         if not has_record(body):
@@ -219,3 +240,67 @@ class SupervisionLoop:
         with urgent(recovering):
             await supervisor.perform(intent)
         return Turn.URGENT if recovering else Turn.AGAIN
+
+    # ------------------------------------------------------------------ the finalizer
+
+    async def _patch_finalizers(self, job: str, finalizers: list[str], version: str) -> None:
+        """Set ``metadata.finalizers`` if the object is still at ``version`` (else VersionConflict)."""
+        namespace, name = split_job(job)
+        patch = {"metadata": {"resourceVersion": version, "finalizers": finalizers}}
+        try:
+            await self.runtime.store.objects.merge_patch(namespace, name, patch)
+        except Conflict:
+            raise VersionConflict(job, version) from None
+        except NotFound:
+            raise JobNotFound(job) from None
+
+    async def _delete(self, job: str, body: Body) -> None:
+        """End every object of the deleted ``job``, then let go of it (remove the finalizer)."""
+        runtime = self.runtime
+        try:
+            await self.forget(job)  # returns once no turn of the job runs: no create lands after
+            backend: Backend | None = runtime.backend_of(body)
+            failures = 0
+            while True:
+                try:
+                    if backend is not None:  # None: refused for want of an adapter, nothing created
+                        await self._end_objects(job, backend)
+                    current = await runtime.store.read(job)
+                    finalizers = list(current["metadata"].get("finalizers") or ())
+                    if FINALIZER in finalizers:
+                        finalizers.remove(FINALIZER)
+                        await self._patch_finalizers(
+                            job, finalizers, str(current["metadata"]["resourceVersion"])
+                        )
+                    break
+                except JobNotFound:
+                    break
+                except VersionConflict:
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                    failures += 1
+                    log.warning("job %s: deleting: %s; again in %.1fs", job, error, delay, extra={"job": job})
+                    await asyncio.sleep(delay)
+            runtime.forget_keepers(job)
+            log.info("job %s deleted: every object has ended", job, extra={"job": job})
+        finally:
+            self._deleting.pop(job, None)
+
+    async def _end_objects(self, job: str, backend: Backend) -> None:
+        """End every object of ``job`` and wait until they have all ended.
+
+        Ended objects are ended too: that deletes them and lets go of dispatch's finalizer on each,
+        which would otherwise hold them once the garbage collector deletes them with the job."""
+        first = True
+        while True:
+            objects = await backend.list(job)
+            live = [o for o in objects if o.phase is not Phase.ENDED or o.retained or first]
+            first = False
+            if not live:
+                return
+            for o in live:
+                await backend.end(o.id)
+            await asyncio.sleep(END_POLL)

@@ -1,4 +1,4 @@
-"""``dispatch-operator`` (and ``python -m dispatch._kube``): kopf supervising every DispatchJob.
+"""``dispatch-operator`` (and ``python -m dispatch._kube``): one loop supervising every DispatchJob.
 
     dispatch-operator --kubeconfig ~/.kube/config --all-namespaces
     dispatch-operator --namespace team-a --namespace team-b --slurm-config slurm.yaml
@@ -10,8 +10,9 @@ account. The Kubernetes backends ``--backend`` names (each a registry entry, ``d
 default ``kubeflow``) are opened with the operator's API client; the Slurm adapter when
 ``--slurm-config`` names its YAML configuration.
 
-With ``--leader-elect`` every replica runs kopf (so every replica serves the admission webhooks
-and answers its health endpoint) while the elector campaigns for the Lease in the background; the
+kopf runs for the admission webhooks and start-up only; it watches no resource (loop.py keeps the
+finalizer). With ``--leader-elect`` every replica runs kopf (so every replica serves the admission
+webhooks and answers its health endpoint) while the elector campaigns for the Lease in the background; the
 supervision loop (loop.py) starts only once this process holds it (``Runtime.leading``, see
 handlers.py). Losing the Lease stops the process (exit 1), as before.
 """
@@ -53,7 +54,7 @@ from .._model import Record
 from .._protocols import Backend
 from .._version import __version__
 from . import webhook
-from .handlers import Runtime, register
+from .handlers import Runtime
 from .listeners import Fanout
 from .settings import operator_settings
 from .store import KubeRecordStore
@@ -428,7 +429,7 @@ async def run(
     api = client_for(configuration)
     if metrics is not None:
         metrics.instrument(api)  # every request of the store, the adapters, events and the elector
-    if args.write_qps > 0:  # kopf's own writes (the finalizer) go through its own session, unlimited
+    if args.write_qps > 0:  # kopf writes nothing: the finalizer is the loop's too
         limit_writes(api, WriteLimiter(args.write_qps, args.write_burst))
     namespaces: list[str] | None = list(args.namespace) or None
     store = KubeRecordStore(api, namespaces=namespaces)
@@ -472,7 +473,6 @@ async def run(
         if health is not None:
             health.started = True
 
-    register(registry, runtime)
     if args.webhook_port:
         webhook.setup(
             registry=registry, settings=settings, port=args.webhook_port, runtime=runtime, args=args
