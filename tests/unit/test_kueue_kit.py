@@ -216,3 +216,50 @@ async def test_the_delete_of_a_stopped_queued_object_is_retried(made: list[Workl
     await backend._patch_stop(OID, Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue"))
     assert [m for m, _, _ in api.writes] == ["PATCH", "PATCH", "DELETE", "DELETE", "DELETE"]
     assert api.objects[PATH]["metadata"]["deletionTimestamp"]
+
+
+def trainjob_spec() -> JobSpec:
+    from dispatch._backends.trainjob import TrainJobOptions
+
+    return JobSpec(
+        name=JOB,
+        command=("python", "train.py"),
+        queue="team-a",
+        options={"trainjob": TrainJobOptions(runtime="torch-distributed")},
+    )
+
+
+@pytest.mark.parametrize("webhook", [False, True], ids=["no-kueue-webhook", "kueue-webhook"])
+async def test_a_queued_trainjob_carries_kueues_runtime_patch_once(
+    webhook: bool, made: list[WorkloadBackend]
+) -> None:
+    # Kueue's TrainJob integration starts a TrainJob only with its runtimePatches entry, which its
+    # mutating webhook appends at creation; where that webhook does not run the release adds it.
+    from dispatch._trainjob._kind import TRAINJOB
+    from dispatch._workload._kind import Target
+    from dispatch._workload._kueue import KUEUE_RUNTIME_PATCH_MANAGER, hold_for_queue
+
+    api = FakeApi(kueue=True)
+    backend = WorkloadBackend(TRAINJOB, api, owner=None)  # type: ignore[arg-type]
+    made.append(backend)
+    await backend.prepare()
+    job = trainjob_spec()
+    body = hold_for_queue(TRAINJOB.build(Target(NS, JOB, 1), job, Plan(job=f"{NS}/{JOB}")), job)
+    ours = list(body["spec"]["runtimePatches"])
+    kueues = {"manager": KUEUE_RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}}
+    if webhook:
+        body["spec"]["runtimePatches"].append(kueues)
+    body["metadata"].update(uid="u-1", resourceVersion="5")
+    path = TRAINJOB.resource.path(NS, f"{JOB}-1")
+    api.objects[path] = body
+    backend._remember(OID, f"{NS}/{JOB}", body)  # the cache: a projection without runtimePatches
+    await backend.release(OID)
+    ((_, _, patch),) = api.writes
+    assert patch["metadata"]["labels"][KUEUE_LABEL_QUEUE] == "team-a"
+    assert "suspend" not in patch.get("spec", {})
+    if webhook:
+        assert "spec" not in patch
+    else:
+        assert patch["spec"] == {"runtimePatches": [*ours, kueues]}  # dispatch's own entry kept
+    managers = [p["manager"] for p in api.objects[path]["spec"]["runtimePatches"]]
+    assert managers.count(KUEUE_RUNTIME_PATCH_MANAGER) == 1

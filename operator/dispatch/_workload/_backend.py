@@ -77,7 +77,16 @@ from ._classify import (
     vanished,
 )
 from ._kind import Body, Kind, Refused, Target, object_name
-from ._kueue import Workloads, WorkloadView, hold_for_queue, release_patch, served, stop_patch
+from ._kueue import (
+    Workloads,
+    WorkloadView,
+    hold_for_queue,
+    queue_of,
+    release_patch,
+    served,
+    stop_patch,
+    whole_for_release,
+)
 
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
@@ -347,15 +356,15 @@ class WorkloadBackend:
             await self._fence(owner[0], owner[1], object_id)
             body = self._current(object_id)
         for _ in range(5):
-            if body is None:
-                body = await self._get(namespace, name)
+            if body is None or (queue_of(body) is not None and whole_for_release(self.kind)):
+                body = await self._get(namespace, name)  # whole: the cache keeps a projection
                 if body is None:
                     self._log.info("release %s: it no longer exists", object_id)
                     return
             annotations = body.get("metadata", {}).get("annotations") or {}
             now = datetime.fromtimestamp(self._clock(), UTC).isoformat()
             # A queued object is released into Kueue's queue and stays suspended: Kueue starts it.
-            patch = release_patch(body, now)
+            patch = release_patch(body, now, self.kind)
             if (
                 annotations.get(ANNOTATION_ENDED)
                 or not self.kind.suspended(body)

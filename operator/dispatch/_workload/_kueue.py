@@ -184,11 +184,39 @@ def hold_for_queue(body: Body, spec: JobSpec) -> Body:
     return body
 
 
-def release_patch(body: Mapping[str, Any], released_at: str) -> Body | None:
+KUEUE_RUNTIME_PATCH_MANAGER: Final = "kueue.x-k8s.io/manager"
+"""The ``spec.runtimePatches`` entry Kueue's TrainJob integration writes its node selectors and
+tolerations into on admission (kueue pkg/controller/jobs/trainjob: the controller refuses to start
+a TrainJob without it, "kueue runtime patch not found")."""
+
+
+def whole_for_release(kind: Kind) -> bool:
+    """A queued object of this kind is released from a fresh read of the whole object (not the
+    kit's projection): a TrainJob's release may write its whole ``runtimePatches`` list."""
+    return kind.resource.kind == "TrainJob"
+
+
+def runtime_patches(kind: Kind, body: Mapping[str, Any]) -> list[Any] | None:
+    """A TrainJob's ``runtimePatches`` with Kueue's entry added, when it has none; None otherwise.
+    Kueue's mutating webhook appends that entry to every TrainJob at creation; where the webhook
+    does not run, the release adds it (the list is keyed by manager, so it is never added twice,
+    and it may change while the TrainJob is suspended). ``body`` must be whole: a merge patch
+    replaces the list."""
+    if not whole_for_release(kind):
+        return None
+    patches = list((body.get("spec") or {}).get("runtimePatches") or ())
+    if any(isinstance(p, Mapping) and p.get("manager") == KUEUE_RUNTIME_PATCH_MANAGER for p in patches):
+        return None
+    entry = {"manager": KUEUE_RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}}
+    return [*patches, entry]
+
+
+def release_patch(body: Mapping[str, Any], released_at: str, kind: Kind | None = None) -> Body | None:
     """The one merge patch that hands a queued object to Kueue (its labels, ``dispatch.dev/released``;
     ``suspend`` stays true: Kueue unsuspends it on admission); None for an unqueued object. Kueue's
     label may be added while the object is suspended (jobframework validation.go,
-    validateUpdateForQueueName), and so may the priority class."""
+    validateUpdateForQueueName), and so may the priority class. For a TrainJob it also carries
+    Kueue's runtime patch entry where it is missing (:func:`runtime_patches`)."""
     queue = queue_of(body)
     if queue is None:
         return None
@@ -197,13 +225,17 @@ def release_patch(body: Mapping[str, Any], released_at: str) -> Body | None:
     priority = (meta.get("annotations") or {}).get(ANNOTATION_PRIORITY_CLASS)
     if priority:
         labels[KUEUE_LABEL_PRIORITY_CLASS] = str(priority)
-    return {
+    patch: Body = {
         "metadata": {
             "resourceVersion": meta.get("resourceVersion"),
             "labels": labels,
             "annotations": {ANNOTATION_RELEASED: released_at},
         }
     }
+    patches = runtime_patches(kind, body) if kind is not None else None
+    if patches is not None:
+        patch["spec"] = {"runtimePatches": patches}
+    return patch
 
 
 def stop_patch(body: Mapping[str, Any]) -> Body:
