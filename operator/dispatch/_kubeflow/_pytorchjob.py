@@ -45,6 +45,7 @@ from .._constants import (
 from .._errors import BackendError
 from .._model import Capabilities, Cause, CauseKind, JobSpec, Plan
 from .._workload import (
+    SHARED,
     Body,
     Outcome,
     Resource,
@@ -130,7 +131,10 @@ class PyTorchJobKind:
     container: Final = PYTORCH_CONTAINER
     create_failure_reason: Final = "FailedCreatePod"
     projection: Final[Shape] = {
-        "spec": {"runPolicy": {"suspend": True}, "pytorchReplicaSpecs": {"Master": {"restartPolicy": True}}},
+        "spec": {
+            "runPolicy": {"suspend": True},
+            "pytorchReplicaSpecs": {"Master": {"restartPolicy": SHARED}},
+        },
         "status": {"conditions": conditions("Succeeded", "Failed", "Running")},
     }
 

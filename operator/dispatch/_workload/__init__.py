@@ -33,6 +33,7 @@ from ._classify import (
 )
 from ._kind import (
     CONDITION,
+    SHARED,
     SPEC_SUSPEND,
     Body,
     Clip,
@@ -43,6 +44,7 @@ from ._kind import (
     Refused,
     Resource,
     Shape,
+    Shared,
     Target,
     Where,
     check_env,
@@ -62,6 +64,7 @@ from ._open import open_workload
 __all__ = [
     "CONDITION",
     "POD",
+    "SHARED",
     "SPEC_SUSPEND",
     "Body",
     "Clip",
@@ -74,6 +77,7 @@ __all__ = [
     "Refused",
     "Resource",
     "Shape",
+    "Shared",
     "Target",
     "Verdict",
     "Where",

@@ -33,7 +33,7 @@ from .._constants import (
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._kind import Body, Clip, Kind, Prefixed, Shape, conditions, merge, project
+from ._kind import CONDITION, SHARED, Body, Clip, Kind, Prefixed, Shape, conditions, merge, project
 from ._kueue import WorkloadView, queued_verdict
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
@@ -84,38 +84,38 @@ KEPT_PREFIXES: Final = (f"{GROUP}/", LABEL_MANAGED_BY, "kueue.x-k8s.io/")
 """The labels and annotations the kit keeps: dispatch's own, and Kueue's (its queue and priority)."""
 METADATA: Final[Mapping[str, Shape]] = {
     "name": True,
-    "namespace": True,
+    "namespace": SHARED,
     "uid": True,
     "resourceVersion": True,
     "creationTimestamp": True,
     "deletionTimestamp": True,
-    "finalizers": True,
+    "finalizers": (SHARED,),
     "labels": Prefixed(KEPT_PREFIXES),
     "annotations": Prefixed(KEPT_PREFIXES),
 }
 """What the kit reads of an object's metadata: its id, the owner labels, the annotations it
 writes and reads back, the finalizer it removes, the precondition of its patches; a pod's is the
 part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."""
-_TERMINATED: Final[Shape] = {"reason": True, "exitCode": True, "message": Clip(_MAX_DETAIL)}
+_TERMINATED: Final[Shape] = {"reason": SHARED, "exitCode": True, "message": Clip(_MAX_DETAIL)}
 POD: Final[Shape] = {
     "metadata": {
         k: METADATA[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
     },
-    "spec": {"nodeName": True},
+    "spec": {"nodeName": SHARED},
     "status": {
-        "phase": True,
-        "reason": True,
+        "phase": SHARED,
+        "reason": SHARED,
         "message": Clip(_MAX_DETAIL),
         "conditions": conditions(
             "DisruptionTarget",
             "PodScheduled",
-            shape={"type": True, "status": True, "reason": True, "message": True, "lastTransitionTime": True},
+            shape={**CONDITION, "lastTransitionTime": True},
         ),
         "containerStatuses": (
             {
-                "name": True,
+                "name": SHARED,
                 "restartCount": True,
-                "state": {"terminated": _TERMINATED, "waiting": {"reason": True, "message": True}},
+                "state": {"terminated": _TERMINATED, "waiting": {"reason": SHARED, "message": True}},
                 "lastState": {"terminated": _TERMINATED},
             },
         ),
@@ -139,7 +139,7 @@ def object_shape(kind: Kind) -> Shape:
     fields: Shape = True
     for key in reversed(path):
         fields = {key: fields}
-    managed: Shape = ({"manager": True, "time": True, "fieldsV1": fields},)
+    managed: Shape = ({"manager": SHARED, "time": True, "fieldsV1": fields},)
     kit: Shape = {"metadata": {**METADATA, "managedFields": managed}, "status": {"startTime": True}}
     return merge(kit, kind.projection)
 

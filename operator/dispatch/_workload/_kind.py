@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
@@ -47,9 +48,20 @@ class Clip:
 
 @dataclass(frozen=True, slots=True)
 class Prefixed:
-    """A string map (labels, annotations) of which only the keys with these prefixes are kept."""
+    """A string map (labels, annotations) of which only the keys with these prefixes are kept, keys
+    and values shared (``sys.intern``): an object and its pods carry the same ones."""
 
     prefixes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A string kept as one shared copy (``sys.intern``) for every cached body: a value many
+    objects carry (a condition's type, status and reason, a phase, a node, a namespace); a string
+    unique to one object (a name, a uid) is better kept as ``True``, with no entry in the table."""
+
+
+SHARED: Final = Shared()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +74,12 @@ class Where:
     shape: Shape
 
 
-Shape: TypeAlias = Literal[True] | Clip | Prefixed | Where | Mapping[str, "Shape"] | tuple["Shape"]
+Shape: TypeAlias = Literal[True] | Clip | Prefixed | Shared | Where | Mapping[str, "Shape"] | tuple["Shape"]
 """Which part of a JSON value the kit caches (:func:`project`): ``True`` the value whole; a mapping
 the listed keys of an object, each by its own shape; ``(shape,)`` every element of a list by
-``shape``; :class:`Clip`, :class:`Prefixed`, :class:`Where` as they say."""
+``shape``; :class:`Clip`, :class:`Prefixed`, :class:`Shared`, :class:`Where` as they say."""
 
-CONDITION: Final[Mapping[str, Shape]] = {"type": True, "status": True, "reason": True, "message": True}
+CONDITION: Final[Mapping[str, Shape]] = {"type": SHARED, "status": SHARED, "reason": SHARED, "message": True}
 
 
 def conditions(*types: str, shape: Shape = CONDITION) -> Where:
@@ -86,11 +98,18 @@ def project(value: Any, shape: Shape) -> Any:
         return value
     if isinstance(shape, Clip):
         return value[: shape.limit] if isinstance(value, str) else value
+    if isinstance(shape, Shared):
+        return sys.intern(value) if type(value) is str else value
     if isinstance(shape, Prefixed):
         if not isinstance(value, dict):
             return value
-        kept = {k: v for k, v in value.items() if k.startswith(shape.prefixes)}
-        return value if len(kept) == len(value) else kept
+        kept = {
+            sys.intern(k): sys.intern(v) if type(v) is str else v
+            for k, v in value.items()
+            if k.startswith(shape.prefixes)
+        }
+        same = len(kept) == len(value) and all(k is sys.intern(k) and kept[k] is v for k, v in value.items())
+        return value if same else kept
     if isinstance(shape, tuple | Where):
         if not isinstance(value, list):
             return value
