@@ -100,22 +100,13 @@ TRAINJOB = Kind(
     ("Complete", "Failed"),
     ("trainer",),
 )
-TRAINJOB_NEEDS_KUEUES_WEBHOOK = (
-    "Kueue's TrainJob integration unsuspends a TrainJob only through the runtimePatch (manager "
-    "kueue.x-k8s.io/manager) that its mutating webhook adds at creation (pkg/controller/jobs/trainjob: "
-    "'kueue runtime patch not found'); the lab cannot register Kueue's webhooks (their certificate "
-    "names kueue-webhook-service.kueue-system.svc), so Kueue admits the Workload and never starts it"
-)
 OTHER_KINDS = [
     pytest.param(JOB, id="job"),
     pytest.param(JOBSET, id="jobset"),
     pytest.param(
         TRAINJOB,
         id="trainjob",
-        marks=[
-            pytest.mark.trainer,
-            pytest.mark.xfail(strict=True, run=False, reason=TRAINJOB_NEEDS_KUEUES_WEBHOOK),
-        ],
+        marks=pytest.mark.trainer,
     ),
 ]
 
