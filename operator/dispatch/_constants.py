@@ -126,6 +126,9 @@ ANNOTATION_QUEUE: Final = f"{GROUP}/queue"
 annotation, which Kueue does not read, so the held object is not Kueue's yet)."""
 ANNOTATION_PRIORITY_CLASS: Final = f"{GROUP}/priority-class"
 """On a queued object, from create: the WorkloadPriorityClass its release writes into Kueue's label."""
+REASON_HELD_OUTSIDE: Final = "HeldOutside"
+"""Event reason: the current object is held by someone else (suspended by another controller after
+dispatch released it); the note says by whom, as ``status.observedNote`` does."""
 REASON_UNQUEUEABLE: Final = "QueueRefused"
 """Condition reason: spec.queue names a LocalQueue, but Kueue cannot queue this job here (a backend
 Kueue does not integrate, or a cluster that does not serve workloads.kueue.x-k8s.io)."""

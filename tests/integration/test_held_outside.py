@@ -2,8 +2,9 @@
 
 A released PyTorchJob that another controller suspends (as Kueue does when it evicts a workload;
 here a user with ``kubectl patch`` and a field manager of its own) is held outside dispatch: the
-operator never releases it again, status says who holds it (``status.observedNote``), and when the
-other controller resumes it the run goes on to its end as if nothing had happened.
+operator never releases it again, status and an Event say who holds it (``status.observedNote``,
+reason ``HeldOutside``), and when the other controller resumes it the run goes on to its end as if
+nothing had happened.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ async def test_a_released_object_suspended_by_another_controller_is_never_releas
 
     note = await await_for("status to say who holds it", noted)
     assert HOLDER in note, note
+
+    def held_events() -> list[dict[str, Any]]:
+        items = json.loads(crds.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+        return [
+            e for e in items if e.get("reason") == "HeldOutside" and e["involvedObject"]["name"] == "held"
+        ]
+
+    events = await await_for("an Event to say who holds it", held_events)
+    assert len(events) == 1, events
+    assert events[0]["type"] == "Warning"
+    assert HOLDER in events[0]["message"], events
     # The training operator deletes a suspended job's pods; dispatch writes nothing to the object.
     await await_for(
         f"{name}'s pods gone", lambda: not lab.pods(namespace, f"training.kubeflow.org/job-name={name}")

@@ -16,6 +16,7 @@ from dispatch._constants import (
     REASON_BACKEND_ERROR,
     REASON_CANCELLED,
     REASON_FAILED,
+    REASON_HELD_OUTSIDE,
     REASON_OBJECT_ENDED,
     REASON_ORPHAN_ENDED,
     REASON_RECOVERING,
@@ -24,7 +25,8 @@ from dispatch._constants import (
     REPORTING_CONTROLLER,
 )
 from dispatch._decide import End, Step
-from dispatch._kube.events import EventRecorder, event_body
+from dispatch._kube.events import EVENT_REASONS, EventRecorder, event_body
+from dispatch._kube.listeners import Fanout
 from dispatch._model import Record
 from tests.support.observe import wait_for
 
@@ -311,3 +313,16 @@ async def test_every_event_lost_is_counted_by_reason_in_the_metric() -> None:
     assert dropped(REASON_FAILED) == 1
     assert dropped(REASON_SUCCEEDED) == 1
     assert dropped("other") == 1  # a bounded label: an unknown reason is not a new series
+
+
+async def test_a_hold_outside_dispatch_is_a_warning_naming_the_holder() -> None:
+    post = Collect()
+    recorder = EventRecorder(post)
+    recorder.remember(JOB, "uid-1")
+    note = "suspended by kueue-admission at 2026-12-01T10:00:00Z; dispatch leaves it so"
+    Fanout([object(), recorder]).held(JOB, note)  # type: ignore[list-item]  # a listener without held
+    await recorder.drain()
+    held = post.by_reason(REASON_HELD_OUTSIDE)
+    assert held["type"] == "Warning"
+    assert held["note"] == note
+    assert REASON_HELD_OUTSIDE in EVENT_REASONS  # its drops are counted under its own reason

@@ -44,6 +44,7 @@ from .._constants import (
     REASON_BACKEND_ERROR,
     REASON_CANCELLED,
     REASON_FAILED,
+    REASON_HELD_OUTSIDE,
     REASON_INVALID_SPEC,
     REASON_OBJECT_ENDED,
     REASON_ORPHAN_ENDED,
@@ -80,6 +81,24 @@ UidOf = Callable[[str, str], Awaitable[str | None]]
 
 MAX_NOTE: Final = 1024
 MAX_PENDING: Final = 256
+
+
+EVENT_REASONS: Final = frozenset(
+    {
+        REASON_BACKEND_ERROR,
+        REASON_CANCELLED,
+        REASON_FAILED,
+        REASON_HELD_OUTSIDE,
+        REASON_INVALID_SPEC,
+        REASON_OBJECT_ENDED,
+        REASON_ORPHAN_ENDED,
+        REASON_RECOVERING,
+        REASON_SUCCEEDED,
+        REASON_UNENFORCEABLE,
+        REASON_UNQUEUEABLE,
+    }
+)
+"""Every reason this recorder posts: the bounded label set of ``dispatch_events_dropped_total``."""
 
 
 def default_instance() -> str:
@@ -398,6 +417,11 @@ class EventRecorder:
             self.emit(job, *found)
         if after is not None and after.settled:
             self._last_error.pop(job, None)
+
+    def held(self, job: str, note: str) -> None:
+        """The current object is held outside dispatch: a Warning, since the job will not run until
+        its holder lets go, and dispatch will not undo the hold."""
+        self.emit(job, EVENT_WARNING, REASON_HELD_OUTSIDE, "Wait", note)
 
     def conflicted(self, job: str) -> None:
         """A lost compare-and-swap is routine (metrics count it); no Event."""

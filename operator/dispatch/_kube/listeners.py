@@ -32,6 +32,18 @@ class Fanout:
             except Exception:
                 log.exception("listener %r failed on a step of job %s", listener, job)
 
+    def held(self, job: str, note: str) -> None:
+        """The job's current object is held outside dispatch (``note`` says by whom): tell those
+        listeners that care (the EventRecorder); it is not part of the core's Listener protocol."""
+        for listener in self.listeners:
+            told = getattr(listener, "held", None)
+            if told is None:
+                continue
+            try:
+                told(job, note)
+            except Exception:
+                log.exception("listener %r failed on a hold of job %s", listener, job)
+
     def conflicted(self, job: str) -> None:
         for listener in self.listeners:
             try:

@@ -43,17 +43,6 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .. import _registry
-from .._constants import (
-    REASON_BACKEND_ERROR,
-    REASON_CANCELLED,
-    REASON_FAILED,
-    REASON_INVALID_SPEC,
-    REASON_OBJECT_ENDED,
-    REASON_ORPHAN_ENDED,
-    REASON_RECOVERING,
-    REASON_SUCCEEDED,
-    REASON_UNENFORCEABLE,
-)
 from .._decide import Authorize, RecordRestarts, Step
 from .._model import (
     FAILURE_CAUSES,
@@ -69,6 +58,7 @@ from .._model import (
 )
 from .._protocols import Backend, Unsubscribe, Wake
 from .._version import __version__
+from .events import EVENT_REASONS
 
 RECORDED_STATES: Final = tuple(s for s in State if s not in (State.RUNNING, State.CANCELLING))  # status-only
 VERBS: Final = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
@@ -89,20 +79,6 @@ RESOURCES: Final = OPERATOR_RESOURCES | {
 }
 """The resource label's values: a bounded set, so an unexpected path cannot grow the series."""
 REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-EVENT_REASONS: Final = frozenset(
-    {
-        REASON_BACKEND_ERROR,
-        REASON_CANCELLED,
-        REASON_FAILED,
-        REASON_INVALID_SPEC,
-        REASON_OBJECT_ENDED,
-        REASON_ORPHAN_ENDED,
-        REASON_RECOVERING,
-        REASON_SUCCEEDED,
-        REASON_UNENFORCEABLE,
-    }
-)
-"""The reasons dispatch's Events carry (dispatch._kube.events): the label's bounded set."""
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from .._api import observed_fields
+from .._constants import STATUS_OBSERVED_NOTE
 from .._decide import WRITES, Done, Wait
 from .._errors import VersionConflict
 from .._supervisor import Intent, Supervisor
@@ -38,9 +39,14 @@ class ObservingSupervisor(Supervisor):
         decision = intent.decision
         store = self.store
         if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
+            note = _note(intent)
+            before = store.observed(job).get(STATUS_OBSERVED_NOTE, "")
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
-                await store.observe(job, decision.state, decision.cause, intent.version, _note(intent))
+                written = await store.observe(job, decision.state, decision.cause, intent.version, note)
+                held = getattr(self.listener, "held", None)
+                if written is not None and note and note != before and held is not None:
+                    held(job, note)  # once per new holder: an Event says what status now shows
         return intent
 
     async def perform(self, intent: Intent) -> None:

@@ -155,6 +155,11 @@ class KubeRecordStore:
             status.update(observing if observing is not None else seen.observed)
         return await self._put_status(record.job, status, expected)
 
+    def observed(self, job: str) -> dict[str, str]:
+        """The observed fields of the last version of ``job`` this store read or wrote ({} if none)."""
+        seen = self._seen.get(job)
+        return dict(seen.observed) if seen is not None else {}
+
     def observing(self, job: str, fields: dict[str, str]) -> None:
         """The observed fields the next :meth:`put` of ``job`` writes (what its decision shows)."""
         self._observing[job] = fields
