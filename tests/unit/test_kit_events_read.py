@@ -8,7 +8,6 @@ jobs). One read in flight per namespace serves them all, and its answer is kept 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,21 +15,9 @@ from dispatch._errors import BackendError
 from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._classify import evidence_events
+from tests.unit.test_kueue_kit import _Response
 
 EVENT = {"metadata": {"name": "e1", "namespace": "team"}, "reason": "Preempted"}
-
-
-class _Response:
-    def __init__(self, status: int, body: Any) -> None:
-        self.status = status
-        self.reason = "OK" if status < 300 else "Error"
-        self._raw = json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._raw
-
-    def release(self) -> None:
-        pass
 
 
 class EventsApi:
