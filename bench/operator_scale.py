@@ -228,8 +228,11 @@ class World(Timeline):
 class Operator:
     """The operator process, started as a user would, from a source tree."""
 
-    def __init__(self, identity: Path, work: Path, tree: Path, no_events: bool) -> None:
+    def __init__(
+        self, identity: Path, work: Path, tree: Path, no_events: bool, flags: Sequence[str] = ()
+    ) -> None:
         self.identity, self.work, self.tree, self.no_events = identity, work, tree, no_events
+        self.flags = tuple(flags)
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.log: Path = work / "operator-0.log"
@@ -242,7 +245,7 @@ class Operator:
         self.starts += 1
         argv = [sys.executable, "-m", "dispatch._kube", f"--kubeconfig={self.identity}"]
         argv += [f"--namespace={NAMESPACE}", "--log-level=INFO", f"--metrics-port={self.port}"]
-        argv += ["--metrics-addr=127.0.0.1", *(["--no-events"] if self.no_events else [])]
+        argv += ["--metrics-addr=127.0.0.1", *(["--no-events"] if self.no_events else []), *self.flags]
         env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")}
         self.started_at = time.time()
         with self.log.open("wb") as log:
@@ -395,7 +398,14 @@ class Bench:
         self.nodes: list[str] = []
 
     def say(self, text: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} [load {load()}] {text}", file=sys.stderr, flush=True)
+        """One phase's line, with the invariant monitor's tally so far; the JSON is rewritten too,
+        so that a run stopped in a later phase keeps what the earlier ones measured."""
+        w = self.world
+        tally = f"monitor: {w.events} PyTorchJob events checked, {len(w.violations)} violations"
+        print(f"{time.strftime('%H:%M:%S')} [load {load()}] {text} [{tally}]", file=sys.stderr, flush=True)
+        if self.args.json is not None:
+            self.result["monitor_so_far"] = {"events_checked": w.events, "violations": len(w.violations)}
+            self.args.json.write_text(json.dumps(self.result, indent=1, default=str) + "\n")
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -514,7 +524,9 @@ class Bench:
         self.nodes = self.add_nodes("bench-node-", -(-self.n // self.slots))
         self.say(f"{len(self.nodes)} nodes of {self.slots} slots Ready")
         identity = self.lab.mint_user(OPERATOR_USER, ["system:masters"])
-        self.operator = Operator(identity, self.work, tree, self.args.no_events)
+        flags = shlex.split(self.args.operator_flags)
+        self.operator = Operator(identity, self.work, tree, self.args.no_events, flags)
+        self.result["operator_flags"] = flags
         self.result["operator_tree"] = str(tree)
         stamp = tree / "COMMIT"  # write the commit there beside a git archive
         self.result["operator_commit"] = (
@@ -961,7 +973,8 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM too: the lab and the operator are stopped on the way out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The bench's options (other benchmarks on this harness take its defaults from here)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -976,6 +989,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-events", action="store_true", help="run the operator without Kubernetes Events")
     parser.add_argument("--no-peer", action="store_true", help="skip the batch/v1 Job peer")
     parser.add_argument(
+        "--operator-flags",
+        default="",
+        help="more flags for the operator, e.g. '--write-qps=0' (no write limit: its own capacity)",
+    )
+    parser.add_argument(
         "--training-operator-flags",
         default="--kube-api-qps=100 --kube-api-burst=200 --controller-threads=4",
         help="the training operator's client flags (its defaults 20/30, 1 thread: minutes per 1,000 jobs)",
@@ -988,9 +1006,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--appliers", type=int, default=8, help="kubectl processes applying the DispatchJobs")
     parser.add_argument("--keep", action="store_true", help="leave the lab's directory (logs) in place")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parser()
+    args = options.parse_args(argv)
     if args.jobs % args.slots or min(args.preempt, args.jobs) % args.slots:
-        parser.error("--jobs and --preempt must be multiples of --slots (every node full)")
+        options.error("--jobs and --preempt must be multiples of --slots (every node full)")
     signal.signal(signal.SIGTERM, _interrupted)
     bench = Bench(args)
     try:

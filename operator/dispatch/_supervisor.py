@@ -255,7 +255,8 @@ class WorkQueue:
     """The work queue behind :meth:`Supervisor.run_all` and the operator's supervision loop.
 
     Jobs may be added and removed while it runs. Two lanes: urgent (a job woken by failure evidence,
-    a recovery under way) is always taken before routine (a first look, an observe, a poll). A job
+    a recovery under way) is always taken before routine (a first look, an observe, a poll); a
+    recovery under way (a turn that returned URGENT) goes to the head of the urgent lane. A job
     is never worked on by two workers at once; a wake while it is worked on puts it back once that
     turn is done. ``handle(job)`` does one turn; a lost compare-and-swap is AGAIN; a transient error
     is retried after ``retry_delays``; any other error stops the job (``errors``) unless
@@ -308,7 +309,8 @@ class WorkQueue:
             done = self.idle.setdefault(job, asyncio.Event())
             await done.wait()
 
-    def enqueue(self, job: str, *, urgent: bool = False) -> None:
+    def enqueue(self, job: str, *, urgent: bool = False, first: bool = False) -> None:
+        """Queue ``job`` for a turn; ``first`` (urgent only) puts it at the head of the urgent lane."""
         if job not in self.pending:
             return
         if job in self.busy:
@@ -317,7 +319,11 @@ class WorkQueue:
                 self.dirty_urgent.add(job)
         elif job not in self.queued or urgent:
             self.queued.add(job)
-            self.lanes[0 if urgent else 1].append(job)  # a routine entry left behind is skipped
+            lane = self.lanes[0 if urgent else 1]
+            if urgent and first:
+                lane.appendleft(job)
+            else:
+                lane.append(job)  # a routine entry left behind is skipped
             self.wake.set()
 
     def finish(self, job: str) -> None:
@@ -377,7 +383,11 @@ class WorkQueue:
                 if turn in (Turn.AGAIN, Turn.URGENT) or job in self.dirty:
                     self.dirty.discard(job)
                     self.dirty_urgent.discard(job)
-                    self.enqueue(job, urgent=urgent)
+                    # A recovery under way goes on before recoveries not yet begun: after a mass
+                    # preemption each job is released within its own few steps, instead of every
+                    # job waiting for every other job's next step (round-robin released none
+                    # until the last lap).
+                    self.enqueue(job, urgent=urgent, first=turn is Turn.URGENT)
             # A backend whose calls never suspend (the memory backend) would otherwise keep this
             # worker, and so the event loop, busy until every job waits: one step, then yield.
             await asyncio.sleep(0)

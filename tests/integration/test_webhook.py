@@ -23,7 +23,12 @@ import kopf
 import pytest
 import yaml
 
-from dispatch._constants import ANNOTATION_CANCELLED_BY, ANNOTATION_SUBMITTED_BY, WEBHOOK_VALIDATE_ID
+from dispatch._constants import (
+    ANNOTATION_CANCELLED_BY,
+    ANNOTATION_SUBMITTED_BY,
+    FINALIZER,
+    WEBHOOK_VALIDATE_ID,
+)
 from dispatch._kube import webhook
 from dispatch._kube.main import _connection_info
 from dispatch._kube.settings import operator_settings
@@ -182,9 +187,12 @@ def test_the_recorded_actor_is_who_applied_it(
         body = job(f"by-{who}")
         body["metadata"]["annotations"] = {ANNOTATION_SUBMITTED_BY: "human:mallory"}
         apply_as(kube_cluster, body, namespace, kubeconfig)
-        annotations = kube_cluster.get("dispatchjob", f"by-{who}", namespace)["metadata"]["annotations"]
+        meta = kube_cluster.get("dispatchjob", f"by-{who}", namespace)["metadata"]
+        annotations = meta["annotations"]
         assert annotations[ANNOTATION_SUBMITTED_BY] == f"human:{who}"
         assert ANNOTATION_CANCELLED_BY not in annotations
+        # The loop's finalizer arrives with the object (no patch of the loop's needed), once.
+        assert meta["finalizers"].count(FINALIZER) == 1
 
     # A server-side dry run shows the same.
     shown = yaml.safe_load(

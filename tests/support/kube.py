@@ -51,7 +51,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch._constants import OBJECT_FINALIZER
+from dispatch._constants import FINALIZER, GROUP, OBJECT_FINALIZER, PLURAL
 from dispatch._registry import kubernetes_backends
 from tests.support.controlplane import ControlPlane, resolve_binaries
 from tests.support.lab import Kubeflow, Lab, LabError
@@ -327,12 +327,15 @@ def let_go(cluster: KubeCluster, namespace: str) -> None:
     items = _items(cluster, namespace, ",".join(kinds))  # one request for every kind...
     if items is None:  # ...or one per kind when a CRD is not installed (the lab's extras not started)
         items = [item for kind in kinds for item in _items(cluster, namespace, kind) or ()]
+    # DispatchJobs too: the mutating webhook gives each the loop's finalizer on creation.
+    items += _items(cluster, namespace, f"{PLURAL}.{GROUP}") or []
     for item in items:
         finalizers = item["metadata"].get("finalizers") or []
-        if OBJECT_FINALIZER not in finalizers:
+        held = next((f for f in (OBJECT_FINALIZER, FINALIZER) if f in finalizers), None)
+        if held is None:
             continue
-        at = f"/metadata/finalizers/{finalizers.index(OBJECT_FINALIZER)}"
-        patch = [{"op": "test", "path": at, "value": OBJECT_FINALIZER}, {"op": "remove", "path": at}]
+        at = f"/metadata/finalizers/{finalizers.index(held)}"
+        patch = [{"op": "test", "path": at, "value": held}, {"op": "remove", "path": at}]
         group = item["apiVersion"].rpartition("/")[0]
         kind = f"{item['kind'].lower()}.{group}" if group else item["kind"].lower()
         cluster.kubectl(

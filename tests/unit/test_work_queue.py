@@ -34,6 +34,31 @@ async def test_urgent_jobs_are_taken_before_routine_ones_queued_earlier() -> Non
     assert order == ["recovery", "routine-a", "routine-b"]
 
 
+async def test_a_recovery_under_way_goes_on_before_recoveries_not_yet_begun() -> None:
+    # Three jobs woken at once by a mass preemption, each needing three steps, one worker: each job
+    # finishes its recovery before the next begins (round-robin would release none until the end).
+    order: list[str] = []
+    steps = dict.fromkeys(("a", "b", "c"), 3)
+    done = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        order.append(job)
+        steps[job] -= 1
+        if not any(steps.values()):
+            done.set()
+        return Turn.URGENT if steps[job] else Turn.WAIT
+
+    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
+    for job in steps:
+        queue.add(job, urgent=True)
+    worker = asyncio.create_task(queue.work())
+    try:
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        worker.cancel()
+    assert order == ["a", "a", "a", "b", "b", "b", "c", "c", "c"]
+
+
 async def test_jobs_come_and_go_while_it_runs_and_a_removed_job_has_no_turn_after() -> None:
     turns: dict[str, int] = {}
     gate = asyncio.Event()

@@ -29,7 +29,9 @@ from .._constants import (
     REASON_UNENFORCEABLE,
     REASON_UNQUEUEABLE,
 )
+from .._decide import Authorize, apply, decide
 from .._errors import PlanError, VersionConflict
+from .._model import SUPERVISOR
 from .._plan import make_plan
 from .._protocols import Backend
 from .._supervisor import Listener
@@ -99,11 +101,23 @@ class Runtime:
                 return False
             await self._refuse(job, REASON_UNENFORCEABLE, f"rules[{error.rule}]: {error.reason}", version)
             return False
+        planned = new_record(body, spec, plan)
+        # The first decision on a planned record is pure (nothing is authorized, so no object can
+        # be the job's yet): write the plan and the authorization of submission 1 in one
+        # compare-and-swap, one API write fewer per job than two records.
+        first = decide(planned, ()).step
+        record = planned
+        if isinstance(first, Authorize):
+            record = apply(planned, first, actor=SUPERVISOR, now=self.store.clock())
         try:
-            await self.store.put(new_record(body, spec, plan), version)
+            await self.store.put(record, version)
         except VersionConflict:
             return False
         log.info("job %s planned: %s", job, plan.model_dump(mode="json"), extra={"job": job})
+        if record is not planned:
+            log.info("job %s submission 1: authorized with the plan", job, extra={"job": job})
+            if self.listener is not None:
+                self.listener.stepped(job, first, planned, record)
         return False  # read again: the supervisor starts from the written record
 
     async def _refuse(self, job: str, reason: str, message: str, version: str) -> None:

@@ -14,6 +14,8 @@ Mutating (``/mutate-dispatchjob``, CREATE and UPDATE)
     ``dispatch.dev/submitted-by`` on CREATE and ``dispatch.dev/cancelled-by`` when an UPDATE turns
     ``spec.cancel`` true. Whatever a user wrote into those annotations is overwritten (on CREATE) or
     put back to what it was (on any other UPDATE), so neither can be forged through the API.
+    On CREATE it also adds the deletion finalizer (``dispatch.dev/finalizer``) that the supervision
+    loop would otherwise add with a patch on its first look: one API write fewer per job.
 
 Without the webhooks the operator still refuses unenforceable jobs (in status, reason
 ``UnenforceableRule``) and records ``human:unknown`` as the actor: they are optional.
@@ -54,6 +56,7 @@ from .._api import SpecError, backend_of, job_spec
 from .._constants import (
     ANNOTATION_CANCELLED_BY,
     ANNOTATION_SUBMITTED_BY,
+    FINALIZER,
     GROUP,
     PLURAL,
     VERSION,
@@ -176,6 +179,18 @@ def annotations_to_set(
     return {key: value for key, value in want.items() if current.get(key) != value}
 
 
+def finalizers_to_set(body: Mapping[str, Any], operation: str | None) -> list[str] | None:
+    """The finalizers a new DispatchJob gets (with the loop's), or None: never on UPDATE, where the
+    loop may just have removed it to let a deleted job go."""
+    if operation != "CREATE":
+        return None
+    meta = body.get("metadata") or {}
+    current = list(meta.get("finalizers") or ())
+    if FINALIZER in current or meta.get("deletionTimestamp"):
+        return None
+    return [*current, FINALIZER]
+
+
 # ---- kopf handlers ----------------------------------------------------------------------------------
 
 
@@ -197,6 +212,9 @@ def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = def
         changes = annotations_to_set(body, kwargs.get("old"), operation, kwargs.get("userinfo"))
         for key, value in changes.items():
             patch.meta.annotations[key] = value
+        finalizers = finalizers_to_set(body, operation)
+        if finalizers is not None:
+            patch.setdefault("metadata", {})["finalizers"] = finalizers
         if changes:
             meta = body.get("metadata") or {}
             log.info(
