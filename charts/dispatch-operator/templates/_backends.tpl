@@ -25,12 +25,13 @@
   verbs: ["get", "list", "watch", "delete", "deletecollection"]
 {{- end }}
 {{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
-# job, jobset, kubeflow, trainjob: The scheduler's Preempted and the taint manager's
-# TaintManagerEviction events of the backend's pods, read when the pods are gone (after a restart of
-# the operator).
+# job, jobset, kubeflow, trainjob: The scheduler's Preempted, the taint manager's
+# TaintManagerEviction and the kubelet's Evicted events of the backend's pods, and its controller's
+# failure to create them: watched (one watch per reason) to say why pods ended that are gone (after
+# a restart of the operator, or when the pod watch lags). Read only.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- if or (has "job" $enabled) (has "jobset" $enabled) (has "kubeflow" $enabled) (has "trainjob" $enabled) }}
 # job, jobset, kubeflow, trainjob: Kueue's Workloads of the objects of jobs with spec.queue (found

@@ -31,9 +31,11 @@ NODE_RULE: Final = PolicyRule(
 POD_EVENT_RULE: Final = PolicyRule(
     ("",),
     ("events",),
-    ("list",),
-    why="The scheduler's Preempted and the taint manager's TaintManagerEviction events of the backend's "
-    "pods, read when the pods are gone (after a restart of the operator).",
+    ("list", "watch"),
+    why="The scheduler's Preempted, the taint manager's TaintManagerEviction and the kubelet's Evicted "
+    "events of the backend's pods, and its controller's failure to create them: watched (one watch per "
+    "reason) to say why pods ended that are gone (after a restart of the operator, or when the pod "
+    "watch lags). Read only.",
 )
 
 WORKLOAD_VERBS: Final = ("create", "get", "list", "watch", "patch", "delete")

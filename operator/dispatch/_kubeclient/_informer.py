@@ -5,7 +5,11 @@ with bookmarks, so a reconnect resumes where it left off; a 410 Gone (the resour
 compacted away) or any other break of the stream makes it list again. Every change is handed to
 ``on_change(old, new)`` (``new`` None for a deletion), also the differences a re-list reveals.
 With ``project``, only ``project(body)`` of each object is kept and handed on (the workload kit's
-slim projection): the whole body lives only while its event is read.
+slim projection): the whole body lives only while its event is read. With ``store=False`` nothing
+is kept at all: every body is only handed on (``on_change(None, body)`` for each one listed or
+added or modified, ``on_change(body, None)`` for a deletion), for a consumer that keeps the few it
+needs itself (the kit's disruption Events: most of a namespace's are about pods that are not its own).
+A re-list then hands on every item again and cannot tell what was deleted meanwhile.
 """
 
 from __future__ import annotations
@@ -56,17 +60,21 @@ class Informer:
         path: str,
         *,
         label_selector: str,
+        field_selector: str = "",
         on_change: OnChange,
         on_relist: Callable[[str], None] | None = None,
         project: Callable[[Body], Body] | None = None,
+        store: bool = True,
         what: str,
     ) -> None:
         self.api = api
         self.path = path
         self.label_selector = label_selector
+        self.field_selector = field_selector or None
         self.on_change = on_change
         self.on_relist = on_relist
         self.project = project
+        self.store = store
         self.what = what
         self.items: dict[str, Body] = {}
         self.synced = asyncio.Event()
@@ -104,11 +112,20 @@ class Informer:
                 self.api,
                 "GET",
                 self.path,
-                query={"labelSelector": self.label_selector, "limit": PAGE, "continue": token},
+                query={
+                    "labelSelector": self.label_selector,
+                    "fieldSelector": self.field_selector,
+                    "limit": PAGE,
+                    "continue": token,
+                },
                 request_timeout=60,
             )
             for item in page.get("items") or []:
-                fresh[key_of(item)] = self.project(item) if self.project is not None else item
+                kept = self.project(item) if self.project is not None else item
+                if self.store:
+                    fresh[key_of(kept)] = kept
+                else:
+                    self.on_change(None, kept)
             meta = page.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
@@ -137,6 +154,7 @@ class Informer:
             query={
                 "watch": True,
                 "labelSelector": self.label_selector,
+                "fieldSelector": self.field_selector,
                 "resourceVersion": self.resource_version,
                 "allowWatchBookmarks": True,
                 "timeoutSeconds": seconds,
@@ -171,6 +189,12 @@ class Informer:
                 self.events += 1
                 if self.project is not None:
                     obj = self.project(obj)
+                if not self.store:
+                    if kind == "DELETED":
+                        self.on_change(obj, None)
+                    else:
+                        self.on_change(None, obj)
+                    continue
                 key = key_of(obj)
                 before = self.items.get(key)
                 if kind == "DELETED":

@@ -3,7 +3,8 @@
 Object ids are ``"<namespace>/<object name>"``; job ids are ``"<namespace>/<name>"``.
 
 One list+watch per resource (the kind's objects and the pods labelled
-``app.kubernetes.io/managed-by=dispatch``) feeds an in-memory cache shared by every job: one
+``app.kubernetes.io/managed-by=dispatch``, and the disruption Events by field selector, kept as a slim
+index per object) feeds an in-memory cache shared by every job: one
 :class:`_Tracked` per object, holding everything known about it (its body from the watch, our own
 last write, its pods, what they said before they went, its stop). Each event wakes the subscribers
 of the job it belongs to, so the path from a pod or object change to the supervisor's next decision
@@ -63,7 +64,9 @@ from ._classify import (
     best,
     classify,
     ended_annotation,
+    event_about,
     event_evidence,
+    event_objects,
     evidence_events,
     kind_evidence,
     needs_node,
@@ -71,6 +74,7 @@ from ._classify import (
     object_shape,
     owner_of,
     parse_time,
+    project_event,
     project_object,
     project_pod,
     restart_budget,
@@ -90,6 +94,8 @@ from ._kueue import (
 
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
+MAX_EARLY_EVENTS: Final = 2_000
+"""Object names under which disruption Events about objects not (yet) tracked are kept."""
 NODE_CACHE_SECONDS: Final = 10.0
 EVENTS_CACHE_SECONDS: Final = 2.0
 LOOK_AGAIN_SECONDS: Final = 3.0
@@ -256,6 +262,9 @@ class WorkloadBackend:
         self._nodes: dict[str, tuple[bool, float]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._events: dict[str, tuple[float, list[Body]]] = {}  # namespace -> (until, disruption events)
+        self._event_informers: dict[str | None, list[Informer]] = {}  # scope -> its disruption Events watches
+        self._evidence: dict[str, dict[str, Body]] = {}  # object id -> {event key: slim Event about it}
+        self._early_events: OrderedDict[str, dict[str, Body]] = OrderedDict()  # the same, object not seen yet
         self._events_reading: dict[str, asyncio.Future[list[Body]]] = {}  # namespace -> the read in flight
         self._kueue_wanted = kueue
         self._workloads: Workloads | None = None
@@ -570,8 +579,35 @@ class WorkloadBackend:
                 )
             )
         self._informers = [*objects, *pods]
+        self._event_informers = {
+            ns: [
+                Informer(
+                    self.api,
+                    f"/api/v1/namespaces/{ns}/events" if ns else "/api/v1/events",
+                    label_selector="",
+                    field_selector=f"involvedObject.kind={kind},reason={reason}",
+                    on_change=self._event_changed,
+                    project=project_event,
+                    store=False,
+                    what=f"{kind} {reason} events{f' in {ns}' if ns else ''}",
+                )
+                for kind, reason in evidence_events(self.kind)
+            ]
+            for ns in scopes
+        }
         name = self.kind.name
         self._tasks = [loop.create_task(i.run(), name=f"dispatch-{name}-{i.what}") for i in self._informers]
+        self._tasks += [
+            loop.create_task(self._watch_events(i, objects), name=f"dispatch-{name}-{i.what}")
+            for informers in self._event_informers.values()
+            for i in informers
+        ]
+
+    async def _watch_events(self, informer: Informer, objects: Sequence[Informer]) -> None:
+        """The disruption Events, listed once the objects are: every Event about an object that
+        exists then finds it tracked (the others wait in :attr:`_early_events` for their object)."""
+        await asyncio.gather(*(i.synced.wait() for i in objects))
+        await informer.run()
 
     async def _synced(self) -> None:
         self._start()
@@ -642,6 +678,7 @@ class WorkloadBackend:
             self._index(oid, job)
             for pod in self._early.pop(oid, ()):
                 self._retain(oid, new, pod)
+            self._claim_events(oid, new)
             mine = state.overlay
             if mine is not None and (resource_version(new) or 0) >= (resource_version(mine) or 0):
                 state.overlay = None
@@ -734,6 +771,8 @@ class WorkloadBackend:
 
     def _forget(self, oid: str) -> None:
         self._early.pop(oid, None)
+        self._evidence.pop(oid, None)
+        self._early_events.pop(oid, None)
         state = self._tracked.pop(oid, None)
         if state is None:
             return
@@ -747,6 +786,72 @@ class WorkloadBackend:
             timer = self._timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
+
+    def _event_changed(self, old: Body | None, new: Body | None) -> None:
+        """From the disruption Events watches (which keep nothing themselves): an Event about an
+        object this process tracks goes into that object's index and wakes its job, so an Event
+        that arrives after the end it explains (the pod watch lagging, or pods gone before this
+        process saw them) is read without a poll; one about no object seen yet waits in
+        :attr:`_early_events`; one the API server deleted (its TTL, an hour by default) is dropped."""
+        event = new if new is not None else old
+        if event is None:
+            return
+        namespace = event.get("metadata", {}).get("namespace", "")
+        key = key_of(event)
+        oids = [f"{namespace}/{name}" for name in event_objects(self.kind, event)]
+        if new is None:
+            for oid in oids:
+                for kept in (self._evidence, self._early_events):
+                    events = kept.get(oid)
+                    if events is not None:
+                        events.pop(key, None)
+                        if not events:
+                            del kept[oid]
+            return
+        placed = False
+        for oid in oids:
+            body = self._current(oid)
+            if body is not None and event_about(self.kind, body, new):
+                placed = True
+                self._index_event(oid, body, key, new)
+        if placed:
+            return
+        for oid in oids:
+            self._early_events.setdefault(oid, {})[key] = new
+            self._early_events.move_to_end(oid)
+        while len(self._early_events) > MAX_EARLY_EVENTS:
+            self._early_events.popitem(last=False)
+
+    def _index_event(self, oid: str, body: Body, key: str, event: Body) -> None:
+        if (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ENDED):
+            return  # its cause is written on it: never looked for again
+        events = self._evidence.setdefault(oid, {})
+        if events.get(key) == event:
+            return  # listed again
+        events[key] = event
+        state = self._tracked.get(oid)
+        if state is not None:
+            self._wake(state.job)
+
+    def _claim_events(self, oid: str, body: Body) -> None:
+        """``oid`` is tracked (again): the Events that arrived before it are its own now, and an
+        object whose cause is written on it needs none."""
+        early = self._early_events.pop(oid, None)
+        if (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ENDED):
+            self._evidence.pop(oid, None)
+            return
+        for key, event in (early or {}).items():
+            if event_about(self.kind, body, event):
+                self._index_event(oid, body, key, event)
+
+    def _indexed_events(self, oid: str) -> builtins.list[Body] | None:
+        """The disruption Events about ``oid`` from the watches' index, or None while those watches
+        have not listed yet (or do not cover its namespace)."""
+        namespace, _ = split_id(oid, "object")
+        informers = self._event_informers.get(None if self.namespaces is None else namespace)
+        if not informers or not all(i.synced.is_set() for i in informers):
+            return None
+        return builtins.list(self._evidence.get(oid, {}).values())
 
     def _tombstone(self, view: ObjectView) -> None:
         self._tombstones[view.id] = view
@@ -765,6 +870,7 @@ class WorkloadBackend:
         owner = owner_of(body)
         self._index(oid, job if job is not None else (owner[0] if owner is not None else None))
         self._tombstones.pop(oid, None)
+        self._claim_events(oid, body)
 
     def _current(self, oid: str) -> Body | None:
         state = self._tracked.get(oid)
@@ -826,8 +932,10 @@ class WorkloadBackend:
         When the cache holds no reason for an object's end (the pods are gone, the pod watch lags
         the object watch, or this process started after the fact), the API server is asked once:
         the pods themselves, then the disruption events Kubernetes recorded on them (see
-        :meth:`_look_for_evidence`). A released object restarting pods in place is looked at once per
-        process the same way, since its controller may recreate a preempted pod by itself."""
+        :meth:`_look_for_evidence`; the events come from the Events watches' index once they have
+        listed, and an Event arriving later wakes the job and is read here without a request). A
+        released object restarting pods in place is looked at once per process the same way, since
+        its controller may recreate a preempted pod by itself."""
         state = self._state(oid)
         verdict = await self._classify_cached(oid, body)
         view = verdict.view
@@ -858,9 +966,16 @@ class WorkloadBackend:
             # released object has no pod at all (its controller may be failing to create them).
             again = podless and not recreating
             state.looked = now + LOOK_AGAIN_SECONDS if again else float("inf")
-            if again and view.job:
+            if again and view.job and self._indexed_events(oid) is None:
+                # (With the Events watches listed, the controller's Event wakes the job itself.)
                 self._wake_at(f"look:{oid}", view.job, self._clock() + LOOK_AGAIN_SECONDS)
             if await self._look_for_evidence(oid, body, pods_too=unexplained):
+                verdict = await self._classify_cached(oid, body)
+        elif (unexplained or podless) and not annotated and oid in self._evidence:
+            # An Event arrived since the last look (the watch woke the job): read from the index.
+            events = self._indexed_events(oid)
+            found = event_evidence(self.kind, body, events) if events else None
+            if found is not None and self._keep_evidence(oid, [found]):
                 verdict = await self._classify_cached(oid, body)
         return verdict
 
@@ -906,7 +1021,8 @@ class WorkloadBackend:
 
         First (``pods_too``) the pods by label, read now (the pod watch may lag the object watch
         that brought the end). Then the events Kubernetes wrote on them, which outlive the pods
-        (an hour by default): the scheduler's ``Preempted``, the taint manager's
+        (an hour by default), from the Events watches' index (read with a LIST only until those
+        watches have listed once): the scheduler's ``Preempted``, the taint manager's
         ``TaintManagerEviction``, the kubelet's ``Evicted``, and the controller's
         ``create_failure_reason`` on the object (its pods can never be created). Only events from
         after the object was created count, so a reused name cannot inherit an old cause."""
@@ -929,7 +1045,9 @@ class WorkloadBackend:
                         if evidence is not None and evidence.terminal:
                             found.append(evidence)
             if not found:
-                events = await self._disruption_events(namespace)
+                events = self._indexed_events(oid)
+                if events is None:  # the Events watches have not listed yet: read them
+                    events = await self._disruption_events(namespace)
                 evidence = event_evidence(self.kind, body, events)
                 if evidence is not None:
                     found.append(evidence)
@@ -937,6 +1055,11 @@ class WorkloadBackend:
             self._log.debug("look for the evidence of %s: %s", oid, error)
             state.looked = 0.0  # try again on the next list()
             return False
+        return self._keep_evidence(oid, found)
+
+    def _keep_evidence(self, oid: str, found: builtins.list[Evidence]) -> bool:
+        """Keep the best of ``found`` and what was kept before; True if that changed."""
+        state = self._state(oid)
         kept = best([*found, *([state.retained] if state.retained is not None else [])])
         if kept is None or kept == state.retained:
             return False
@@ -1370,4 +1493,5 @@ class WorkloadBackend:
 
     def watch_events(self) -> int:
         """How many watch events the shared watches have delivered (not counting lists)."""
-        return sum(i.events for i in self._informers)
+        events = (i for informers in self._event_informers.values() for i in informers)
+        return sum(i.events for i in (*self._informers, *events))

@@ -438,30 +438,81 @@ def _event_time(event: Mapping[str, Any]) -> float | None:
     return None
 
 
+EVENT: Final[Mapping[str, Shape]] = {
+    "metadata": {"name": True, "namespace": SHARED, "creationTimestamp": True},
+    "involvedObject": {"kind": SHARED, "name": True},
+    "reason": SHARED,
+    "message": Clip(_MAX_DETAIL),
+    "lastTimestamp": True,
+    "eventTime": True,
+    "firstTimestamp": True,
+}
+"""What the kit keeps of a disruption Event (its watch's index): what :func:`event_evidence` reads.
+The message is only ever shown in a cause's detail, cut to the detail's length."""
+
+
+def project_event(event: Body) -> Body:
+    """``event`` as the kit's index keeps it (:data:`EVENT`)."""
+    kept: Body = project(event, EVENT)
+    return kept
+
+
+def event_objects(kind: Kind, event: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names the object an Event is about may have: its own for the kind's event; for a pod's,
+    each leading part of the pod's name that ends in ``-<number>`` (objects are named
+    ``<job>-<submission>`` and their pods after them), so that the pod's object is found by name
+    without scanning. :func:`event_about` then says which (if any) it really is."""
+    involved = event.get("involvedObject") or {}
+    name = str(involved.get("name") or "")
+    if involved.get("kind") == kind.resource.kind:
+        return (name,) if name else ()
+    if involved.get("kind") != "Pod":
+        return ()
+    found: list[str] = []
+    at = name.find("-")
+    while at > 0:
+        head = name[:at]
+        if "-" in head and head.rpartition("-")[2].isdigit():
+            found.append(head)
+        at = name.find("-", at + 1)
+    return tuple(found)
+
+
+def event_about(kind: Kind, body: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
+    """Whether ``event`` is about ``body`` or one of its pods, and from after ``body`` was created:
+    the events of an older object of the same name cannot explain this one. (Not
+    ``status.startTime``: when its pods are refused a controller may never write a status after
+    the resume.)"""
+    meta = body.get("metadata", {})
+    name = meta.get("name", "")
+    start = parse_time(meta.get("creationTimestamp"))
+    if not name or start is None:
+        return False
+    at = _event_time(event)
+    if at is None or at < start:
+        return False
+    involved = event.get("involvedObject") or {}
+    target = involved.get("name") or ""
+    if involved.get("kind") == "Pod":
+        return bool(target.startswith(kind.pod_prefixes(dict(body))))
+    return involved.get("kind") == kind.resource.kind and target == name
+
+
 def event_evidence(
     kind: Kind, body: Mapping[str, Any], events: Iterable[Mapping[str, Any]]
 ) -> Evidence | None:
     """What Kubernetes' events say about why the pods of ``body`` ended (pods that may be gone).
 
-    Only events at or after the object's creation count: the events of an older object of the same
-    name cannot explain this one. (Not ``status.startTime``: when its pods are refused a controller
-    may never write a status after the resume.)"""
-    meta = body.get("metadata", {})
-    name = meta.get("name", "")
-    start = parse_time(meta.get("creationTimestamp"))
-    if not name or start is None:
-        return None
-    prefixes = kind.pod_prefixes(dict(body))
+    Only events about it from after its creation count (:func:`event_about`)."""
     found: list[Evidence] = []
     for event in events:
-        involved = event.get("involvedObject") or {}
-        at = _event_time(event)
-        if at is None or at < start:
+        if not event_about(kind, body, event):
             continue
+        involved = event.get("involvedObject") or {}
         reason = event.get("reason") or ""
         message = event.get("message") or ""
         target = involved.get("name") or ""
-        if involved.get("kind") == "Pod" and target.startswith(prefixes):
+        if involved.get("kind") == "Pod":
             if reason == "Preempted":
                 cause = CauseKind.PREEMPTED
             elif reason == "TaintManagerEviction" and message.startswith("Marking for deletion"):
@@ -472,12 +523,7 @@ def event_evidence(
                 continue
             text = detail(f"pod {target}", reason, message, "from its event")
             found.append(Evidence(Cause(kind=cause, detail=text), terminal=True))
-        elif (
-            involved.get("kind") == kind.resource.kind
-            and target == name
-            and reason == kind.create_failure_reason
-            and any(mark in message for mark in _REFUSED_POD_MARKS)
-        ):
+        elif reason == kind.create_failure_reason and any(mark in message for mark in _REFUSED_POD_MARKS):
             text = detail(f"the {kind.resource.kind} controller cannot create its pods", message)
             found.append(Evidence(Cause(kind=CauseKind.LAUNCH_FAILED, detail=text), terminal=True))
     return best(found)
