@@ -251,6 +251,8 @@ class WorkloadBackend:
         self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
+        self._resubmits: dict[str, frozenset[CauseKind]] = {}  # job id -> its plan's (learn())
+        self._cause_sets: dict[frozenset[CauseKind], frozenset[CauseKind]] = {}  # one copy of each
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
@@ -451,10 +453,10 @@ class WorkloadBackend:
         await self._synced()
         # A job must not record Settled while one of its objects could still run, so a stop that
         # the controller will not make itself (not deferrable) is awaited by every list() but one:
-        # the first to report it, when this process created the object and its plan makes that
-        # cause a resubmission (the next step is an Authorize, not an outcome; the Create after it
-        # waits, the stop having had the write's time to land). Deferrable stops are made by the
-        # controller itself; the fence in release() covers them all.
+        # the first to report it, when this process created the object (or learned the job's plan:
+        # learn()) and its plan makes that cause a resubmission (the next step is an Authorize, not
+        # an outcome; the Create after it waits, the stop having had the write's time to land).
+        # Deferrable stops are made by the controller itself; the fence in release() covers them all.
         await self._await_stops(job)
         views: list[ObjectView] = []
         for oid in sorted(self._ids_of(job)):
@@ -479,7 +481,7 @@ class WorkloadBackend:
             stop = state.stop
             if stop is not None and not stop.landed and not stop.deferrable and not stop.reported:
                 stop.reported = True
-                if stop.cause.kind not in state.resubmits:
+                if stop.cause.kind not in (state.resubmits or self._resubmits.get(job, frozenset())):
                     await self._await_stop(stop)
             state.last_view = view
             if verdict.recheck_at is not None:
@@ -523,8 +525,24 @@ class WorkloadBackend:
                     wakes.remove(wake)
                 if not wakes:
                     del self._subscribers[job]
+                    self._resubmits.pop(job, None)
 
         return unsubscribe
+
+    def learn(self, job: str, spec: JobSpec, plan: Plan) -> None:
+        """The causes the supervisor answers with a new submission of ``job`` (``plan``'s
+        :func:`~dispatch._decide.resubmitted_causes`), for the objects this process did not create
+        (after a restart of the operator; create() learns them for its own): the first list() that
+        shows one of them stopped for such a cause then does not wait for the stop, as for an object
+        it created (the next step is an Authorize; the release's fence waits for the stop). Kept
+        while the job has subscribers; call it again when the plan changes."""
+        causes = resubmitted_causes(spec, plan)
+        self._resubmits[job] = self._cause_sets.setdefault(causes, causes)
+
+    def use_owner(self, owner: OwnerLookup | None) -> None:
+        """Where the ownerReference of a job's objects comes from from now on (the operator's record
+        store knows each DispatchJob's uid: no GET of the DispatchJob per create)."""
+        self._owner = owner
 
     async def aclose(self) -> None:
         tasks = [*self._tasks, *self._background]
