@@ -940,6 +940,8 @@ class Bench:
                 await self.creation()
                 await self.steady()
                 await self.restart()
+                if self.args.scale_only:
+                    return
                 await self.reaction()
                 await self.mass(core)
                 await self.records(custom)
@@ -989,6 +991,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-events", action="store_true", help="run the operator without Kubernetes Events")
     parser.add_argument("--no-peer", action="store_true", help="skip the batch/v1 Job peer")
     parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="stop after creation, steady state and restart (RSS and sync time at 5,000 or 10,000)",
+    )
+    parser.add_argument(
         "--operator-flags",
         default="",
         help="more flags for the operator, e.g. '--write-qps=0' (no write limit: its own capacity)",
@@ -1014,15 +1021,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = options.parse_args(argv)
     if args.jobs % args.slots or min(args.preempt, args.jobs) % args.slots:
         options.error("--jobs and --preempt must be multiples of --slots (every node full)")
+    return run(Bench(args))
+
+
+def run(bench: Bench) -> int:
+    """Set up, run every phase, stop the lab and report (a SIGTERM stops it on the way out too)."""
     signal.signal(signal.SIGTERM, _interrupted)
-    bench = Bench(args)
     try:
         bench.setup()
         asyncio.run(bench.run())
     finally:
         bench.close()
         bench.result["work_dir"] = str(bench.work)
-        report(bench.result, args.json)
+        report(bench.result, bench.args.json)
     return 0
 
 
