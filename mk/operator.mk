@@ -2,7 +2,7 @@
 # Included by the main Makefile (uses its $(PY) and $(STAMP)). hack/gen.py lists the generated
 # files; add new ones there (a list of (path, render function)).
 
-.PHONY: generate verify operator-bench bench-operator
+.PHONY: generate verify bench-recoveries bench-operator
 
 generate: $(STAMP) ## regenerate crds/ and docs/api.md from the pydantic models
 	$(PY) hack/gen.py
@@ -10,7 +10,7 @@ generate: $(STAMP) ## regenerate crds/ and docs/api.md from the pydantic models
 verify: $(STAMP) ## fail with a diff when a committed generated file is stale
 	$(PY) hack/gen.py --check
 
-operator-bench: bins $(STAMP) ## recoveries on the test control plane: latency and API writes per recovery
+bench-recoveries: bins $(STAMP) ## recoveries on the test control plane: latency and API writes per recovery
 	$(PY) bench/operator_bench.py
 
 # The operator at scale (issue 13): N DispatchJobs on kwok nodes, a restart, preemptions one at a

@@ -1,5 +1,10 @@
 """kopf settings for the operator: everything kopf writes is renamed into the project's group.
 
+kopf watches no resource (:mod:`dispatch._kube.loop` supervises, and owns the finalizer); it serves
+the admission webhooks, start-up and readiness. The names below stay set so that, should a handler
+ever be registered, kopf would write nothing outside the project's group and would use the loop's
+finalizer rather than add a second one:
+
 * progress and diff-base annotations under ``dispatch.dev/`` (never ``kopf.zalando.org``), never in
   ``.status``, which holds only the record;
 * the finalizer ``dispatch.dev/finalizer``;
