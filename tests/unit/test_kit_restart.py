@@ -134,3 +134,17 @@ async def test_the_owner_lookup_given_is_the_one_create_uses(observer: list[Work
         await backend.create(JOB, 1, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
     assert asked == [("team", "train")]
     assert not [c for c in api.calls if "dispatchjobs" in c]  # no GET of the DispatchJob
+
+
+async def test_the_plan_an_object_was_created_with_wins_over_the_learned_one(
+    observer: list[WorkloadBackend],
+) -> None:
+    """An object created by this process after its job's last preemption budget was spent: that
+    end is an outcome, so the list waits for the stop though the plan learned at the start said
+    resubmit."""
+    backend, _ = restarted_kit(observer)
+    spec = spec_with(CauseKind.PREEMPTED)
+    backend.learn(JOB, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
+    backend._state("team/train-1").resubmits = frozenset()  # as create() records a spent budget
+    with pytest.raises(TransientBackendError):
+        await backend.list(JOB)

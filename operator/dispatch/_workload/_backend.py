@@ -161,8 +161,9 @@ class _Tracked:
     restarts: int = 0
     last_view: ObjectView | None = None
     verdict: tuple[tuple[object, ...], Verdict] | None = None
-    resubmits: frozenset[CauseKind] = frozenset()
-    """The causes whose end of it the supervisor answers with a new submission (its plan's)."""
+    resubmits: frozenset[CauseKind] | None = None
+    """The causes whose end of it the supervisor answers with a new submission (the plan it was
+    created with); None for an object this process did not create (then its job's, learn())."""
     released_at: float | None = None
     looked: float = 0.0
     """When (monotonic) its evidence may be looked for on the API server again."""
@@ -481,7 +482,10 @@ class WorkloadBackend:
             stop = state.stop
             if stop is not None and not stop.landed and not stop.deferrable and not stop.reported:
                 stop.reported = True
-                if stop.cause.kind not in (state.resubmits or self._resubmits.get(job, frozenset())):
+                resubmits = state.resubmits
+                if resubmits is None:
+                    resubmits = self._resubmits.get(job, frozenset())
+                if stop.cause.kind not in resubmits:
                     await self._await_stop(stop)
             state.last_view = view
             if verdict.recheck_at is not None:
