@@ -81,8 +81,8 @@ watchNamespaces is empty, else the same rules in a Role in each watched namespac
 No wildcards: every group, resource and verb is named.
 */}}
 {{- define "dispatch-operator.jobRules" -}}
-# DispatchJobs: read and watch them; patch for the deletion finalizer (the loop's; the webhook adds it on CREATE)
-# (dispatch.dev/...) and for the operator's own metadata. Never create, update or delete them.
+# DispatchJobs: read and watch them; patch for the deletion finalizer
+# (dispatch.dev/finalizer: the webhook adds it on CREATE, the loop removes it) and the operator's own metadata. Never create, update or delete them.
 - apiGroups: ["dispatch.dev"]
   resources: ["dispatchjobs"]
   verbs: ["get", "list", "watch", "patch"]
