@@ -73,3 +73,22 @@ async def test_a_restart_with_running_jobs_decides_every_job_and_writes_nothing(
     }
     assert writes == dict.fromkeys(writes, 0.0), f"the restarted operator wrote: {writes}"
     assert f"dispatch_startup_jobs {float(len(JOBS))}" in metrics
+
+
+async def test_a_job_runs_without_a_get_of_its_dispatchjob(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess]
+) -> None:
+    """The store's watch keeps every version the loop needs (its own writes and finalizer patch
+    included) and the uid the kit's ownerReference needs: from apply to running, no GET of it."""
+    port = free_port()
+    operator(f"--metrics-port={port}", "--metrics-addr=127.0.0.1")
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("no-get", nodes=1))
+
+    def running() -> bool:
+        return (get_job(crds, namespace, "no-get").get("status") or {}).get("observedState") == "running"
+
+    await await_for("the job running", running)
+    metrics = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+    gets = samples(metrics, "dispatch_api_requests_total", verb="get", resource="dispatchjobs")
+    assert gets == 0.0, f"the operator read the DispatchJob {gets:g} times"
+    assert samples(metrics, "dispatch_api_requests_total", verb="create", resource="pytorchjobs") == 1.0

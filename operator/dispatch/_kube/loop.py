@@ -1,13 +1,15 @@
 """The operator's one supervision loop: every DispatchJob in one work queue, no task per job.
 
 The record store's shared DispatchJob watch (list, then watch from its resourceVersion, with
-bookmarks: :meth:`KubeRecordStore.watch_all`) discovers every job and caches its body; each event
-wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers take one turn at a
-time: plan a new job (or refuse it), else the (Observing)Supervisor's prepare, then perform its one
-step. The backends' shared watches wake a job too, in the queue's urgent lane: a change of a job's
-objects is where failure evidence comes from, and a recovery under way (authorize, create, record
-the canonical, release) stays urgent until it waits, its writes marked urgent for the write limit
-(:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine.
+bookmarks: :meth:`KubeRecordStore.watch_all`) discovers every job and keeps a projection of it
+(:class:`~dispatch._kube.store.JobView`: the few fields a turn needs and the record, parsed once per
+version); each event wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers
+take one turn at a time: plan a new job (or refuse it), else the (Observing)Supervisor's prepare,
+then perform its one step. The backends' shared watches wake a job too, in the queue's urgent lane:
+a change of a job's objects is where failure evidence comes from, and a recovery under way
+(authorize, create, record the canonical, release) stays urgent until it waits, its writes marked
+urgent for the write limit (:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are
+routine.
 
 Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
 Lease; :meth:`stop` cancels the workers and the watch.
@@ -35,7 +37,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from .._api import has_record, record_from, refusal
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
 from .._decide import Authorize, Create, Done, RecordCanonical, Release, Wait
 from .._errors import JobNotFound, VersionConflict
@@ -95,6 +96,10 @@ class SupervisionLoop:
         if self._tasks:
             return
         self._started = self._clock()
+        for backend in self.runtime.backends.values():
+            use_owner = getattr(backend, "use_owner", None)
+            if use_owner is not None:  # the kit: its objects' ownerReference from the store, no GET each
+                use_owner(self.runtime.store.owner_reference)
         self.runtime.store.watch_all(self._on_event, self._on_synced)
         self._tasks = [
             asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
@@ -191,34 +196,34 @@ class SupervisionLoop:
 
     async def _turn(self, job: str) -> Turn:
         runtime = self.runtime
-        body = await runtime.store.body(job)
-        meta = body["metadata"]
-        version = str(meta["resourceVersion"])
-        finalizers = list(meta.get("finalizers") or ())
-        if meta.get("deletionTimestamp"):
-            if FINALIZER in finalizers and job not in self._deleting:
-                deleting = asyncio.create_task(self._delete(job, body), name=f"dispatch-delete-{job}")
+        store = runtime.store
+        view = await store.view(job)
+        version = view.version
+        if view.deleting:
+            if FINALIZER in view.finalizers and job not in self._deleting:
+                deleting = asyncio.create_task(self._delete(job, view.backend), name=f"dispatch-delete-{job}")
                 self._deleting[job] = deleting
             return Turn.DONE
-        if FINALIZER not in finalizers:
-            await self._patch_finalizers(job, [*finalizers, FINALIZER], version)
+        if FINALIZER not in view.finalizers:
+            await self._patch_finalizers(job, [*view.finalizers, FINALIZER], version)
             return Turn.AGAIN
-        backend: Backend | None = runtime.backend_of(body)
-        name = str((body.get("spec") or {}).get("backend", ""))
-        if not has_record(body):
-            if refusal(body) in runtime.final_refusals:
+        name = view.backend
+        backend: Backend | None = runtime.backends.get(name)
+        if not view.recorded:
+            if view.refusal in runtime.final_refusals:
                 return Turn.DONE  # stands for this generation; a new one is a new event
             if backend is None:
-                if refusal(body) != REASON_BACKEND_NOT_CONFIGURED:
+                if view.refusal != REASON_BACKEND_NOT_CONFIGURED:
                     message = f"this operator has no adapter for backend {name!r}; nothing was created"
                     await runtime._refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
                 log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
                 return Turn.DONE  # a change of the object, or an operator with the adapter, looks again
-            await runtime._initialize(job, body, backend, version)
+            assert view.body is not None  # a view without a record keeps its body (for planning)
+            await runtime._initialize(job, view.body, backend, version)
             return Turn.AGAIN  # planned or refused: the next turn starts from what was written
         if backend is None:
             raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
-        record = record_from(body)
+        record = store.record(job, view)  # parsed once per version: prepare's get() finds it parsed
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
@@ -227,6 +232,9 @@ class SupervisionLoop:
         if job not in self._unsubscribe:
             wake = functools.partial(self.queue.enqueue, job, urgent=True)
             self._unsubscribe[job] = backend.subscribe(job, wake)
+            learn = getattr(backend, "learn", None)
+            if learn is not None:  # the kit: which stops are followed by a new submission (a restart)
+                learn(job, record.spec, record.plan)
         supervisor = self.supervisors[name]
         with urgent(False):
             intent = await supervisor.prepare(job)
@@ -247,19 +255,20 @@ class SupervisionLoop:
         """Set ``metadata.finalizers`` if the object is still at ``version`` (else VersionConflict)."""
         namespace, name = split_job(job)
         patch = {"metadata": {"resourceVersion": version, "finalizers": finalizers}}
+        store = self.runtime.store
         try:
-            await self.runtime.store.objects.merge_patch(namespace, name, patch)
+            store.remember(job, await store.objects.merge_patch(namespace, name, patch))
         except Conflict:
             raise VersionConflict(job, version) from None
         except NotFound:
             raise JobNotFound(job) from None
 
-    async def _delete(self, job: str, body: Body) -> None:
+    async def _delete(self, job: str, backend_name: str) -> None:
         """End every object of the deleted ``job``, then let go of it (remove the finalizer)."""
         runtime = self.runtime
         try:
             await self.forget(job)  # returns once no turn of the job runs: no create lands after
-            backend: Backend | None = runtime.backend_of(body)
+            backend: Backend | None = runtime.backends.get(backend_name)
             failures = 0
             while True:
                 try:

@@ -1,0 +1,126 @@
+"""The record store's cache keeps a projection of each DispatchJob, never its whole body once the
+record is parsed, and parses a version's record once (issue 13, "slim caches").
+
+No API server here: the store is fed through its shared watch's entry point (``_dispatch``), as the
+watch feeds it, and every answer below comes from the cache (the client points at a closed port,
+so a GET would fail). Compare-and-swap against a real API server (a stale view still gets
+VersionConflict, an observe write keeps the status) is tests/integration/test_kube_store.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from dispatch._api import record_from
+from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
+from dispatch._decide import Authorize
+from dispatch._errors import JobNotFound
+from dispatch._kube.store import KubeRecordStore, view_of
+from dispatch._kubeclient import WatchEvent
+from tests.unit.test_argocd_health import PENDING, dispatch_job, step
+
+JOB = "team-a/finetune"
+
+
+def at(body: dict[str, Any], version: int, **meta: Any) -> dict[str, Any]:
+    """``body`` as the API server serves it at resourceVersion ``version``."""
+    shown = copy.deepcopy(body)
+    shown["spec"]["kubeflow"] = {"image": "pytorch/pytorch:2.4"}
+    shown["metadata"].update(resourceVersion=str(version), uid="uid-1", finalizers=[FINALIZER], **meta)
+    return shown
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[KubeRecordStore]:
+    async with ApiClient(Configuration(host="https://127.0.0.1:9")) as api:
+        store = KubeRecordStore(api, namespaces=["team-a"])
+        store._listeners.append(lambda kind, job, body: None)  # as watch_all does, without the watch
+        yield store
+
+
+def show(store: KubeRecordStore, body: dict[str, Any], kind: str = "MODIFIED") -> None:
+    store._dispatch(WatchEvent(kind, body))
+
+
+def test_a_view_keeps_what_the_loop_and_the_writes_need() -> None:
+    record = step(PENDING, Authorize(submission=1))
+    view = view_of(at(dispatch_job(record, generation=2), 7, deletionTimestamp="2026-12-01T00:00:00Z"))
+    assert (view.version, view.generation, view.uid) == ("7", 2, "uid-1")
+    assert (view.finalizers, view.deleting, view.backend) == ((FINALIZER,), True, "kubeflow")
+    assert view.recorded
+    assert (view.refusal, view.observed_generation) == (None, 2)
+    assert view.conditions() == dispatch_job(record, generation=2)["status"]["conditions"]
+    assert view.record is None  # parsed on the first get()
+    assert view.body is not None
+
+    refused = view_of(at(dispatch_job(None, refused=(REASON_UNENFORCEABLE, "rules[0]: no")), 8))
+    assert not refused.recorded
+    assert refused.refusal == REASON_UNENFORCEABLE
+    assert any(c["type"] == COND_STALLED for c in refused.conditions())
+
+
+async def test_get_parses_a_version_once_and_keeps_no_body(store: KubeRecordStore) -> None:
+    record = step(PENDING, Authorize(submission=1))
+    body = at(dispatch_job(record), 5)
+    show(store, body, "ADDED")
+    first = await store.get(JOB)
+    again = await store.get(JOB)
+    assert first.version == again.version == "5"
+    assert again.record is first.record
+    assert first.record == record_from(body)
+    assert store.parses == 1
+    view = await store.view(JOB)
+    assert view.body is None
+    assert view.record is first.record
+
+    show(store, body)  # the same version again (a relist): nothing to parse
+    await store.get(JOB)
+    assert store.parses == 1
+    show(store, at(dispatch_job(record), 6))  # a new version is parsed, once
+    assert (await store.get(JOB)).version == "6"
+    await store.get(JOB)
+    assert store.parses == 2
+
+
+async def test_an_older_event_does_not_replace_a_newer_view(store: KubeRecordStore) -> None:
+    record = step(PENDING, Authorize(submission=1))
+    newer = at(dispatch_job(record), 9)
+    show(store, newer, "ADDED")
+    show(store, at(dispatch_job(PENDING), 8))  # the watch lags behind
+    assert (await store.get(JOB)) == (record_from(newer), "9")
+
+
+async def test_a_job_without_a_record_keeps_its_body_for_planning(store: KubeRecordStore) -> None:
+    body = at(dispatch_job(None), 3)
+    show(store, body, "ADDED")
+    view = await store.view(JOB)
+    assert not view.recorded
+    assert view.body == body
+    with pytest.raises(JobNotFound):
+        await store.get(JOB)
+
+
+async def test_a_deleted_job_is_forgotten(store: KubeRecordStore) -> None:
+    body = at(dispatch_job(PENDING), 4)
+    show(store, body, "ADDED")
+    await store.get(JOB)
+    show(store, body, "DELETED")
+    assert JOB not in store._views
+    assert JOB not in store._fresh
+
+
+async def test_the_owner_reference_comes_from_the_view_without_a_get(store: KubeRecordStore) -> None:
+    show(store, at(dispatch_job(PENDING), 4), "ADDED")
+    owner = await store.owner_reference(store.api, "team-a", "finetune")  # no GET: the port is closed
+    assert owner == {
+        "apiVersion": "dispatch.dev/v1alpha1",
+        "kind": "DispatchJob",
+        "name": "finetune",
+        "uid": "uid-1",
+        "controller": True,
+    }
