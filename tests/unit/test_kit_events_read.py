@@ -3,6 +3,8 @@
 After a mass preemption every supervision worker looks for evidence at the same moment; each used to
 LIST and parse the namespace's Events itself (bench-operator: 55% of the operator's CPU at 1,000
 jobs). One read in flight per namespace serves them all, and its answer is kept a few seconds.
+Since the Events watches (tests/unit/test_kit_events_watch.py) this read is only the fallback until
+those watches have listed.
 """
 
 from __future__ import annotations
