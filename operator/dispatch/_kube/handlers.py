@@ -115,7 +115,9 @@ class Runtime:
             return False
         log.info("job %s planned: %s", job, plan.model_dump(mode="json"), extra={"job": job})
         if record is not planned:
-            log.info("job %s submission 1: authorized with the plan", job, extra={"job": job})
+            log.info(
+                "job %s submission 1: authorizing submission 1 in the plan's write", job, extra={"job": job}
+            )
             if self.listener is not None:
                 self.listener.stepped(job, first, planned, record)
         return False  # read again: the supervisor starts from the written record
