@@ -2,7 +2,7 @@
 # Included by the main Makefile (uses its $(PY) and $(STAMP)). hack/gen.py lists the generated
 # files; add new ones there (a list of (path, render function)).
 
-.PHONY: generate verify bench-recoveries bench-operator
+.PHONY: generate verify bench-recoveries bench-operator bench-memory
 
 generate: $(STAMP) ## regenerate crds/ and docs/api.md from the pydantic models
 	$(PY) hack/gen.py
@@ -18,3 +18,7 @@ bench-recoveries: bins $(STAMP) ## recoveries on the test control plane: latency
 BENCH_ARGS ?= --jobs 1000
 bench-operator: bins $(STAMP) ## the operator at scale on the real stack (BENCH_ARGS="--jobs 10000"); figures to BENCHMARKS.md by hand
 	$(PY) bench/operator_scale.py $(BENCH_ARGS)
+
+# Where the operator's bytes go per DispatchJob (issue 13): tracemalloc and deep sizes, live.
+bench-memory: bins $(STAMP) ## the operator's memory per job by file, line and structure (BENCH_ARGS as bench-operator)
+	$(PY) bench/operator_memory.py $(BENCH_ARGS)
