@@ -84,7 +84,9 @@ class Runtime:
         return self.backends.get(str((body.get("spec") or {}).get("backend", "")))
 
     async def _initialize(self, job: str, body: Mapping[str, Any], backend: Backend, version: str) -> bool:
-        """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run."""
+        """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run.
+
+        True when the record written authorizes submission 1 (its create is the next step)."""
         try:
             spec = job_spec(body)
         except SpecError as error:
@@ -120,7 +122,7 @@ class Runtime:
             )
             if self.listener is not None:
                 self.listener.stepped(job, first, planned, record)
-        return False  # read again: the supervisor starts from the written record
+        return record is not planned  # read again: the supervisor starts from the written record
 
     async def _refuse(self, job: str, reason: str, message: str, version: str) -> None:
         with contextlib.suppress(VersionConflict):
