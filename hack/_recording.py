@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support, beside hack/
+from tests.support.kube import release_finalizers
+
 Body = dict[str, Any]
-FINALIZER = "dispatch.dev/record-before-delete"
 
 
 def kubectl_binary() -> str:
@@ -167,27 +170,8 @@ def cleanup_preemptors(namespace: str) -> None:
 
 def let_go(namespace: str, resource: str) -> None:
     """Remove dispatch's finalizer from every object of ``resource`` left in the namespace (no
-    operator runs to do it)."""
-    listed = kubectl("get", resource, "-n", namespace, "-o", "json", check=False)
-    try:
-        items = (json.loads(listed) if listed else {}).get("items") or []
-    except ValueError:
-        return
-    for item in items:
-        finalizers = item["metadata"].get("finalizers") or []
-        if FINALIZER in finalizers:
-            at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
-            patch = [{"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
-            kubectl(
-                "patch",
-                resource,
-                item["metadata"]["name"],
-                "-n",
-                namespace,
-                "--type=json",
-                f"--patch={json.dumps(patch)}",
-                check=False,
-            )
+    operator runs to do it), as the tests' namespace teardown does."""
+    release_finalizers(kubectl, namespace, (resource,))
 
 
 def write(out: Path, name: str, rec: Recording, extra: dict[str, Any]) -> None:

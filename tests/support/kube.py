@@ -42,7 +42,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,7 @@ import yaml
 from dispatch._constants import FINALIZER, GROUP, OBJECT_FINALIZER, PLURAL
 from dispatch._registry import kubernetes_backends
 from tests.support.controlplane import ControlPlane, resolve_binaries
-from tests.support.lab import Kubeflow, Lab, LabError
+from tests.support.lab import Kubectl, Kubeflow, Lab, LabError, wait_established
 
 E2E_KUBECONFIG_ENV = "DISPATCH_E2E_KUBECONFIG"
 FIELD_MANAGER = "dispatch-tests"
@@ -118,15 +117,8 @@ class KubeCluster:
         return self.kubectl(*base, "-f", "-", input=text)
 
     def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
-        """Until each CRD (``plural.group``) is Established. Polled: ``kubectl wait`` fails at once
-        on a CRD just created, whose status has no conditions yet ("expected []interface{}")."""
-        deadline = time.monotonic() + timeout
-        for crd in crds:
-            path = '{.status.conditions[?(@.type=="Established")].status}'
-            while self.kubectl("get", "crd", crd, f"-o=jsonpath={path}", check=False).strip() != "True":
-                if time.monotonic() > deadline:
-                    raise KubectlError(("wait", crd), 1, "", f"CRD {crd} not Established in {timeout:.0f}s")
-                time.sleep(0.2)
+        """Until each CRD (``plural.group``) is Established (:func:`tests.support.lab.wait_established`)."""
+        wait_established(self.kubectl, crds, timeout)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         ns = [f"--namespace={namespace}"] if namespace else []
@@ -323,13 +315,18 @@ def let_go(cluster: KubeCluster, namespace: str) -> None:
     """Remove dispatch's finalizer from what is left in ``namespace``, as an administrator would
     once no operator runs: a test that supervised without the operator (or stopped it) must not
     leave objects, and their pods on the lab's nodes, held by it after the namespace is deleted."""
-    kinds = workload_kinds()
-    items = _items(cluster, namespace, ",".join(kinds))  # one request for every kind...
-    if items is None:  # ...or one per kind when a CRD is not installed (the lab's extras not started)
-        items = [item for kind in kinds for item in _items(cluster, namespace, kind) or ()]
+    release_finalizers(cluster.kubectl, namespace, workload_kinds())
     # DispatchJobs too: the mutating webhook gives each the loop's finalizer on creation.
-    items += _items(cluster, namespace, f"{PLURAL}.{GROUP}") or []
-    for item in items:
+    release_finalizers(cluster.kubectl, namespace, (f"{PLURAL}.{GROUP}",))
+
+
+def release_finalizers(kubectl: Kubectl, namespace: str, kinds: Sequence[str]) -> None:
+    """Remove dispatch's finalizer (an object's, or a DispatchJob's) from every object of
+    ``kinds`` (``plural.group``) in ``namespace``. hack/'s recorders use it too."""
+    items = _items(kubectl, namespace, ",".join(kinds))  # one request for every kind...
+    if items is None and len(kinds) > 1:  # ...or one per kind when a CRD is not served
+        items = [item for kind in kinds for item in _items(kubectl, namespace, kind) or ()]
+    for item in items or ():
         finalizers = item["metadata"].get("finalizers") or []
         held = next((f for f in (OBJECT_FINALIZER, FINALIZER) if f in finalizers), None)
         if held is None:
@@ -338,7 +335,7 @@ def let_go(cluster: KubeCluster, namespace: str) -> None:
         patch = [{"op": "test", "path": at, "value": held}, {"op": "remove", "path": at}]
         group = item["apiVersion"].rpartition("/")[0]
         kind = f"{item['kind'].lower()}.{group}" if group else item["kind"].lower()
-        cluster.kubectl(
+        kubectl(
             "patch",
             kind,
             item["metadata"]["name"],
@@ -350,8 +347,8 @@ def let_go(cluster: KubeCluster, namespace: str) -> None:
         )
 
 
-def _items(cluster: KubeCluster, namespace: str, kinds: str) -> list[dict[str, Any]] | None:
-    out = cluster.kubectl("get", kinds, "-n", namespace, "-o", "json", check=False)
+def _items(kubectl: Kubectl, namespace: str, kinds: str) -> list[dict[str, Any]] | None:
+    out = kubectl("get", kinds, "-n", namespace, "-o", "json", check=False)
     try:
         items: list[dict[str, Any]] = json.loads(out)["items"]
     except (ValueError, KeyError):

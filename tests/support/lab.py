@@ -60,11 +60,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import yaml
 
@@ -150,6 +150,25 @@ AUDIT_POLICY: Final = {
 
 class LabError(RuntimeError):
     """The lab could not start, or a failure mechanism did not take effect."""
+
+
+class Kubectl(Protocol):
+    """kubectl against one cluster (the lab's, the tests' ``KubeCluster``, hack/'s recorders'):
+    its arguments in, its stdout out; ``check=False`` returns instead of raising on an error."""
+
+    def __call__(self, *args: str, check: bool = ...) -> str: ...
+
+
+def wait_established(kubectl: Kubectl, crds: Iterable[str], timeout: float = 60.0) -> None:
+    """Until each CRD (``plural.group``) is Established. Polled: ``kubectl wait`` fails at once
+    on a CRD just created, whose status has no conditions yet ("expected []interface{}")."""
+    deadline = time.monotonic() + timeout
+    path = '{.status.conditions[?(@.type=="Established")].status}'
+    for crd in crds:
+        while kubectl("get", "crd", crd, f"-o=jsonpath={path}", check=False).strip() != "True":
+            if time.monotonic() > deadline:
+                raise LabError(f"CRD {crd} not Established in {timeout:.0f}s")
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True)
@@ -739,18 +758,8 @@ class Lab:
 
     def _wait_established(self, *plurals: str) -> None:
         group = {"jobsets": "jobset.x-k8s.io"}
-        # Polled here: `kubectl wait` fails at once while a new CRD has no conditions yet.
-        for plural in plurals:
-            name = plural if "." in plural else f"{plural}.{group.get(plural, 'trainer.kubeflow.org')}"
-            path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-            self.wait(
-                f"CRD {plural} Established",
-                lambda path=path: any(
-                    c.get("type") == "Established" and c.get("status") == "True"
-                    for c in (self.request("GET", path).get("status") or {}).get("conditions") or ()
-                ),
-                60,
-            )
+        names = (p if "." in p else f"{p}.{group.get(p, 'trainer.kubeflow.org')}" for p in plurals)
+        wait_established(self.kubectl, names)
 
     def _start_trainer(self, *, detach: bool) -> None:
         assert self.bins is not None
