@@ -49,6 +49,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, Custo
 
 from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.lab import Kubeflow, Lab  # noqa: E402
+from tests.support.watch import streamed  # noqa: E402
 
 NAMESPACE = "bench"
 JOB = "bench"
@@ -104,7 +105,7 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
         try:
             if rv is None:
                 listed = await list_call(_preload_content=False)
-                async with listed:
+                async with streamed(listed):  # cancelled mid-read: the socket goes at once
                     body = json.loads(await listed.read())
                 for item in body.get("items", []):
                     on_object(item, time.time())
@@ -112,7 +113,7 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
             response = await list_call(
                 watch=True, resource_version=rv, allow_watch_bookmarks=True, _preload_content=False
             )
-            async with response:
+            async with streamed(response):
                 buffer = b""
                 async for chunk in response.content.iter_any():
                     buffer += chunk

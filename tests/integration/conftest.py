@@ -28,6 +28,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from dispatch._kubeclient import new_client
 from tests.support.kube import KubeCluster
+from tests.support.watch import streamed
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"
@@ -363,7 +364,12 @@ async def follow_releases(
             while True:
                 try:
                     if rv is None:
-                        listed = await custom.list_namespaced_custom_object(group, version, namespace, plural)
+                        response = await custom.list_namespaced_custom_object(
+                            group, version, namespace, plural, _preload_content=False
+                        )
+                        async with streamed(response):  # a cancel mid-read lets the socket go at once
+                            response.raise_for_status()
+                            listed = json.loads(await response.read())
                         monitor.relisted()
                         for item in listed.get("items", []):
                             monitor.see("ADDED", item)
@@ -378,7 +384,7 @@ async def follow_releases(
                         timeout_seconds=60,
                         _preload_content=False,
                     )
-                    async with response:
+                    async with streamed(response):
                         buffer = b""
                         async for chunk in response.content.iter_any():
                             buffer += chunk
@@ -404,7 +410,7 @@ async def follow_releases(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    await asyncio.sleep(0.1)  # the aborted watch's TLS transport closes on the next turns of the loop
+    await asyncio.sleep(0.1)  # the aborted watch's socket closes on the next turn of the loop
 
 
 # ---- an API client ------------------------------------------------------------------------------
