@@ -20,6 +20,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support.kube import KubeCluster
+from tests.support.watch import streamed
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +132,9 @@ async def test_controlplane_smoke(kube_cluster: KubeCluster, namespace: str, adm
             timeout_seconds=30,
         )
         event = await asyncio.wait_for(anext(stream), timeout=30)
+        response: Any = w.resp  # set by stream() (the client declares it None)
+        async with streamed(response):  # left mid-stream: its socket goes at once
+            pass
     assert event["type"] == "ADDED"
     assert event["raw_object"]["metadata"]["name"] == name
     assert event["raw_object"]["metadata"]["uid"] == created["metadata"]["uid"]
