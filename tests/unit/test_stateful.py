@@ -547,7 +547,8 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def watch_ends(self, j: Job) -> Status:
         async def watched() -> Status:
-            async with asyncio.timeout(10):
+            # A watch that never ends fails here; 10 s was once too short at a machine load of 7.
+            async with asyncio.timeout(60):
                 seen = [st async for st in j.cluster.observer.watch(j.name, poll_interval=0.01)]
             return seen[-1]
 
