@@ -10,6 +10,7 @@ exactly as the API server had it.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -18,6 +19,7 @@ from dispatch._api import job_spec, new_record
 from dispatch._constants import STATUS_OBSERVED_NOTE
 from dispatch._errors import VersionConflict
 from dispatch._kube.store import KubeRecordStore
+from dispatch._kubeclient import _objects
 from dispatch._kubeflow import CAPABILITIES
 from dispatch._model import NO_CAUSE, State
 from dispatch._plan import make_plan
@@ -71,3 +73,28 @@ async def test_a_stale_view_still_conflicts_and_observe_keeps_the_status(
     after = get_job(crds, namespace, "slim")["status"]
     assert after[STATUS_OBSERVED_NOTE] == "held by a test"
     assert without_observed(after) == without_observed(before)
+
+
+async def test_the_list_is_read_a_page_at_a_time(
+    crds: KubeCluster, namespace: str, api: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One answer with 10,000 DispatchJobs outlasted the API server's 60 s handler timeout (the
+    # store's first list never completed): the list goes by pages, every object still in it once.
+    for i in range(5):
+        apply(crds, namespace, dispatch_job(f"paged-{i}"))
+    monkeypatch.setattr(_objects, "PAGE", 2)
+    pages: list[dict[str, object]] = []
+    custom = _objects.CustomObjects(api)
+    inner = custom._custom.list_namespaced_custom_object
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        pages.append(dict(kwargs))
+        return await inner(*args, **kwargs)
+
+    monkeypatch.setattr(custom._custom, "list_namespaced_custom_object", counted)
+    items, version = await custom.list(namespace)
+    assert sorted(i["metadata"]["name"] for i in items) == [f"paged-{i}" for i in range(5)]
+    assert version
+    assert [p.get("limit") for p in pages] == [2, 2, 2]
+    assert "_continue" not in pages[0]
+    assert all(p.get("_continue") for p in pages[1:])

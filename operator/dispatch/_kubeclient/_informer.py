@@ -26,13 +26,13 @@ from kubernetes_asyncio.client import ApiClient
 
 from .._errors import BackendError, TransientBackendError
 from ._http import KubeError, open_request, request
+from ._objects import PAGE
 
 log = logging.getLogger("dispatch.kubeclient")
 
 Body = dict[str, Any]
 OnChange = Callable[[Body | None, Body | None], None]
 
-PAGE: Final = 500
 WATCH_SECONDS: Final = 290
 MAX_LINE: Final = 64 << 20
 BACKOFF: Final = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
