@@ -203,7 +203,7 @@ class Supervisor:
             if self.listener is not None:
                 self.listener.errored(job, step, error)
             raise
-        _log_step(job, step, intent.decision, record)
+        log_step(job, step, intent.decision, record)
         if self.listener is not None:
             self.listener.stepped(job, step, record, after)
 
@@ -393,7 +393,8 @@ class WorkQueue:
             await asyncio.sleep(0)
 
 
-def _log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
+def log_step(job: str, step: Step, decision: Decision, record: Record) -> None:
+    """The INFO line (and its JSON fields) of one step taken, ``record`` the one it was decided on."""
     if not log.isEnabledFor(logging.INFO):
         return
     submission = getattr(step, "submission", None)

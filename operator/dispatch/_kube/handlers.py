@@ -34,7 +34,7 @@ from .._errors import PlanError, VersionConflict
 from .._model import SUPERVISOR
 from .._plan import make_plan
 from .._protocols import Backend
-from .._supervisor import Listener
+from .._supervisor import Listener, log_step
 from .loop import SupervisionLoop
 from .store import KubeRecordStore
 
@@ -80,9 +80,6 @@ class Runtime:
         if self.loop is not None:
             self.loop.abandon()
 
-    def backend_of(self, body: Mapping[str, Any]) -> Backend | None:
-        return self.backends.get(str((body.get("spec") or {}).get("backend", "")))
-
     async def _initialize(self, job: str, body: Mapping[str, Any], backend: Backend, version: str) -> bool:
         """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run.
 
@@ -107,21 +104,19 @@ class Runtime:
         # The first decision on a planned record is pure (nothing is authorized, so no object can
         # be the job's yet): write the plan and the authorization of submission 1 in one
         # compare-and-swap, one API write fewer per job than two records.
-        first = decide(planned, ()).step
+        first = decide(planned, ())
         record = planned
-        if isinstance(first, Authorize):
-            record = apply(planned, first, actor=SUPERVISOR, now=self.store.clock())
+        if isinstance(first.step, Authorize):
+            record = apply(planned, first.step, actor=SUPERVISOR, now=self.store.clock())
         try:
             await self.store.put(record, version)
         except VersionConflict:
             return False
         log.info("job %s planned: %s", job, plan.model_dump(mode="json"), extra={"job": job})
         if record is not planned:
-            log.info(
-                "job %s submission 1: authorizing submission 1 in the plan's write", job, extra={"job": job}
-            )
+            log_step(job, first.step, first, planned)  # as the supervisor logs every step
             if self.listener is not None:
-                self.listener.stepped(job, first, planned, record)
+                self.listener.stepped(job, first.step, planned, record)
         return record is not planned  # read again: the supervisor starts from the written record
 
     async def _refuse(self, job: str, reason: str, message: str, version: str) -> None:

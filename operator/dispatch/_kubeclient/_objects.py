@@ -278,22 +278,25 @@ class CustomObjects:
                 kwargs["label_selector"] = label_selector
             if token:
                 kwargs["_continue"] = token
-            try:
-                if namespace is None:
-                    result = await self._custom.list_cluster_custom_object(
-                        self.group, self.version, self.plural, **kwargs
-                    )
-                else:
-                    result = await self._custom.list_namespaced_custom_object(
-                        self.group, self.version, namespace, self.plural, **kwargs
-                    )
-            except ApiException as e:
-                raise _error(e) from None  # 410 on an expired continue token: Gone, list again
+            result = await self._list_call(namespace, kwargs)  # 410 (continue expired): Gone
             items.extend(result.get("items") or [])
             meta = result.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
                 return items, str(meta.get("resourceVersion", ""))
+
+    async def _list_call(self, namespace: str | None, kwargs: dict[str, Any]) -> Any:
+        """The generated client's list of every namespace (None) or of one; ApiError on failure."""
+        try:
+            if namespace is None:
+                return await self._custom.list_cluster_custom_object(
+                    self.group, self.version, self.plural, **kwargs
+                )
+            return await self._custom.list_namespaced_custom_object(
+                self.group, self.version, namespace, self.plural, **kwargs
+            )
+        except ApiException as e:
+            raise _error(e) from None
 
     async def watch(
         self,
@@ -314,17 +317,7 @@ class CustomObjects:
         }
         if resource_version:
             kwargs["resource_version"] = resource_version
-        try:
-            if namespace is None:
-                response = await self._custom.list_cluster_custom_object(
-                    self.group, self.version, self.plural, **kwargs
-                )
-            else:
-                response = await self._custom.list_namespaced_custom_object(
-                    self.group, self.version, namespace, self.plural, **kwargs
-                )
-        except ApiException as e:
-            raise _error(e) from None
+        response = await self._list_call(namespace, kwargs)
         async with response:
             async for line in _lines(response.content):
                 event = json.loads(line)
