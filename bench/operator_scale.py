@@ -81,6 +81,7 @@ PEER_NAMESPACE = "bench-peer"
 FLOOR_NAMESPACE = "bench-floor"
 LABEL_JOB = "dispatch.dev/job"
 KUBEFLOW_JOB = "training.kubeflow.org/job-name"
+KUBEFLOW = "kubeflow.org"
 PEER_JOB = "batch.kubernetes.io/job-name"
 PEER_TAINT = "bench.dispatch.dev/peer"
 """Taint and label of the peer's nodes: only its Jobs' pods and their preemptors go there."""
@@ -881,6 +882,12 @@ class Bench:
             await asyncio.gather(*(one(n) for n in names))
             out[f"{parallel}_at_a_time_s"] = round(time.monotonic() - t0, 2)
             out[f"{parallel}_at_a_time_load"] = load()
+        out["recovery_writes_in_a_row_ms"] = await self.recovery_floor(custom, min(30, self.m))
+        reaction = self.result.get("reaction", {})
+        if reaction:
+            out["ratio_reaction_median_to_floor"] = round(
+                reaction["failure_to_released_ms"]["median"] / out["recovery_writes_in_a_row_ms"]["median"], 2
+            )
         mass = self.result.get("mass_preemption", {})
         if mass:
             best = min(out["1_at_a_time_s"], out["8_at_a_time_s"])
@@ -892,6 +899,64 @@ class Bench:
             )
         self.result["floor"] = out
         self.say(f"floor: {out}")
+
+    async def recovery_floor(self, custom: CustomObjectsApi, samples: int = 30) -> dict[str, float]:
+        """The reaction's floor: a recovery's four writes one after another, the operator stopped
+        (a status write the size of a real record, the create of a held PyTorchJob copied from one
+        the operator made, the status again, the release's JSON patch), ``samples`` times."""
+        api = cast(Any, custom)
+        template = (
+            await api.list_namespaced_custom_object(KUBEFLOW, "v1", NAMESPACE, "pytorchjobs", limit=1)
+        )["items"][0]
+        record = (
+            await api.list_namespaced_custom_object(
+                "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", limit=1
+            )
+        )["items"][0]["status"]
+        held = {k: v for k, v in template.items() if k != "status"}
+        meta = {k: template["metadata"][k] for k in ("labels", "annotations") if k in template["metadata"]}
+        held["spec"] = {
+            **template["spec"],
+            "runPolicy": {**template["spec"].get("runPolicy", {}), "suspend": True},
+        }
+        release = [{"op": "replace", "path": "/spec/runPolicy/suspend", "value": False}]
+        took: list[float] = []
+        for i in range(samples):
+            name = f"floor-{i:05d}"
+            held["metadata"] = {**meta, "name": f"{name}-2", "namespace": FLOOR_NAMESPACE}
+            t0 = time.monotonic()
+            for step in ("authorize", "create", "canonical", "release"):
+                if step in ("authorize", "canonical"):
+                    await api.patch_namespaced_custom_object_status(
+                        "dispatch.dev",
+                        "v1alpha1",
+                        FLOOR_NAMESPACE,
+                        "dispatchjobs",
+                        name,
+                        {"status": {**record, "observedNote": step}},
+                        _content_type="application/merge-patch+json",
+                    )
+                elif step == "create":
+                    await api.create_namespaced_custom_object(
+                        KUBEFLOW, "v1", FLOOR_NAMESPACE, "pytorchjobs", held
+                    )
+                else:
+                    await api.patch_namespaced_custom_object(
+                        KUBEFLOW,
+                        "v1",
+                        FLOOR_NAMESPACE,
+                        "pytorchjobs",
+                        f"{name}-2",
+                        release,
+                        _content_type="application/json-patch+json",
+                    )
+            took.append((time.monotonic() - t0) * 1000)
+        for i in range(samples):
+            with contextlib.suppress(Exception):
+                await api.delete_namespaced_custom_object(
+                    KUBEFLOW, "v1", FLOOR_NAMESPACE, "pytorchjobs", f"floor-{i:05d}-2"
+                )
+        return {**stats(took), "load": load()}
 
     async def records(self, custom: CustomObjectsApi) -> None:
         """Every preempted submission recorded with cause ``preempted``."""
@@ -953,7 +1018,8 @@ class Bench:
                 if self.args.scale_only:
                     return
                 await self.reaction()
-                await self.mass(core)
+                if not self.args.no_mass:
+                    await self.mass(core)
                 await self.records(custom)
                 await self.floor(custom)
                 if "peer" in self.result and "mass_preemption" in self.result:
@@ -1000,6 +1066,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--operator-tree", help="run the operator from this source tree (default: this one)")
     parser.add_argument("--no-events", action="store_true", help="run the operator without Kubernetes Events")
     parser.add_argument("--no-peer", action="store_true", help="skip the batch/v1 Job peer")
+    parser.add_argument("--no-mass", action="store_true", help="skip the mass preemption")
     parser.add_argument(
         "--backlog",
         action="store_true",

@@ -28,8 +28,9 @@ from dispatch import (
     Rule,
     make_plan,
 )
-from dispatch._kubeclient import Informer, new_client, request
+from dispatch._kubeclient import JSON_PATCH, MERGE_PATCH, Informer, KubeError, new_client, request
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
+from dispatch._workload._release import release_ops
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
@@ -554,3 +555,85 @@ async def test_a_canonical_the_watch_has_not_shown_yet_is_confirmed_on_the_api_s
         assert [v.id for v in await other.confirm(job, f"{namespace}/lag-9")] == [oid]  # absent: no view
     finally:
         await other.aclose()
+
+
+async def test_the_release_tests_what_it_must_not_undo_not_the_resource_version(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    api: ApiClient,
+    backend: KubeflowBackend,
+) -> None:
+    """The release's JSON patch (_workload/_release.py) on the real API server: a write after the
+    read (the training operator's status update right after the create, here a label) no longer
+    fails it, where the merge patch conditional on that resourceVersion gets 409; a stop that
+    landed after the read (``dispatch.dev/ended``) or a deletion makes it fail with 422 and leaves
+    the object held; an object read without annotations is released, unless a stop added some."""
+    job = await create_owner(kube_cluster, namespace, "cond")
+    spec = spec_of("cond")
+    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+    kind = backend.kind
+    now = "2026-12-01T00:00:00+00:00"
+
+    async def created(n: int) -> tuple[str, dict[str, Any]]:
+        oid = await backend.create(job, n, spec, plan)
+        path = f"{PJ.format(ns=namespace)}/{oid.split('/')[1]}"
+        return path, await request(api, "GET", path)
+
+    async def write_after_read(path: str, patch: dict[str, Any]) -> None:
+        await request(api, "PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def held(path: str) -> bool:
+        return bool((await request(api, "GET", path))["spec"]["runPolicy"].get("suspend"))
+
+    async def refused(read: dict[str, Any], path: str) -> None:
+        with pytest.raises(KubeError) as refusal:
+            await request(api, "PATCH", path, body=release_ops(kind, read, now), content_type=JSON_PATCH)
+        assert refusal.value.status == 422
+        assert await held(path)
+
+    async def stopped_since(read: dict[str, Any], path: str) -> None:
+        stop = {"metadata": {"annotations": {"dispatch.dev/ended": '{"kind": "preempted"}'}}}
+        await write_after_read(path, stop)
+        await refused(read, path)
+
+    # 1. A write after the read: the old precondition fails, the tests pass.
+    path, read = await created(1)
+    await write_after_read(path, {"metadata": {"labels": {"lab.dispatch.io/touched": "yes"}}})
+    merge = {
+        **kind.suspend_patch(False),
+        "metadata": {"resourceVersion": read["metadata"]["resourceVersion"]},
+    }
+    with pytest.raises(KubeError) as conflict:
+        await request(api, "PATCH", path, body=merge, content_type=MERGE_PATCH)
+    assert conflict.value.status == 409
+    released = await request(api, "PATCH", path, body=release_ops(kind, read, now), content_type=JSON_PATCH)
+    assert released["spec"]["runPolicy"]["suspend"] is False
+    assert released["metadata"]["annotations"]["dispatch.dev/released"] == now
+
+    # 2. A stop after the read: refused, still held.
+    path, read = await created(2)
+    await stopped_since(read, path)
+
+    # 3. Read without annotations: released; with a stop's annotation added since: refused.
+    path, _ = await created(3)
+    bare = await request(
+        api, "PATCH", path, body=[{"op": "remove", "path": "/metadata/annotations"}], content_type=JSON_PATCH
+    )
+    assert not bare["metadata"].get("annotations")
+    await stopped_since(bare, path)
+    await request(
+        api, "PATCH", path, body=[{"op": "remove", "path": "/metadata/annotations"}], content_type=JSON_PATCH
+    )
+    released = await request(api, "PATCH", path, body=release_ops(kind, bare, now), content_type=JSON_PATCH)
+    assert released["spec"]["runPolicy"]["suspend"] is False
+
+    # 4. Being deleted (dispatch's object finalizer holds it): refused, still held.
+    path, read = await created(4)
+    await request(api, "DELETE", path)
+    await refused(read, path)
+
+    # The kit's own release of a stopped object (2) writes nothing and returns.
+    await backend.release(f"{namespace}/cond-2")
+    assert await held(f"{PJ.format(ns=namespace)}/cond-2")
+    for n in (1, 2, 3, 4):
+        await backend.end(f"{namespace}/cond-{n}")

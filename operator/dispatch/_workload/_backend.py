@@ -55,7 +55,16 @@ from .._constants import (
 )
 from .._decide import resubmitted_causes
 from .._errors import BackendError, ObjectExists, TransientBackendError
-from .._kubeclient import JSON_PATCH, MERGE_PATCH, Informer, KubeError, key_of, request, resource_version
+from .._kubeclient import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    Informer,
+    KubeError,
+    key_of,
+    request,
+    resource_version,
+    urgent,
+)
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
 from ._classify import (
@@ -91,6 +100,7 @@ from ._kueue import (
     stop_patch,
     whole_for_release,
 )
+from ._release import release_ops
 
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 MAX_TOMBSTONES: Final = 10_000
@@ -368,6 +378,7 @@ class WorkloadBackend:
             # on the API server before this one may start (usually the stop landed long ago).
             await self._fence(owner[0], owner[1], object_id)
             body = self._current(object_id)
+        refused = False
         for _ in range(5):
             if body is None or (queue_of(body) is not None and whole_for_release(self.kind)):
                 body = await self._get(namespace, name)  # whole: the cache keeps a projection
@@ -385,23 +396,26 @@ class WorkloadBackend:
                 or (patch is not None and annotations.get(ANNOTATION_RELEASED))
             ):
                 return  # already released, or ended: never unsuspend what dispatch has stopped
-            if patch is None:
-                patch = {
-                    **self.kind.suspend_patch(False),
-                    "metadata": {
-                        "resourceVersion": body["metadata"]["resourceVersion"],
-                        "annotations": {ANNOTATION_RELEASED: now},
-                    },
-                }
+            # Unqueued: a JSON patch whose tests are the preconditions (_release.py), so the
+            # controller's status update after the create does not make it fail; queued: a merge
+            # patch conditional on the resourceVersion (Kueue's labels, a TrainJob's whole list).
+            ops = release_ops(self.kind, body, now) if patch is None else None
             try:
                 patched = await request(
-                    self.api, "PATCH", self._path(namespace, name), body=patch, content_type=MERGE_PATCH
+                    self.api,
+                    "PATCH",
+                    self._path(namespace, name),
+                    body=ops if ops is not None else patch,
+                    content_type=JSON_PATCH if ops is not None else MERGE_PATCH,
                 )
             except KubeError as error:
                 if error.status == 404:
                     return
-                if error.status == 409:
-                    body = None  # changed since read: read again and decide again
+                if error.status == 409 or (error.status == 422 and ops is not None and not refused):
+                    # Changed since read (409), or a test failed (422): read again and decide again
+                    # (a second 422 with every precondition holding is not a test: it is raised).
+                    refused = refused or error.status == 422
+                    body = None
                     continue
                 raise explain(error, f"release {self._noun} {object_id}") from None
             self._remember(object_id, None, patched)
@@ -1204,7 +1218,16 @@ class WorkloadBackend:
         return task
 
     async def _run_stop(self, stop: _Stop) -> None:
-        """Write the stop (unless the API server already says it is stopped); never raises."""
+        """Write the stop (unless the API server already says it is stopped); never raises.
+
+        Its writes are urgent (the write limit's first lane) wherever the task was started (a watch
+        event, a list()): it is the first write of a recovery, whose release waits for it (the
+        fence), and nothing settles before it. Routine, a mass preemption's stops waited behind
+        every other job's recovery writes, and so did each release."""
+        with urgent(True):
+            await self._run_stop_urgently(stop)
+
+    async def _run_stop_urgently(self, stop: _Stop) -> None:
         try:
             if stop.deferrable and self.stop_grace > 0 and not stop.now.is_set():
                 with contextlib.suppress(TimeoutError):
