@@ -215,6 +215,7 @@ async def test_requests_carry_the_user_agent_token_query_and_body(
         with pytest.raises(KubeError, match="no such thing") as raised:
             await open_request(client, "GET", "/api/v1/missing")  # type: ignore[arg-type]
         assert raised.value.status == 404
+        assert client.session().trust_env is False  # no ~/.netrc lookup in a thread per request
     req = seen[0]
     assert req.method == "PATCH"
     assert req.path == "/apis/g/v1/namespaces/a/things/b"

@@ -11,7 +11,8 @@ wrap), so either client can be handed to the same code.
 Supported in a kubeconfig: ``server``, ``certificate-authority(-data)``,
 ``insecure-skip-tls-verify``, ``tls-server-name``, ``client-certificate(-data)``,
 ``client-key(-data)``, ``token``, ``tokenFile``, ``username``/``password``; relative paths are
-relative to the kubeconfig's directory. Not supported (a :class:`~dispatch.ConfigError` naming the
+relative to the kubeconfig's directory. Proxies (``HTTPS_PROXY``, ``proxy-url``) and ~/.netrc are not
+used. Not supported (a :class:`~dispatch.ConfigError` naming the
 field): ``exec`` and ``auth-provider`` plugins.
 """
 
@@ -311,7 +312,9 @@ class KubeClient:
         """Made at the first request, inside the running event loop (aiohttp requires one)."""
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=POOL_SIZE, ssl=self.connection.ssl_context())
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
+            # trust_env=False: with it, aiohttp looks up ~/.netrc in a thread for every request
+            # (5.6% of the busy loop in py-spy); no proxy variables are read either.
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         return self._session
 
     async def call_api(
