@@ -11,6 +11,7 @@ watch handlers with and without the projection, and every ``list()`` must agree.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from dispatch import _registry
 from dispatch._job import JOB, JobBackend
 from dispatch._jobset import JOBSET, JobSetBackend
 from dispatch._kubeclient import key_of
+from dispatch._kubeclient._informer import compacted
 from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
 from dispatch._model import Cause, CauseKind, ObjectView
 from dispatch._trainjob import TRAINJOB, TrainJobBackend
@@ -231,3 +233,42 @@ async def test_the_backend_lists_the_same_on_projections(
         patched.setattr(WorkloadBackend, "_project", lambda self, body: body)
         whole = await views(backend, name, observer)
     assert slim == whole
+
+
+def containers(value: object) -> Iterator[object]:
+    """Every dict and list inside ``value`` (``value`` too)."""
+    if isinstance(value, dict):
+        yield value
+        for item in value.values():
+            yield from containers(item)
+    elif isinstance(value, list):
+        yield value
+        for item in value:
+            yield from containers(item)
+
+
+@pytest.mark.parametrize(("backend", "name"), RECORDINGS)
+def test_a_listed_page_is_cached_as_its_projections_allocated_anew(backend: str, name: str) -> None:
+    """The informer's list keeps of each item of a page exactly the kit's projection (what the
+    kit's readers are compared on above), none of it inside the page's own bodies (which would keep
+    the page's memory after a restart), the shared strings still one copy."""
+    shape = object_shape(BACKENDS[backend][0])
+    for resource, project_one in (
+        (BACKENDS[backend][2], lambda body: project_object(shape, body)),
+        ("pods", project_pod),
+    ):
+        page = [
+            json.loads(json.dumps(e["object"]))
+            for e in recording(backend, name)["stream"]
+            if e["resource"] == resource
+        ]
+        items = list(page)
+        kept = compacted(project_one, items)
+        assert items == []  # the page's bodies are the caller's to free
+        assert kept == [project_one(body) for body in page]
+        assert all(project_one(body) is body for body in kept)  # the kit projects them again: itself
+        inside = {id(c) for body in page for c in containers(body)}
+        assert not any(id(c) in inside for body in kept for c in containers(body))
+        for body in kept:
+            for condition in body.get("status", {}).get("conditions", []):
+                assert condition["type"] is sys.intern(condition["type"])
