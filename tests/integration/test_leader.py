@@ -218,7 +218,7 @@ async def test_lost_when_renewals_fail_for_the_renew_deadline(
     unreachable = Configuration(host="https://127.0.0.1:9")
     dead = ApiClient(unreachable)
     try:
-        elector._api = CoordinationV1Api(dead)
+        elector._api = dead
         lost = asyncio.Event()
         await asyncio.wait_for(elector.hold(lost.set), timeout=60)
         assert lost.is_set()

@@ -49,10 +49,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
+from .._errors import TransientBackendError
+from .._kubeclient import KubeError, request
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+    from .._kubeclient._transport import KubeClient
 
 log = logging.getLogger("dispatch.leader")
 
@@ -76,10 +81,16 @@ def _microtime(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime(_MICROTIME_FORMAT)
 
 
-def _as_utc(moment: datetime | None) -> datetime | None:
-    if moment is None:
+def _as_utc(moment: str | None) -> datetime | None:
+    """A MicroTime (or any RFC 3339 time) as read from the Lease's JSON, in UTC."""
+    if not moment:
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    parsed = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+# Raw JSON, like every other request of the operator: no generated Lease models.
+_LeaseError = (KubeError, TransientBackendError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +111,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        api: ApiClient | CoordinationV1Api,
+        api: ApiClient | KubeClient,
         namespace: str,
         name: str,
         identity: str,
@@ -115,7 +126,7 @@ class LeaderElector:
                 "need lease_duration > renew_deadline > retry_period > 0 "
                 f"(got {lease_duration}, {renew_deadline}, {retry_period})"
             )
-        self._api = api if isinstance(api, CoordinationV1Api) else CoordinationV1Api(api)
+        self._api: Any = api  # either client: open_request needs only its call_api
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -141,7 +152,7 @@ class LeaderElector:
         while True:
             try:
                 view = await self._try_acquire_or_renew()
-            except ApiException as e:
+            except _LeaseError as e:
                 log.warning("leader election: cannot read or write Lease %s: %s", self._ref, _brief(e))
                 view = None
             if view is not None and view.holder == self.identity:
@@ -171,7 +182,7 @@ class LeaderElector:
                 try:
                     async with asyncio.timeout(remaining):
                         view = await self._try_acquire_or_renew()
-                except (ApiException, TimeoutError, OSError) as e:
+                except (*_LeaseError, TimeoutError, OSError) as e:
                     log.warning("leader election: renewing Lease %s failed: %s", self._ref, _brief(e))
             if view is not None and view.holder == self.identity:
                 last_renewed = time.monotonic()
@@ -196,8 +207,7 @@ class LeaderElector:
         """
         was_leading, self._leading = self._leading, False
         try:
-            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
-            view = _view(lease)
+            view = _view(await self._read())
             if view.holder != self.identity:
                 return False
             now = datetime.now(UTC)
@@ -209,8 +219,8 @@ class LeaderElector:
                 renew_time=now,
                 transitions=view.transitions,
             )
-            await self._api.replace_namespaced_lease(self.name, self.namespace, cast(Any, body))
-        except (ApiException, OSError) as e:
+            await self._replace(body)
+        except (*_LeaseError, OSError) as e:
             log.warning("leader election: releasing Lease %s failed: %s", self._ref, _brief(e))
             return False
         if was_leading:
@@ -223,13 +233,23 @@ class LeaderElector:
     def _ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def _path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    async def _read(self) -> dict[str, Any]:
+        return await request(self._api, "GET", f"{self._path}/{self.name}")
+
+    async def _replace(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await request(self._api, "PUT", f"{self._path}/{self.name}", body=body)
+
     async def _try_acquire_or_renew(self) -> LeaseView | None:
         """One attempt. Returns the Lease as it is after the attempt (``holder == identity`` when
         this candidate holds it), or None when a write lost a race (409): try again later."""
         now = datetime.now(UTC)
         try:
-            lease = await self._api.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as e:
+            lease = await self._read()
+        except KubeError as e:
             if e.status != _HTTP_NOT_FOUND:
                 raise
             return await self._create(now)
@@ -250,8 +270,8 @@ class LeaderElector:
             transitions=transitions,
         )
         try:
-            updated = await self._api.replace_namespaced_lease(self.name, self.namespace, cast(Any, body))
-        except ApiException as e:
+            updated = await self._replace(body)
+        except KubeError as e:
             if e.status == _HTTP_CONFLICT:
                 return None  # someone wrote first; next attempt re-reads
             raise
@@ -273,8 +293,8 @@ class LeaderElector:
             },
         }
         try:
-            created = await self._api.create_namespaced_lease(self.namespace, cast(Any, body))
-        except ApiException as e:
+            created = await request(self._api, "POST", self._path, body=body)
+        except KubeError as e:
             if e.status == _HTTP_CONFLICT:
                 return None  # another candidate created it first
             raise
@@ -329,20 +349,20 @@ class LeaderElector:
         }
 
 
-def _view(lease: Any) -> LeaseView:
-    spec = lease.spec
+def _view(lease: dict[str, Any]) -> LeaseView:
+    spec = lease.get("spec") or {}
     return LeaseView(
-        holder=(spec.holder_identity if spec is not None else None) or "",
-        renew_time=_as_utc(spec.renew_time if spec is not None else None),
-        lease_duration=float((spec.lease_duration_seconds if spec is not None else None) or 0),
-        transitions=int((spec.lease_transitions if spec is not None else None) or 0),
-        resource_version=str(lease.metadata.resource_version),
-        acquire_time=_as_utc(spec.acquire_time if spec is not None else None),
+        holder=spec.get("holderIdentity") or "",
+        renew_time=_as_utc(spec.get("renewTime")),
+        lease_duration=float(spec.get("leaseDurationSeconds") or 0),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        resource_version=str((lease.get("metadata") or {}).get("resourceVersion", "")),
+        acquire_time=_as_utc(spec.get("acquireTime")),
     )
 
 
 def _brief(error: BaseException) -> str:
-    if isinstance(error, ApiException):
+    if isinstance(error, KubeError):
         return f"HTTP {error.status} {error.reason}"
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
