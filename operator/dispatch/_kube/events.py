@@ -278,18 +278,15 @@ class EventRecorder:
         max_pending: int = MAX_PENDING,
         on_dropped: Callable[[str], None] | None = None,
     ) -> EventRecorder:
-        """A recorder posting with a kubernetes_asyncio ``ApiClient`` (events.k8s.io/v1).
+        """A recorder posting with a client's raw JSON requests (events.k8s.io/v1), either
+        kubernetes_asyncio's ``ApiClient`` or :class:`dispatch._kubeclient._transport.KubeClient`.
 
         ``on_request(verb, resource, code)`` is told about each API request (e.g.
-        :meth:`dispatch._kube.metrics.Metrics.api_request`).
+        :meth:`dispatch._kube.metrics.Metrics.api_request`); ``code`` is None when there was no
+        answer or a transient one (429, 5xx).
         """
-        from kubernetes_asyncio.client import CustomObjectsApi, EventsV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         from .._constants import GROUP, PLURAL, VERSION
-
-        events = EventsV1Api(api)
-        custom = CustomObjectsApi(api)
+        from .._kubeclient import KubeError, request
 
         def count(verb: str, resource: str, code: int | None) -> None:
             if on_request is not None:
@@ -297,9 +294,9 @@ class EventRecorder:
 
         async def post(namespace: str, body: Body) -> None:
             try:
-                await events.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
-            except ApiException as e:
-                count("create", "events", int(e.status or 0) or None)
+                await request(api, "POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body=body)
+            except KubeError as e:
+                count("create", "events", e.status or None)
                 raise
             except Exception:
                 count("create", "events", None)
@@ -307,10 +304,11 @@ class EventRecorder:
             count("create", "events", 201)
 
         async def uid_of(namespace: str, name: str) -> str | None:
+            path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
             try:
-                obj = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            except ApiException as e:
-                count("get", "dispatchjobs", int(e.status or 0) or None)
+                obj = await request(api, "GET", path)
+            except KubeError as e:
+                count("get", "dispatchjobs", e.status or None)
                 return None
             count("get", "dispatchjobs", 200)
             uid = obj.get("metadata", {}).get("uid")
