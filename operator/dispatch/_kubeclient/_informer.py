@@ -26,7 +26,6 @@ from kubernetes_asyncio.client import ApiClient
 
 from .._errors import BackendError, TransientBackendError
 from ._http import KubeError, open_request, request
-from ._objects import PAGE
 
 log = logging.getLogger("dispatch.kubeclient")
 
@@ -36,6 +35,9 @@ OnChange = Callable[[Body | None, Body | None], None]
 WATCH_SECONDS: Final = 290
 MAX_LINE: Final = 64 << 20
 BACKOFF: Final = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+PAGE: Final = 100
+"""Objects per list page: a page's whole bodies are the peak a list adds to the process (the kit's
+pods and objects are listed at once after a restart; the allocator keeps that peak), so a small one."""
 
 
 def key_of(body: Body) -> str:
