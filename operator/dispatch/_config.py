@@ -6,6 +6,7 @@ parsed strictly here and anything else is a :class:`~dispatch.ConfigError` namin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Final
 
@@ -53,3 +54,22 @@ def choice(adapter: str, config: Mapping[str, object], key: str, default: str, c
             f"{adapter} adapter: {key} must be one of {', '.join(choices)}, not {value!r}", key=key
         )
     return str(text)
+
+
+class RereadFile:
+    """A file's text (stripped), read again whenever its mtime changes: a mounted Secret or a
+    projected service-account token is rotated in place. ``OSError`` is the caller's to name."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: int | None = None
+        self.last: str | None = None
+        """The text last read, or None."""
+
+    def read(self) -> str:
+        stamp = os.stat(self.path).st_mtime_ns
+        if self.last is None or stamp != self._stamp:
+            with open(self.path, encoding="utf-8") as f:
+                self.last = f.read().strip()
+            self._stamp = stamp
+        return self.last

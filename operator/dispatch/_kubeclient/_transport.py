@@ -31,6 +31,7 @@ from typing import Any, Final
 import aiohttp
 import yaml
 
+from .._config import RereadFile
 from .._errors import ConfigError
 
 IN_CLUSTER_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -58,7 +59,11 @@ class Connection:
     namespace: str | None = None
     source: str = ""
     """Where this came from, for messages: ``kubeconfig PATH, context NAME`` or ``in-cluster``."""
-    _token_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _token_file: RereadFile | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.token_file:
+            object.__setattr__(self, "_token_file", RereadFile(self.token_file))
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca_file)
@@ -73,17 +78,12 @@ class Connection:
         """The token to send: ``token``, else the token file's content, re-read when it changed."""
         if self.token:
             return self.token
-        if not self.token_file:
+        if self._token_file is None:
             return None
         try:
-            stamp = os.stat(self.token_file).st_mtime_ns
+            return self._token_file.read()
         except OSError as error:
             raise ConfigError(f"{self.source}: token file {self.token_file}: {error.strerror}") from None
-        if self._token_cache.get("stamp") != stamp:
-            with open(self.token_file, encoding="utf-8") as f:
-                self._token_cache.update(stamp=stamp, token=f.read().strip())
-        token: str = self._token_cache["token"]
-        return token
 
     def authorization(self) -> str | None:
         """The ``Authorization`` header's value, or None (client certificates only)."""

@@ -11,7 +11,6 @@ built here goes through :meth:`RestClient.scrub`, which also removes anything sh
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from .._config import RereadFile
 from .._errors import BackendError, TransientBackendError
 
 # Slurm error numbers (slurm_errno.h) the adapter reads.
@@ -93,9 +93,7 @@ class TokenSource:
     def __init__(self, token: SecretStr | str | None = None, token_file: str | None = None) -> None:
         raw = token.get_secret_value() if isinstance(token, SecretStr) else token
         self._static = _clean(raw) if raw is not None else None
-        self._file = token_file
-        self._mtime: float | None = None
-        self._cached: str | None = None
+        self._file = RereadFile(token_file) if token_file is not None else None
 
     @property
     def configured(self) -> bool:
@@ -105,26 +103,19 @@ class TokenSource:
         if self._file is None:
             return self._static
         try:
-            st = os.stat(self._file)
+            return _clean(self._file.read())
         except OSError as e:
-            raise TransientBackendError(f"slurm token file {self._file} unreadable: {e.strerror}") from None
-        if self._cached is None or st.st_mtime != self._mtime:
-            try:
-                with open(self._file, encoding="utf-8") as f:
-                    raw = f.read().strip()
-            except OSError as e:
-                raise TransientBackendError(
-                    f"slurm token file {self._file} unreadable: {e.strerror}"
-                ) from None
-            self._cached, self._mtime = _clean(raw), st.st_mtime
-        return self._cached
+            raise TransientBackendError(
+                f"slurm token file {self._file.path} unreadable: {e.strerror}"
+            ) from None
 
     def secrets(self) -> list[str]:
         """Every form of the token that must never be shown (the token, its signature)."""
         try:
             tok = self.get()
         except TransientBackendError:
-            tok = self._cached
+            last = self._file.last if self._file is not None else None
+            tok = _clean(last) if last is not None else None
         if not tok:
             return []
         out = [tok]
