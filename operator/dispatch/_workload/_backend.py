@@ -1207,9 +1207,15 @@ class WorkloadBackend:
         return stop
 
     def _ensure_stop_task(self, stop: _Stop) -> None:
+        """Start the stop's task with urgent writes (the write limit's first lane; a task keeps the
+        context it was created in) wherever it is started, a watch event or a list(): it is the
+        first write of a recovery, whose release waits for it (the fence), and nothing settles
+        before it. Routine, a mass preemption's stops waited behind every other job's recovery
+        writes, and so did each release."""
         if stop.landed or (stop.task is not None and not stop.task.done()):
             return
-        stop.task = self._spawn(self._run_stop(stop), f"dispatch-{self.kind.name}-stop-{stop.oid}")
+        with urgent(True):
+            stop.task = self._spawn(self._run_stop(stop), f"dispatch-{self.kind.name}-stop-{stop.oid}")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -1218,16 +1224,7 @@ class WorkloadBackend:
         return task
 
     async def _run_stop(self, stop: _Stop) -> None:
-        """Write the stop (unless the API server already says it is stopped); never raises.
-
-        Its writes are urgent (the write limit's first lane) wherever the task was started (a watch
-        event, a list()): it is the first write of a recovery, whose release waits for it (the
-        fence), and nothing settles before it. Routine, a mass preemption's stops waited behind
-        every other job's recovery writes, and so did each release."""
-        with urgent(True):
-            await self._run_stop_urgently(stop)
-
-    async def _run_stop_urgently(self, stop: _Stop) -> None:
+        """Write the stop (unless the API server already says it is stopped); never raises."""
         try:
             if stop.deferrable and self.stop_grace > 0 and not stop.now.is_set():
                 with contextlib.suppress(TimeoutError):
