@@ -212,8 +212,16 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
             phase=Phase.ENDED,
             cause=Cause(kind=CauseKind.UNKNOWN, detail=_VANISHED),
         )
+    shown = _view_decision(record, cur.n, view, waiting)
     if view.restarts > cur.restarts:
-        return Decision(RecordRestarts(cur.n, view.restarts), *_phase_shown(view.phase, waiting))
+        # Shown as what follows once they are recorded: an unsupervised job's restarts are recorded
+        # by whoever settles it, maybe never, and its status must still show the outcome.
+        return Decision(RecordRestarts(cur.n, view.restarts), shown.state, shown.cause)
+    return shown
+
+
+def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[State, Cause]) -> Decision:
+    """The decision submission ``n``'s canonical ``view`` calls for, its restarts recorded."""
     if view.phase is Phase.HELD:
         return Decision(Release(view.id), *waiting)
     if view.phase is Phase.QUEUED:
@@ -234,7 +242,7 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
     index = resubmitting_rule(record.spec, record.plan, ended.kind)
     if index is not None:
-        return Decision(Authorize(cur.n + 1, index, ended), State.RECOVERING, ended)
+        return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
 
 
@@ -282,10 +290,6 @@ def _shown(record: Record) -> tuple[State, Cause]:
     if record.state.is_outcome or record.state is State.RECOVERING:
         return record.state, record.cause
     return State.PENDING, NO_CAUSE
-
-
-def _phase_shown(phase: Phase, waiting: tuple[State, Cause]) -> tuple[State, Cause]:
-    return (State.RUNNING, NO_CAUSE) if phase is Phase.RUNNING else waiting
 
 
 # The fields every constructed Submission and Transition sets, shared (pydantic copies a model's set

@@ -206,6 +206,24 @@ async def test_an_unsupervised_job_with_only_scheduler_rules_is_launched_by_subm
     assert all(o.phase is Phase.ENDED for o in await backend.list("native"))
 
 
+async def test_the_watch_of_an_unsupervised_job_ends_when_its_restarted_object_ends() -> None:
+    """Nobody records the scheduler's restarts of a job nobody supervises: its status shows the
+    outcome anyway, and a watch of it ends (the state machine found it once showing pending)."""
+    backend = MemoryBackend(Shape.KUBEFLOW, auto_run=True)
+    cluster = compose(backend)
+    restart = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=1)
+    spec = JobSpec(name="native", command=("train",), recovery=RecoveryPolicy(rules=(restart,)))
+    await cluster.operator.submit(spec, ADA, supervised=False)
+    (view,) = await backend.list("native")
+    backend.env.exit(view.id, 1)  # restarted in place
+    backend.env.complete(view.id)
+    async with asyncio.timeout(10):
+        seen = [st async for st in cluster.observer.watch("native", poll_interval=0.01)]
+    assert (seen[-1].state, seen[-1].settled) == (State.SUCCEEDED, False)
+    record, _ = await cluster.store.get("native")
+    assert record.submissions[0].restarts == 0  # nothing was recorded: status alone shows it
+
+
 async def test_an_unsupervised_job_without_rules_is_launched_by_submit() -> None:
     backend = MemoryBackend(Shape.KUBEFLOW)
     cluster = compose(backend)

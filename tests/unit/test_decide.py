@@ -560,6 +560,27 @@ def test_scheduler_restarts_are_recorded_and_counted_as_firings() -> None:
     assert r.plan.rules[0].firings == 3
 
 
+@pytest.mark.parametrize(
+    ("cause", "shown"),
+    [(SUCCESS, State.SUCCEEDED), (Cause(kind=CauseKind.NON_ZERO_EXIT, exit_code=1), State.FAILED)],
+)
+def test_unrecorded_restarts_of_an_ended_canonical_show_its_outcome(cause: Cause, shown: State) -> None:
+    """Found by the state machine: an unsupervised job whose pod the scheduler restarted, then ended,
+    showed pending until someone recorded the restarts, so a watch of it never ended."""
+    native = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=1)
+    r = step(
+        new_record(native, capabilities=CAPABILITIES[Shape.KUBEFLOW], supervised=False),
+        Authorize(1),
+        RecordCanonical(1, "1"),
+    )
+    d = decide(r, [obj("1", 1, Phase.ENDED, cause, restarts=1)])
+    assert d.step == RecordRestarts(1, 1)
+    assert (d.state, d.cause) == (shown, cause)
+    after = decide(apply(r, d.step, actor=SCHEDULER, now=T0), [obj("1", 1, Phase.ENDED, cause, restarts=1)])
+    assert isinstance(after.step, RecordOutcome)
+    assert (after.state, after.cause) == (d.state, d.cause)  # recording the restarts changes nothing shown
+
+
 # apply() for each write
 
 

@@ -547,7 +547,9 @@ class DispatchMachine(RuleBasedStateMachine):
 
     def watch_ends(self, j: Job) -> Status:
         async def watched() -> Status:
-            # A watch that never ends fails here; 10 s was once too short at a machine load of 7.
+            # A watch that never ends fails here. Such a failure is slow to shrink (each example that
+            # still fails waits out the timeout): an unsupervised job showing pending over unrecorded
+            # restarts once made this look like a stall (test_decide.py, ..._show_its_outcome).
             async with asyncio.timeout(60):
                 seen = [st async for st in j.cluster.observer.watch(j.name, poll_interval=0.01)]
             return seen[-1]
