@@ -29,9 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "operator"))
 
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi  # noqa: E402
-
-from dispatch._kubeclient import new_client  # noqa: E402
+from dispatch._kubeclient import MERGE_PATCH, CustomObjects, new_client, request  # noqa: E402
 from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.lab import Lab  # noqa: E402
 
@@ -122,23 +120,20 @@ def settle(pid: int, quiet: float = 5.0, limit: float = 360.0) -> tuple[float, f
 
 async def _all(kubeconfig: Path, n: int, change: bool) -> None:
     """Create the N DispatchJobs, or change each once (a status write, as a record write is)."""
-    api: ApiClient = await new_client(str(kubeconfig))
-    custom = CustomObjectsApi(api)
+    api = await new_client(str(kubeconfig))
+    custom = CustomObjects(api)
 
     async def act(i: int) -> None:
         if change:
-            await custom.patch_namespaced_custom_object_status(
-                "dispatch.dev",
-                "v1alpha1",
-                NAMESPACE,
-                "dispatchjobs",
-                f"job-{i:05d}",
-                {"status": {"observedState": "pending"}},
+            await request(
+                api,
+                "PATCH",
+                f"/apis/dispatch.dev/v1alpha1/namespaces/{NAMESPACE}/dispatchjobs/job-{i:05d}/status",
+                body={"status": {"observedState": "pending"}},
+                content_type=MERGE_PATCH,
             )
         else:
-            await custom.create_namespaced_custom_object(
-                "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", job(i)
-            )
+            await custom.create(NAMESPACE, job(i))
 
     try:
         await each(n, act)

@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client import ApiClient
 
-from dispatch._kubeclient import new_client
+from dispatch._kubeclient import KubeClient, new_client
 from tests.support.kube import KubeCluster
 from tests.support.watch import streamed
 
@@ -417,7 +416,7 @@ async def follow_releases(
 
 
 @pytest.fixture
-async def api(crds: KubeCluster) -> AsyncIterator[ApiClient]:
+async def api(crds: KubeCluster) -> AsyncIterator[KubeClient]:
     """An admin API client built as dispatch builds its own (``dispatch._kubeclient.new_client``)."""
     client = await new_client(str(crds.kubeconfig))
     async with client:

@@ -31,7 +31,7 @@ from dispatch import (
 )
 from dispatch._backends.job import JobOptions
 from dispatch._job import JOB, JobBackend
-from dispatch._kubeclient import new_client
+from dispatch._kubeclient import KubeClient, new_client
 from dispatch._model import SUPERVISOR, Enforcer, Resources
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
@@ -42,7 +42,7 @@ GUARD = 120.0
 
 
 @pytest.fixture
-async def api(kube_cluster: KubeCluster) -> AsyncIterator[ApiClient]:
+async def api(kube_cluster: KubeCluster) -> AsyncIterator[KubeClient]:
     client = await new_client(str(kube_cluster.kubeconfig))
     async with client:
         yield client

@@ -85,16 +85,16 @@ async def test_the_list_is_read_a_page_at_a_time(
     monkeypatch.setattr(_objects, "PAGE", 2)
     pages: list[dict[str, object]] = []
     custom = _objects.CustomObjects(api)
-    inner = custom._custom.list_namespaced_custom_object
+    inner = api.call_api
 
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        pages.append(dict(kwargs))
-        return await inner(*args, **kwargs)
+    async def counted(path: str, method: str, **options: Any) -> Any:
+        pages.append(dict(options["query_params"]))
+        return await inner(path, method, **options)
 
-    monkeypatch.setattr(custom._custom, "list_namespaced_custom_object", counted)
+    monkeypatch.setattr(api, "call_api", counted)
     items, version = await custom.list(namespace)
     assert sorted(i["metadata"]["name"] for i in items) == [f"paged-{i}" for i in range(5)]
     assert version
-    assert [p.get("limit") for p in pages] == [2, 2, 2]
-    assert "_continue" not in pages[0]
-    assert all(p.get("_continue") for p in pages[1:])
+    assert [p.get("limit") for p in pages] == ["2", "2", "2"]
+    assert "continue" not in pages[0]
+    assert all(p.get("continue") for p in pages[1:])

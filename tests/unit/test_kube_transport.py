@@ -5,9 +5,11 @@ local HTTP server (headers, token rotation, query, body)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,32 @@ def test_client_certificate_and_ca_as_data(tmp_path: Path, certificate: tuple[Pa
     assert os.stat(connection.key_file).st_mode & 0o077 == 0  # the key is private
     connection.ssl_context()  # loads the chain for real
     assert connection.authorization() is None
+
+
+def test_inline_material_is_removed_when_the_process_exits(
+    tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    # A client key written to /tmp for ssl must not outlive the operator or the plugin.
+    cert, key = certificate
+    cluster = {"server": "https://127.0.0.1:6443", "certificate-authority-data": _b64(cert)}
+    user = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+    config = _write(tmp_path / "config", cluster, user)
+    code = (
+        "import sys\n"
+        "from dispatch._kubeclient._transport import load_kubeconfig\n"
+        "c = load_kubeconfig(sys.argv[1])\n"
+        "print(c.ca_file, c.cert_file, c.key_file)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(config)], capture_output=True, text=True, check=True
+    )
+    written = out.stdout.split()
+    assert len(written) == 3
+    assert [p for p in written if os.path.exists(p)] == []
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
 
 
 def test_files_relative_to_the_kubeconfig_and_a_token(tmp_path: Path, certificate: tuple[Path, Path]) -> None:
@@ -183,6 +211,13 @@ async def server() -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
             return web.json_response({"reason": "NotFound", "message": "no such thing"}, status=404)
         return web.json_response({"ok": True})
 
+    async with serving(handle) as host:
+        yield host, seen, bodies
+
+
+@contextlib.asynccontextmanager
+async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """A real local HTTP server answering every path with ``handle``; yields its base URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app)
@@ -191,7 +226,7 @@ async def server() -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield f"http://127.0.0.1:{port}", seen, bodies
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
 
@@ -204,7 +239,7 @@ async def test_requests_carry_the_user_agent_token_query_and_body(
     host, seen, bodies = server
     async with KubeClient(Connection(host=host, token="tok"), user_agent="dispatch/9") as client:
         got = await request(
-            client,  # type: ignore[arg-type]
+            client,
             "PATCH",
             "/apis/g/v1/namespaces/a/things/b",
             query={"labelSelector": "x=y,z", "watch": True},
@@ -213,7 +248,7 @@ async def test_requests_carry_the_user_agent_token_query_and_body(
         )
         assert got == {"ok": True}
         with pytest.raises(KubeError, match="no such thing") as raised:
-            await open_request(client, "GET", "/api/v1/missing")  # type: ignore[arg-type]
+            await open_request(client, "GET", "/api/v1/missing")
         assert raised.value.status == 404
         assert client.session().trust_env is False  # no ~/.netrc lookup in a thread per request
     req = seen[0]

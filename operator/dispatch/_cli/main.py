@@ -29,7 +29,7 @@ from typing import Any, Final, TextIO
 import aiohttp
 
 from .. import _api
-from .._constants import GROUP, KIND, PLURAL, SINGULAR, VERSION
+from .._constants import GROUP, KIND, PLURAL, SINGULAR
 from .._errors import PlanError
 from . import _render as render
 from ._manifest import ManifestError, load
@@ -187,40 +187,26 @@ def _default_namespace(args: argparse.Namespace) -> str:
     """
     if args.namespace:
         return str(args.namespace)
-    from kubernetes_asyncio.config import list_kube_config_contexts
-
+    from .._errors import ConfigError
     from .._kubeclient import kubeconfig_problem
+    from .._kubeclient._transport import load_kubeconfig
 
-    current: Any = None
-    contexts: list[Any] = []
-    if kubeconfig_problem(args.kubeconfig) is None:  # else the library logs "Config not found"
+    if kubeconfig_problem(args.kubeconfig) is None:
         try:
-            contexts, current = list_kube_config_contexts(args.kubeconfig or _first_kubeconfig())
-        except Exception:  # a broken or in-cluster-only kubeconfig: the fallbacks below
-            current, contexts = None, []
-    if args.context:
-        current = next((c for c in contexts if c.get("name") == args.context), current)
-    if isinstance(current, dict):
-        ns = (current.get("context") or {}).get("namespace")
+            ns = load_kubeconfig(args.kubeconfig, context=args.context).namespace
+        except ConfigError:  # a broken or in-cluster-only kubeconfig: the fallbacks below
+            ns = None
         if ns:
-            return str(ns)
+            return ns
     if args.kubeconfig is None and os.path.exists(IN_CLUSTER_NAMESPACE):
         with open(IN_CLUSTER_NAMESPACE) as f:
             return f.read().strip() or "default"
     return "default"
 
 
-def _first_kubeconfig() -> str | None:
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        return env.split(os.pathsep)[0]
-    return None
-
-
 async def _remote(args: argparse.Namespace, out: TextIO) -> int:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
     from .. import _kubeclient
+    from .._errors import ConfigError, TransientBackendError
 
     problem = _kubeclient.kubeconfig_problem(args.kubeconfig)
     if problem is not None:
@@ -228,7 +214,7 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
     namespace = _default_namespace(args)
     try:
         api = await _kubeclient.new_client(args.kubeconfig, context=args.context)
-    except Exception as error:  # the library's ConfigException and friends: a bad kubeconfig
+    except ConfigError as error:  # a kubeconfig dispatch cannot use (it names the file and field)
         raise Usage(f"cannot load the kubeconfig: {error}") from None
     async with api:
         objects = _kubeclient.CustomObjects(api)
@@ -247,19 +233,11 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
             raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
         except _kubeclient.ApiError as error:
             raise Failure(str(error)) from None
-        except ApiException as error:
-            raise Failure(_api_message(error)) from None
+        except TransientBackendError as error:  # no answer, a timeout, 429 or 5xx
+            raise Failure(f"cannot reach the API server: {error}") from None
         except (OSError, aiohttp.ClientError) as error:  # a server that does not answer
             raise Failure(f"cannot reach the API server: {error}") from None
     raise Failure(f"unknown command {args.command!r}")
-
-
-def _api_message(error: Any) -> str:
-    try:
-        body = json.loads(error.body or "{}")
-    except ValueError:
-        body = {}
-    return str(body.get("message") or f"{error.status} {error.reason}")
 
 
 async def get(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
@@ -281,19 +259,19 @@ async def get(args: argparse.Namespace, objects: Any, namespace: str, out: TextI
 
 
 async def _events(api: Any, namespace: str, name: str) -> list[Body]:
-    from kubernetes_asyncio.client import CoreV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from .._errors import BackendError
+    from .._kubeclient import request
 
     try:
-        found: Any = await CoreV1Api(api).list_namespaced_event(
-            namespace,
-            field_selector=f"involvedObject.name={name},involvedObject.kind={KIND}",
-            _preload_content=False,
+        found = await request(
+            api,
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            query={"fieldSelector": f"involvedObject.name={name},involvedObject.kind={KIND}"},
         )
-        async with found:
-            items = json.loads(await found.read()).get("items", [])
-    except ApiException:
+    except BackendError:
         return []  # events are a courtesy: a user without access to them still gets the rest
+    items: list[Body] = found.get("items") or []
 
     def when(e: Body) -> str:
         return str(
@@ -357,11 +335,9 @@ async def watch(args: argparse.Namespace, api: Any, namespace: str, out: TextIO)
 
 async def _follow(args: argparse.Namespace, api: Any, namespace: str, out: TextIO) -> int:
     """List the one object, then watch it from the list's resourceVersion; relist on 410."""
-    from kubernetes_asyncio import watch as kwatch
-    from kubernetes_asyncio.client import CustomObjectsApi
-    from kubernetes_asyncio.client.exceptions import ApiException
+    from .._kubeclient import CustomObjects, Gone
 
-    custom = CustomObjectsApi(api)
+    objects = CustomObjects(api)
     selector = f"metadata.name={args.name}"
     last: tuple[Any, ...] | None = None
 
@@ -386,47 +362,31 @@ async def _follow(args: argparse.Namespace, api: Any, namespace: str, out: TextI
     resource_version: str | None = None
     while True:
         if resource_version is None:
-            listing = await custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, field_selector=selector
-            )
-            items = listing.get("items") or []
+            items, resource_version = await objects.list(namespace, field_selector=selector)
             if not items and last is None:
                 raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}')
             for item in items:
                 if show(item):
                     return 0
-            resource_version = listing["metadata"]["resourceVersion"]
         try:
-            async with kwatch.Watch() as w:
-                stream = w.stream(
-                    custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    field_selector=selector,
-                    resource_version=resource_version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=WATCH_REQUEST_SECONDS,
-                )
-                async for event in stream:
-                    obj = event["raw_object"]
-                    rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        resource_version = str(rv)
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    if event["type"] == "DELETED":
-                        print(f"{namespace}/{args.name} deleted", file=out, flush=True)
-                        return 0
-                    if event["type"] == "ERROR":
-                        resource_version = None
-                        break
-                    if show(obj):
-                        return 0
-        except ApiException as error:
-            if error.status != 410:
-                raise
+            async for event in objects.watch(
+                namespace,
+                resource_version=resource_version,
+                field_selector=selector,
+                timeout_seconds=WATCH_REQUEST_SECONDS,
+            ):
+                obj = event.object
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    resource_version = str(rv)
+                if event.type == "BOOKMARK":
+                    continue
+                if event.type == "DELETED":
+                    print(f"{namespace}/{args.name} deleted", file=out, flush=True)
+                    return 0
+                if show(obj):
+                    return 0
+        except Gone:
             resource_version = None
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
-
+from .._kubeclient import Client
 from .._workload import WorkloadBackend, open_workload
 from ._kind import JOB, BatchJobKind, build
 
@@ -19,7 +18,7 @@ from ._kind import JOB, BatchJobKind, build
 class JobBackend(WorkloadBackend):
     """A :class:`~dispatch.Backend` running each submission as a batch/v1 Job."""
 
-    def __init__(self, api: ApiClient, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
+    def __init__(self, api: Client, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(JOB, api, namespaces=namespaces, **options)
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
-
+from .._kubeclient import Client
 from .._workload import WorkloadBackend, open_workload
 from ._kind import JOBSET, JobSetKind, build
 
@@ -20,7 +19,7 @@ from ._kind import JOBSET, JobSetKind, build
 class JobSetBackend(WorkloadBackend):
     """A :class:`~dispatch.Backend` running each submission as a JobSet."""
 
-    def __init__(self, api: ApiClient, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
+    def __init__(self, api: Client, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(JOBSET, api, namespaces=namespaces, **options)
 
 

@@ -49,15 +49,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import TransientBackendError
-from .._kubeclient import KubeError, request
-
-if TYPE_CHECKING:
-    from kubernetes_asyncio.client import ApiClient
-
-    from .._kubeclient._transport import KubeClient
+from .._kubeclient import Client, KubeError, request
 
 log = logging.getLogger("dispatch.leader")
 
@@ -111,7 +106,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        api: ApiClient | KubeClient,
+        api: Client,
         namespace: str,
         name: str,
         identity: str,

@@ -35,7 +35,6 @@ from typing import Any, Final
 
 import kopf
 import yaml
-from kubernetes_asyncio.config import ConfigException
 
 from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
@@ -44,6 +43,7 @@ from .._errors import ConfigError
 from .._kubeclient import (
     DEFAULT_WRITE_BURST,
     DEFAULT_WRITE_QPS,
+    Connection,
     WriteLimiter,
     client_for,
     kubeconfig_problem,
@@ -173,24 +173,24 @@ def _configure_logging(fmt: str, level: str) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
-def _connection_info(configuration: Any) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same client configuration the rest of the operator uses."""
-    header = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
-    scheme: str | None = None
-    token: str | None = None
-    if header:
-        parts = str(header).split(" ", 1)
-        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+def _connection_info(connection: Connection) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same connection the rest of the operator uses.
+
+    kopf calls its login handler again when the API server answers 401, so a token file that
+    rotated is read anew (``bearer_token`` re-reads it when it changed).
+    """
+    token = connection.bearer_token()
     return kopf.ConnectionInfo(
-        server=configuration.host,
-        ca_path=configuration.ssl_ca_cert,
-        insecure=not configuration.verify_ssl,
-        username=configuration.username or None,
-        password=configuration.password or None,
-        scheme=scheme,
+        server=connection.host,
+        ca_path=connection.ca_file,
+        insecure=connection.insecure,
+        username=None if token else connection.username,
+        password=None if token else connection.password,
+        scheme="Bearer" if token else None,
         token=token,
-        certificate_path=configuration.cert_file,
-        private_key_path=configuration.key_file,
+        certificate_path=connection.cert_file,
+        private_key_path=connection.key_file,
+        default_namespace=connection.namespace,
         priority=100,
     )
 
@@ -425,8 +425,8 @@ async def run(
         server = metrics_module.serve(
             metrics, args.metrics_port, getattr(args, "metrics_addr", None) or ANY_ADDRESS
         )
-    configuration = await load_configuration(args.kubeconfig, context=args.context)
-    api = client_for(configuration)
+    connection = await load_configuration(args.kubeconfig, context=args.context)
+    api = client_for(connection)
     if metrics is not None:
         metrics.instrument(api)  # every request of the store, the adapters, events and the elector
     if args.write_qps > 0:  # kopf writes nothing: the finalizer is the loop's too
@@ -466,7 +466,7 @@ async def run(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return _connection_info(configuration)
+        return _connection_info(connection)
 
     @kopf.on.startup(registry=registry)
     def started(**_: Any) -> None:
@@ -588,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run(args))
     except KeyboardInterrupt:
         return 130
-    except (ConfigError, ConfigException) as error:  # a kubeconfig or adapter config we cannot use
+    except ConfigError as error:  # a kubeconfig or adapter config we cannot use
         print(f"{p.prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 

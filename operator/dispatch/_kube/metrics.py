@@ -301,10 +301,10 @@ class Metrics:
         self.api_request(verb, resource, ok)
 
     def instrument(self, api: Any) -> Any:
-        """Count every request ``api`` (a kubernetes_asyncio ``ApiClient``) sends; returns ``api``.
+        """Count every request ``api`` (a :class:`dispatch._kubeclient.Client`) sends; returns ``api``.
 
         Wraps ``api.rest_client.request``, the one method all of the client's calls go through
-        (generated APIs, ``call_api``, watches), so nothing else has to report its requests.
+        (``call_api``, lists, watches), so nothing else has to report its requests.
         """
         rest = api.rest_client
         if getattr(rest, "_dispatch_metrics", None) is self:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
 
-from kubernetes_asyncio.client import ApiClient
 from pydantic import BaseModel
 
 from .._api import (
@@ -55,6 +54,7 @@ from .._kubeclient import (
     split_job,
     watch_forever,
 )
+from .._kubeclient import Client as ApiClient  # the type of either client (dispatch._kubeclient.Client)
 from .._model import Actor, Cause, PlannedRule, QueuePlan, Record, RecoveryPolicy, Resources, Rule, State
 from .._protocols import Unsubscribe, Versioned, Wake
 

@@ -6,8 +6,10 @@
   :class:`Conflict`, :class:`Gone`) for the record store, the operator and the kubectl plugin;
 - raw JSON requests with dispatch's error mapping (:func:`request`, :class:`KubeError`: a
   :class:`~dispatch.BackendError`) and one shared list+watch per resource (:class:`Informer`) for
-  the workload kit: plain dicts through the ApiClient's own transport (authentication, TLS,
-  connection pool), neither the generated model classes nor their choice of patch content types.
+  the workload kit: plain dicts through the client's transport (authentication, TLS, connection
+  pool), neither generated model classes nor their choice of patch content types;
+- the client itself (:class:`KubeClient`, from a :class:`Connection`; dispatch's own, so the
+  operator never imports kubernetes_asyncio) and the :class:`Client` protocol every helper takes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ._http import (
     JSON_PATCH,
     MERGE_PATCH,
     Body,
+    Client,
     KubeError,
     WriteLimiter,
     is_urgent,
@@ -44,6 +47,7 @@ from ._objects import (
     split_job,
     watch_forever,
 )
+from ._transport import Connection, KubeClient
 
 __all__ = [
     "DEFAULT_WRITE_BURST",
@@ -54,10 +58,13 @@ __all__ = [
     "MERGE_PATCH",
     "ApiError",
     "Body",
+    "Client",
     "Conflict",
+    "Connection",
     "CustomObjects",
     "Gone",
     "Informer",
+    "KubeClient",
     "KubeError",
     "NotFound",
     "OnChange",

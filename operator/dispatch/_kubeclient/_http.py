@@ -1,6 +1,7 @@
-"""Raw JSON requests through a ``kubernetes_asyncio`` ApiClient, with dispatch's error mapping.
+"""Raw JSON requests through a :class:`Client` (dispatch's own :class:`~._transport.KubeClient`, or
+kubernetes_asyncio's ApiClient in tests), with dispatch's error mapping.
 
-The generated API classes deserialize every pod into model objects and choose patch content types
+Generated API classes deserialize every pod into model objects and choose patch content types
 by the shape of the body; the adapter wants neither. It sends and receives plain dicts through the
 client's own transport (authentication, TLS, connection pool), and turns failures into dispatch's
 errors: no answer, a timeout, 429 or 5xx are :class:`~dispatch.TransientBackendError`; anything
@@ -16,10 +17,9 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
 
 from .._errors import BackendError, TransientBackendError
 
@@ -41,12 +41,26 @@ class KubeError(BackendError):
         super().__init__(f"{method} {path}: {status} {reason or ''}: {message}".replace("  ", " "))
 
 
+class Client(Protocol):
+    """What dispatch needs of a client: ``call_api`` (every request, :func:`open_request`), the
+    ``rest_client`` whose ``request`` the metrics and the write limit wrap, and ``close``.
+
+    :class:`~._transport.KubeClient` is the operator's; kubernetes_asyncio's ApiClient has the same
+    three, so tests and benches may hand either to the same code."""
+
+    rest_client: Any
+
+    async def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
 def _is_transient(status: int) -> bool:
     return status == 429 or status >= 500
 
 
 async def open_request(
-    api: ApiClient,
+    api: Client,
     method: str,
     path: str,
     *,
@@ -85,7 +99,7 @@ async def open_request(
 
 
 async def request(
-    api: ApiClient,
+    api: Client,
     method: str,
     path: str,
     *,
@@ -231,7 +245,7 @@ class WriteLimiter:
         self._schedule()
 
 
-def limit_writes(api: ApiClient, limiter: WriteLimiter) -> ApiClient:
+def limit_writes(api: Client, limiter: WriteLimiter) -> Client:
     """Make every write ``api`` sends (POST, PUT, PATCH, DELETE; not the Lease's) take a token first.
 
     Wraps ``api.rest_client.request``, the one method all of the client's calls go through (the
@@ -259,6 +273,7 @@ __all__ = [
     "JSON_PATCH",
     "MERGE_PATCH",
     "Body",
+    "Client",
     "KubeError",
     "WriteLimiter",
     "is_urgent",

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
 
 from .._errors import BackendError, TransientBackendError
+from ._http import Client as ApiClient  # the type of either client
 from ._http import KubeError, open_request, request
 
 log = logging.getLogger("dispatch.kubeclient")

@@ -1,5 +1,5 @@
-"""Kubernetes client setup (kubeconfig, in-cluster) and small helpers for custom objects, through
-kubernetes_asyncio's generated API.
+"""Kubernetes client setup (kubeconfig, in-cluster) and small helpers for custom objects, as raw
+JSON through dispatch's own client (:mod:`._transport`, :func:`._http.request`).
 
 Used by the record store, the operator, the kubectl plugin and every backend's opener. Everything
 here is a thin layer over the API server's own semantics: a PUT of ``/status`` carries the
@@ -9,6 +9,7 @@ resourceVersion that was read, and the API server answers 409 when it is stale (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Final
 
-from kubernetes_asyncio import config as kconfig
-from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
+import aiohttp
 
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
+from .._errors import TransientBackendError
+from ._http import MERGE_PATCH, Client, KubeError, open_request, request
+from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
 
@@ -30,13 +32,8 @@ Body = dict[str, Any]
 FIELD_MANAGER: Final = REPORTING_COMPONENT
 """The field manager of every write dispatch makes (managedFields name it as the owner of .status)."""
 USER_AGENT: Final = f"{REPORTING_COMPONENT}/{{version}}"
-IN_CLUSTER_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-MERGE_PATCH: Final = "application/merge-patch+json"
 PAGE: Final = 500
 """Objects per page of a list (``limit``, then ``continue``)."""
-# The generated client picks another patch type for a dict body; the stubs do not declare
-# _content_type, hence the dict.
-_MERGE: Final[dict[str, Any]] = {"_content_type": MERGE_PATCH}
 
 
 class ApiError(Exception):
@@ -71,26 +68,21 @@ def split_job(job: str) -> tuple[str, str]:
     return namespace, name
 
 
-def _in_cluster() -> bool:
-    return os.path.exists(IN_CLUSTER_TOKEN) and "KUBECONFIG" not in os.environ
-
-
 def kubeconfig_problem(kubeconfig: str | None = None) -> str | None:
     """Why no kubeconfig can be loaded, in one line for a person, or None when one can.
 
-    The client library would log "Config not found" for each path and then fail with a message
-    about a missing ``current-context``: three lines, two of them wrong. The CLI and the operator
-    check first with this instead.
+    Checked before anything is read, so that a missing file is one line naming the path and where
+    it came from, not a loader's message about a missing ``current-context``.
     """
-    if kubeconfig is None and _in_cluster():
+    if kubeconfig is None and in_cluster_available():
         return None
+    paths = kubeconfig_paths(kubeconfig)
     if kubeconfig is not None:
-        paths, origin = [kubeconfig], "--kubeconfig"
+        origin = "--kubeconfig"
     elif os.environ.get("KUBECONFIG"):
-        paths = [p for p in os.environ["KUBECONFIG"].split(os.pathsep) if p]
         origin = "$KUBECONFIG"
     else:
-        paths, origin = [os.path.expanduser("~/.kube/config")], "the default"
+        origin = "the default"
     for path in paths:
         if os.path.isdir(path):
             return f"kubeconfig {path} ({origin}) is a directory, not a file"
@@ -104,23 +96,17 @@ def kubeconfig_problem(kubeconfig: str | None = None) -> str | None:
     return None
 
 
-async def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Configuration:
-    """A client configuration from ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else in-cluster.
+async def load_configuration(kubeconfig: str | None = None, *, context: str | None = None) -> Connection:
+    """The connection of ``kubeconfig`` (or $KUBECONFIG, ~/.kube/config), else in-cluster.
 
     An explicit ``kubeconfig`` wins; without one, a pod's service account is used when present.
+    Raises :class:`~dispatch.ConfigError` naming the file, context and field it cannot use.
     """
-    configuration = Configuration()
-    if kubeconfig is None and _in_cluster():
-        kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return configuration
-    await kconfig.load_kube_config(
-        config_file=kubeconfig, context=context, client_configuration=configuration, persist_config=False
-    )
-    return configuration
+    return load_connection(kubeconfig, context=context)
 
 
-async def new_client(kubeconfig: str | None = None, *, context: str | None = None) -> ApiClient:
-    """An ``ApiClient`` for the cluster named by ``kubeconfig`` (see :func:`load_configuration`)."""
+async def new_client(kubeconfig: str | None = None, *, context: str | None = None) -> KubeClient:
+    """A client for the cluster named by ``kubeconfig`` (see :func:`load_configuration`)."""
     return client_for(await load_configuration(kubeconfig, context=context))
 
 
@@ -131,32 +117,13 @@ def _version() -> str:
         return "0"
 
 
-class _JsonClient(ApiClient):
-    """The generated client, sending dict bodies as they are.
-
-    Every body dispatch sends is a JSON document already (dicts, lists, strings, numbers: records
-    are dumped in pydantic's JSON mode, times are formatted strings), which the generated client
-    would copy, value by value, before encoding it: an eighth of the operator's CPU while it creates
-    a thousand jobs (py-spy, BENCHMARKS.md). Its models (and anything else) still go its way; a dict
-    holding anything json cannot encode fails loudly, in ``json.dumps``, before it is sent.
-    """
-
-    def sanitize_for_serialization(self, obj: Any) -> Any:
-        if type(obj) is dict:
-            return obj
-        return super().sanitize_for_serialization(obj)
+def client_for(connection: Connection) -> KubeClient:
+    """A client for ``connection`` that names dispatch as its user agent."""
+    return KubeClient(connection, user_agent=USER_AGENT.format(version=_version()))
 
 
-def client_for(configuration: Configuration) -> ApiClient:
-    """An ``ApiClient`` for ``configuration`` that names dispatch as its user agent."""
-    api = _JsonClient(configuration=configuration)
-    api.user_agent = USER_AGENT.format(version=_version())
-    return api
-
-
-def _error(e: ApiException) -> ApiError:
-    status = int(e.status or 0)
-    message = _message(e)
+def _error(e: KubeError) -> ApiError:
+    status, message = e.status, e.message
     if status == 404:
         return NotFound(status, message)
     if status == 409:
@@ -164,16 +131,6 @@ def _error(e: ApiException) -> ApiError:
     if status == 410:
         return Gone(status, message)
     return ApiError(status, message)
-
-
-def _message(e: ApiException) -> str:
-    try:
-        body = json.loads(e.body) if e.body else {}
-    except ValueError:
-        body = {}
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{e.status} {e.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +141,16 @@ class WatchEvent:
 
 
 class CustomObjects:
-    """One custom resource (group, version, plural), namespaced. Defaults to DispatchJobs."""
+    """One custom resource (group, version, plural), namespaced. Defaults to DispatchJobs.
+
+    An error status is an :class:`ApiError` (:class:`NotFound`, :class:`Conflict`, :class:`Gone`);
+    no answer, a timeout, 429 or 5xx is a :class:`~dispatch.TransientBackendError`, as for every
+    other request dispatch sends (:func:`._http.open_request`).
+    """
 
     def __init__(
         self,
-        api: ApiClient,
+        api: Client,
         *,
         group: str = GROUP,
         version: str = VERSION,
@@ -200,71 +162,61 @@ class CustomObjects:
         self.version = version
         self.plural = plural
         self.field_manager = field_manager
-        self._custom = CustomObjectsApi(api)
+
+    def _path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        path = f"/apis/{self.group}/{self.version}"
+        if namespace is not None:
+            path += f"/namespaces/{namespace}"
+        path += f"/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+        if sub is not None:
+            path += f"/{sub}"
+        return path
+
+    async def _request(self, method: str, path: str, **options: Any) -> Body:
+        try:
+            return await request(self.api, method, path, **options)
+        except KubeError as e:
+            raise _error(e) from None
 
     async def get(self, namespace: str, name: str) -> Body:
-        try:
-            body: Body = await self._custom.get_namespaced_custom_object(
-                self.group, self.version, namespace, self.plural, name
-            )
-        except ApiException as e:
-            raise _error(e) from None
-        return body
+        return await self._request("GET", self._path(namespace, name))
 
     async def create(self, namespace: str, body: Mapping[str, Any]) -> Body:
-        try:
-            created: Body = await self._custom.create_namespaced_custom_object(
-                self.group, self.version, namespace, self.plural, dict(body), field_manager=self.field_manager
-            )
-        except ApiException as e:
-            raise _error(e) from None
-        return created
+        return await self._request(
+            "POST", self._path(namespace), query={"fieldManager": self.field_manager}, body=dict(body)
+        )
 
     async def replace_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Body:
         """PUT ``/status``; ``body.metadata.resourceVersion`` is the precondition (409 when stale)."""
-        try:
-            replaced: Body = await self._custom.replace_namespaced_custom_object_status(
-                self.group,
-                self.version,
-                namespace,
-                self.plural,
-                name,
-                dict(body),
-                field_manager=self.field_manager,
-            )
-        except ApiException as e:
-            raise _error(e) from None
-        return replaced
+        return await self._request(
+            "PUT",
+            self._path(namespace, name, "status"),
+            query={"fieldManager": self.field_manager},
+            body=dict(body),
+        )
 
     async def merge_patch(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Body:
         """A JSON merge patch of the object (not its status). Include metadata.resourceVersion for CAS."""
-        try:
-            patched: Body = await self._custom.patch_namespaced_custom_object(
-                self.group,
-                self.version,
-                namespace,
-                self.plural,
-                name,
-                dict(patch),
-                field_manager=self.field_manager,
-                **_MERGE,
-            )
-        except ApiException as e:
-            raise _error(e) from None
-        return patched
+        return await self._request(
+            "PATCH",
+            self._path(namespace, name),
+            query={"fieldManager": self.field_manager},
+            body=dict(patch),
+            content_type=MERGE_PATCH,
+        )
 
     async def delete(self, namespace: str, name: str) -> None:
-        try:
-            await self._custom.delete_namespaced_custom_object(
-                self.group, self.version, namespace, self.plural, name
-            )
-        except ApiException as e:
-            error = _error(e)
-            if not isinstance(error, NotFound):
-                raise error from None
+        with contextlib.suppress(NotFound):
+            await self._request("DELETE", self._path(namespace, name))
 
     async def list(
-        self, namespace: str | None = None, *, label_selector: str | None = None
+        self,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> tuple[list[Body], str]:
         """Every object (in ``namespace``, or in all); returns the items and the list's resourceVersion.
 
@@ -273,52 +225,54 @@ class CustomObjects:
         items: list[Body] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": PAGE}
-            if label_selector:
-                kwargs["label_selector"] = label_selector
+            query: dict[str, object] = {
+                "limit": PAGE,
+                "labelSelector": label_selector or None,
+                "fieldSelector": field_selector or None,
+            }
             if token:
-                kwargs["_continue"] = token
-            result = await self._list_call(namespace, kwargs)  # 410 (continue expired): Gone
+                query["continue"] = token
+            result = await self._request("GET", self._path(namespace), query=query)  # 410: Gone
             items.extend(result.get("items") or [])
             meta = result.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
                 return items, str(meta.get("resourceVersion", ""))
 
-    async def _list_call(self, namespace: str | None, kwargs: dict[str, Any]) -> Any:
-        """The generated client's list of every namespace (None) or of one; ApiError on failure."""
-        try:
-            if namespace is None:
-                return await self._custom.list_cluster_custom_object(
-                    self.group, self.version, self.plural, **kwargs
-                )
-            return await self._custom.list_namespaced_custom_object(
-                self.group, self.version, namespace, self.plural, **kwargs
-            )
-        except ApiException as e:
-            raise _error(e) from None
-
     async def watch(
         self,
         namespace: str | None = None,
         *,
         resource_version: str | None = None,
+        field_selector: str | None = None,
         timeout_seconds: int = 300,
     ) -> AsyncIterator[WatchEvent]:
         """One watch request from ``resource_version``; ends when the server closes it.
 
         Raises :class:`Gone` when ``resource_version`` is too old (list again).
         """
-        kwargs: dict[str, Any] = {
+        query: dict[str, object] = {
             "watch": True,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": timeout_seconds,
-            "_preload_content": False,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout_seconds,
+            "resourceVersion": resource_version or None,
+            "fieldSelector": field_selector or None,
         }
-        if resource_version:
-            kwargs["resource_version"] = resource_version
-        response = await self._list_call(namespace, kwargs)
-        async with response:
+        path = self._path(namespace)
+        try:
+            response = await open_request(
+                self.api,
+                "GET",
+                path,
+                query=query,
+                # the server ends the watch after timeout_seconds; silence well past that is a dead peer
+                request_timeout=aiohttp.ClientTimeout(
+                    total=None, connect=30, sock_connect=30, sock_read=timeout_seconds + 30
+                ),
+            )
+        except KubeError as e:
+            raise _error(e) from None
+        try:
             async for line in _lines(response.content):
                 event = json.loads(line)
                 kind = str(event.get("type", ""))
@@ -330,6 +284,10 @@ class CustomObjects:
                         raise Gone(code, message)
                     raise ApiError(code, message)
                 yield WatchEvent(kind, obj)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise TransientBackendError(f"GET {path} (watch): {type(error).__name__}: {error}") from error
+        finally:
+            response.close()  # an interrupted stream cannot go back to the pool
 
 
 async def _lines(content: Any) -> AsyncIterator[bytes]:

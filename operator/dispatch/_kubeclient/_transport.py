@@ -18,8 +18,10 @@ field): ``exec`` and ``auth-provider`` plugins.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import binascii
+import contextlib
 import json
 import os
 import ssl
@@ -238,6 +240,7 @@ def _material(section: Mapping[str, Any], key: str, kubeconfig: str, where: str)
         handle, path = tempfile.mkstemp(prefix="dispatch-kube-")  # mode 0600
         with os.fdopen(handle, "wb") as f:
             f.write(raw)
+        atexit.register(_remove, path)  # a key must not outlive the process in /tmp
         return path
     if section.get(key):
         path = _path(section[key], kubeconfig)
@@ -245,6 +248,11 @@ def _material(section: Mapping[str, Any], key: str, kubeconfig: str, where: str)
             raise ConfigError(f"{where}: {key} {path} does not exist")
         return path
     return None
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def load_connection(kubeconfig: str | None = None, *, context: str | None = None) -> Connection:

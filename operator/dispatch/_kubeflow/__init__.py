@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from kubernetes_asyncio.client import ApiClient
-
+from .._kubeclient import Client
 from .._model import Capabilities, Phase
 from .._workload import WorkloadBackend, open_workload, refused_for_good, split_id
 from ._pytorchjob import PYTORCHJOB, PyTorchJobKind, build
@@ -25,7 +24,7 @@ CAPABILITIES: Final[Capabilities] = PYTORCHJOB.capabilities
 class KubeflowBackend(WorkloadBackend):
     """A :class:`~dispatch.Backend` running each submission as a PyTorchJob."""
 
-    def __init__(self, api: ApiClient, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
+    def __init__(self, api: Client, *, namespaces: Sequence[str] | None = None, **options: Any) -> None:
         super().__init__(PYTORCHJOB, api, namespaces=namespaces, **options)
 
 

@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from kubernetes_asyncio.client import ApiClient
-
 from .. import _registry
 from .._constants import (
     ANNOTATION_ENDED,
@@ -65,6 +63,7 @@ from .._kubeclient import (
     resource_version,
     urgent,
 )
+from .._kubeclient import Client as ApiClient  # the type of either client (dispatch._kubeclient.Client)
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
 from ._classify import (

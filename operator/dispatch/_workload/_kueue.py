@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from kubernetes_asyncio.client import ApiClient
-
 from .._constants import (
     ANNOTATION_PRIORITY_CLASS,
     ANNOTATION_QUEUE,
@@ -37,7 +35,7 @@ from .._constants import (
     KUEUE_LABEL_QUEUE,
     KUEUE_VERSION,
 )
-from .._kubeclient import Informer, KubeError, request
+from .._kubeclient import Client, Informer, KubeError, request
 from .._model import Cause, CauseKind, JobSpec, Phase
 from . import _classify  # the module: it imports this one (classify reads queued_verdict)
 from ._kind import Body, Clip, Kind, Resource, Shape, conditions, project
@@ -363,7 +361,7 @@ def queued_verdict(
 # ---- the shared watch ---------------------------------------------------------------------------------
 
 
-async def served(api: ApiClient) -> bool:
+async def served(api: Client) -> bool:
     """Whether the API server serves Kueue's Workloads (v1beta2): checked once, at open."""
     try:
         found = await request(api, "GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}")
@@ -384,7 +382,7 @@ class Workloads:
 
     _shared: ClassVar[dict[tuple[int, tuple[str, ...] | None], Workloads]] = {}
 
-    def __init__(self, api: ApiClient, namespaces: tuple[str, ...] | None) -> None:
+    def __init__(self, api: Client, namespaces: tuple[str, ...] | None) -> None:
         self.api = api
         self.namespaces = namespaces
         self.by_owner: dict[str, WorkloadView] = {}
@@ -404,7 +402,7 @@ class Workloads:
         self._users = 0
 
     @classmethod
-    def shared(cls, api: ApiClient, namespaces: tuple[str, ...] | None) -> Workloads:
+    def shared(cls, api: Client, namespaces: tuple[str, ...] | None) -> Workloads:
         key = (id(api), namespaces)
         found = cls._shared.get(key)
         if found is None or found.api is not api:

@@ -1,0 +1,55 @@
+"""The operator, its client and the Kubernetes adapters never load kubernetes_asyncio (issue 13):
+importing its thousand generated model modules was ~35 MiB of the operator's RSS. Each check runs
+in a fresh interpreter, as the operator starts, so nothing this test process imported counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+GENERATED = "kubernetes_asyncio"
+
+
+def loaded(code: str) -> object:
+    """What ``sys.modules`` holds under kubernetes_asyncio after ``code`` ran in a new interpreter:
+    ``"absent"``, ``"blocked"`` (None: an import of it fails) or ``"loaded"``."""
+    probe = (
+        f"{code}\nimport sys, json\n"
+        f"m = sys.modules.get({GENERATED!r}, 'absent')\n"
+        "print(json.dumps(m if m == 'absent' else 'blocked' if m is None else 'loaded'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        "dispatch",
+        "dispatch._kubeclient",
+        "dispatch._kube.store, dispatch._kube.leader, dispatch._kube.events",
+        "dispatch._kubeflow, dispatch._job, dispatch._jobset, dispatch._trainjob, dispatch._workload",
+        "dispatch._cli.main",
+    ],
+)
+def test_dispatch_and_the_adapters_do_not_import_it(modules: str) -> None:
+    assert loaded(f"import {modules}") == "absent"
+
+
+def test_the_operator_entry_point_keeps_kopf_from_importing_it() -> None:
+    # As `python -m dispatch._kube` and the dispatch-operator console script start: kopf is
+    # imported (by dispatch._kube.main) and would import it for its isinstance checks.
+    started = (
+        "import runpy, sys\n"
+        "sys.argv = ['dispatch-operator', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('dispatch._kube', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import kopf, dispatch._kube.main\n"
+    )
+    assert loaded(started) == "blocked"
+    assert loaded("from dispatch._kube.__main__ import main\nimport kopf") == "blocked"
