@@ -73,6 +73,7 @@ from kubernetes_asyncio.client import (  # noqa: E402
     CoreV1Api,
     CustomObjectsApi,
 )
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 from bench.operator_bench import OPERATOR_USER, Timeline, dispatchjob, follow, percentile, report, wait_until  # noqa: E402
 from tests.support.controlplane import resolve_binaries  # noqa: E402
@@ -88,6 +89,12 @@ PEER_JOB = "batch.kubernetes.io/job-name"
 PEER_TAINT = "bench.dispatch.dev/peer"
 """Taint and label of the peer's nodes: only its Jobs' pods and their preemptors go there."""
 PEER_TOLERATION = {"key": PEER_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+OPERATOR_FIELD_MANAGER = "dispatch-operator"
+TRAINING_FIELD_MANAGER = "training-operator-lab"
+"""The field managers of the objects --preload copies (as managedFields name them in a run)."""
+APPLY: dict[str, Any] = {"_content_type": "application/apply-patch+yaml"}
+MERGE: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+"""The generated client's patch type (its stubs do not declare _content_type)."""
 SYNCED = re.compile(r"all (\d+) jobs? known and decided")
 """The operator's own line once every job it found at start is known and decided (runtime of
 issue 13); an operator without it is timed until its requests go quiet."""
@@ -614,6 +621,148 @@ class Bench:
         await self.wait_running(f"{self.n} jobs running")
         self.say("every job running")
 
+    async def preloaded(self, api: ApiClient) -> None:
+        """``--preload``: the first ``--slots`` jobs are created as in :meth:`creation` (the operator
+        and the training operator make their objects); the others are copies of the first job's
+        objects written through the API with the operator stopped, each by the field manager that
+        wrote the original (the DispatchJob applied as kubectl does, its finalizer and status
+        written as the operator does, the PyTorchJob released as the operator creates it, its
+        Service and pod as the training operator makes them, the pod scheduled by kube-scheduler,
+        the PyTorchJob's status the training operator's): the same bodies on the wire as after a
+        creation, in minutes at 10,000, and the cluster quiet once every pod runs. Then the
+        operator starts on all of them (its "known and decided" line is a first restart figure)."""
+        assert self.operator is not None
+        op, w = self.operator, self.world
+        seed = min(self.slots, self.n)
+        op.start()
+        await asyncio.sleep(3)
+        op.alive()
+        await self.quiet(2)
+        self.result["rss_empty_mib"] = op.rss_mib()
+        docs = [
+            dispatchjob(f"job-{i:05d}", NAMESPACE, self.args.budget, resources={"cpu": "1"})
+            for i in range(self.n)
+        ]
+        self.say(f"--preload: applying the {seed} seed DispatchJobs")
+        await self.apply(docs[:seed], self.args.appliers)
+        seeds = {f"job-{i:05d}" for i in range(seed)}
+
+        def seeded() -> bool:
+            running = {p["owner"] for p in w.pods.values() if p["phase"] == "Running" and not p["deleting"]}
+            return seeds <= set(w.by_job) and all(w.latest(j) in running for j in seeds)
+
+        await w.until(seeded, f"{seed} seed jobs running", 600 + seed * 2.0)
+        op.stop()
+
+        async def decoded(call: Awaitable[Any]) -> dict[str, Any]:
+            """The JSON body of a call made with _preload_content=False (the generated client
+            answers None to an apply patch)."""
+            response = await call
+            async with response:
+                return cast(dict[str, Any], json.loads(await response.read()))
+
+        custom, core = CustomObjectsApi(api), CoreV1Api(api)
+        source = "job-00000"
+        templates = {
+            "dj": await custom.get_namespaced_custom_object(
+                "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", source
+            ),
+            "ptj": await custom.get_namespaced_custom_object(
+                KUBEFLOW, "v1", NAMESPACE, "pytorchjobs", f"{source}-1"
+            ),
+            "svc": await decoded(
+                core.read_namespaced_service(f"{source}-1-master-0", NAMESPACE, _preload_content=False)
+            ),
+            "pod": await decoded(
+                core.read_namespaced_pod(f"{source}-1-master-0", NAMESPACE, _preload_content=False)
+            ),
+        }
+        texts = {k: json.dumps(v) for k, v in templates.items()}
+        gate = asyncio.Semaphore(self.args.preload_parallel)
+        t0, done = time.time(), 0
+
+        def copy(key: str, name: str) -> dict[str, Any]:
+            body: dict[str, Any] = json.loads(texts[key].replace(source, name))
+            meta = body["metadata"]
+            for drop in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"):
+                meta.pop(drop, None)
+            return body
+
+        def rv(body: dict[str, Any]) -> str:
+            return str(body["metadata"]["resourceVersion"])
+
+        async def one(i: int) -> None:
+            nonlocal done
+            name = f"job-{i:05d}"
+            async with gate:
+                applied = await decoded(custom.patch_namespaced_custom_object(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name, docs[i],
+                    field_manager="kubectl", force=True, _preload_content=False, **APPLY,
+                ))  # fmt: skip
+                dj = copy("dj", name)
+                patched = await custom.patch_namespaced_custom_object(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name,
+                    {"metadata": {"finalizers": dj["metadata"].get("finalizers") or []}},
+                    field_manager=OPERATOR_FIELD_MANAGER, **MERGE,
+                )  # fmt: skip
+                await custom.replace_namespaced_custom_object_status(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name,
+                    {**dj, "metadata": {**dj["metadata"], "resourceVersion": rv(patched)}},
+                    field_manager=OPERATOR_FIELD_MANAGER,
+                )  # fmt: skip
+                ptj = copy("ptj", name)
+                for ref in ptj["metadata"].get("ownerReferences") or ():
+                    ref["uid"] = applied["metadata"]["uid"]
+                ptj.pop("status", None)  # the training operator's
+                created = await custom.create_namespaced_custom_object(
+                    KUBEFLOW, "v1", NAMESPACE, "pytorchjobs", ptj, field_manager=OPERATOR_FIELD_MANAGER
+                )
+                # Its Service and pod as the training operator makes them (it may be first: 409),
+                # the pod left to kube-scheduler; its own pace is minutes per thousand.
+                for key in ("svc", "pod"):
+                    body = copy(key, name)
+                    body.pop("status", None)
+                    for ref in body["metadata"].get("ownerReferences") or ():
+                        ref["uid"] = created["metadata"]["uid"]
+                    spec = body.get("spec") or {}
+                    for drop in (
+                        "nodeName",
+                        *(("clusterIP", "clusterIPs") if spec.get("clusterIP") != "None" else ()),
+                    ):
+                        spec.pop(drop, None)
+                    create = core.create_namespaced_service if key == "svc" else core.create_namespaced_pod
+                    try:
+                        await create(NAMESPACE, cast(Any, body), field_manager=TRAINING_FIELD_MANAGER)
+                    except ApiException as e:
+                        if e.status != 409:  # 409: the training operator was first
+                            raise
+                done += 1
+                if done % 1000 == 0:
+                    self.say(f"--preload: {done} of {self.n - seed} copied")
+
+        await asyncio.gather(*(one(i) for i in range(seed, self.n)))
+        copied = time.time()
+        self.result["preload"] = {
+            "seeded": seed,
+            "copied": self.n - seed,
+            "copy_seconds": round(copied - t0, 1),
+            "load": load(),
+        }
+        self.say(f"--preload: {self.result['preload']}")
+        await self.wait_running(f"{self.n} jobs running")
+        op.start()
+        started = time.time()
+        while time.time() - started < 300 + self.n * 0.1 and op.synced() is None:
+            await asyncio.sleep(0.25)
+            op.alive()
+        synced = op.synced()
+        self.result["preload"]["first_start"] = {
+            "known_and_decided_s": synced[0] if synced else None,
+            "jobs": synced[1] if synced else None,
+            "load": load(),
+        }
+        self.say(f"every job running; first start: {self.result['preload']['first_start']}")
+
     async def steady(self) -> None:
         assert self.operator is not None
         op = self.operator
@@ -642,7 +791,7 @@ class Bench:
             "load": load(),
         }
 
-    async def restart(self) -> None:
+    async def restart(self, key: str = "restart") -> None:
         assert self.operator is not None
         op = self.operator
         stopped = op.stop()
@@ -681,8 +830,9 @@ class Bench:
             (out["rss_after_sync_mib"] - self.result["rss_empty_mib"]) * 1024 / self.n, 1
         )
         out["load"] = load()
-        self.result["restart"] = out
-        self.say(f"restart: {out}")
+        out["operator_tree"] = str(op.tree)
+        self.result[key] = out
+        self.say(f"{key}: {out}")
 
     async def reaction(self) -> None:
         """Preemptions one at a time, each through kube-scheduler (the lab's preempt_pod)."""
@@ -1014,9 +1164,14 @@ class Bench:
             try:
                 if not self.args.no_peer:
                     await self.peer(core)  # first: its pods are gone before the operator's run
-                await self.creation()
+                await (self.preloaded(api) if self.args.preload else self.creation())
                 await self.steady()
                 await self.restart()
+                for i, tree in enumerate(self.args.restart_trees or (), start=1):
+                    # The same cluster restarted by another tree (before/after on the same objects).
+                    assert self.operator is not None
+                    self.operator.tree = tree
+                    await self.restart(f"restart_{i}")
                 if self.args.scale_only:
                     return
                 await self.reaction()
@@ -1075,6 +1230,21 @@ def parser() -> argparse.ArgumentParser:
         help="apply every DispatchJob with the operator stopped, then start it (creation at its own pace)",
     )
     parser.add_argument(
+        "--preload",
+        action="store_true",
+        help="create the first --slots jobs, then copy the first one's objects for every other job"
+        " through the API (as kubectl, the operator and the training operator write them), the"
+        " operator stopped: the restart at 10,000 without the creation's hours, on a quiet cluster",
+    )
+    parser.add_argument("--preload-parallel", type=int, default=16, help="--preload: jobs copied at once")
+    parser.add_argument(
+        "--restart-trees",
+        nargs="*",
+        metavar="DIR",
+        help="after the restart, restart the operator again from each of these source trees in turn"
+        " (restart_1, restart_2, ...: before/after on the same cluster and objects)",
+    )
+    parser.add_argument(
         "--scale-only",
         action="store_true",
         help="stop after creation, steady state and restart (RSS and sync time at 5,000 or 10,000)",
@@ -1103,6 +1273,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parser()
     args = options.parse_args(argv)
+    args.restart_trees = [Path(t).resolve() for t in args.restart_trees or ()]
     if args.jobs % args.slots or min(args.preempt, args.jobs) % args.slots:
         options.error("--jobs and --preempt must be multiples of --slots (every node full)")
     return run(Bench(args))
