@@ -577,7 +577,8 @@ class Bench:
             if seconds > 30:
                 return
 
-    async def creation(self) -> None:
+    async def started_empty(self) -> list[dict[str, Any]]:
+        """Start the operator on no jobs, note its RSS; the N DispatchJobs to apply."""
         assert self.operator is not None
         op = self.operator
         op.start()
@@ -585,10 +586,15 @@ class Bench:
         op.alive()
         await self.quiet(2)
         self.result["rss_empty_mib"] = op.rss_mib()
-        docs = [
+        return [
             dispatchjob(f"job-{i:05d}", NAMESPACE, self.args.budget, resources={"cpu": "1"})
             for i in range(self.n)
         ]
+
+    async def creation(self) -> None:
+        assert self.operator is not None
+        op = self.operator
+        docs = await self.started_empty()
         t0 = time.time()
         w = self.world
         if self.args.backlog:
@@ -634,15 +640,7 @@ class Bench:
         assert self.operator is not None
         op, w = self.operator, self.world
         seed = min(self.slots, self.n)
-        op.start()
-        await asyncio.sleep(3)
-        op.alive()
-        await self.quiet(2)
-        self.result["rss_empty_mib"] = op.rss_mib()
-        docs = [
-            dispatchjob(f"job-{i:05d}", NAMESPACE, self.args.budget, resources={"cpu": "1"})
-            for i in range(self.n)
-        ]
+        docs = await self.started_empty()
         self.say(f"--preload: applying the {seed} seed DispatchJobs")
         await self.apply(docs[:seed], self.args.appliers)
         seeds = {f"job-{i:05d}" for i in range(seed)}
