@@ -124,3 +124,42 @@ async def test_the_owner_reference_comes_from_the_view_without_a_get(store: Kube
         "uid": "uid-1",
         "controller": True,
     }
+
+
+MANAGED = [
+    {"manager": "kubectl", "operation": "Apply", "time": "2026-12-01T10:00:00Z", "fieldsV1": {"f:spec": {}}},
+    {
+        "manager": "dispatch-operator",
+        "operation": "Update",
+        "subresource": "status",
+        "time": "2026-12-01T10:00:01Z",
+        "fieldsV1": {"f:status": {"f:plan": {}, "f:submissions": {}}},
+    },
+]
+
+
+async def test_a_view_keeps_no_managed_fields_and_its_record_is_the_same(store: KubeRecordStore) -> None:
+    body = at(dispatch_job(PENDING), 4, managedFields=copy.deepcopy(MANAGED))
+    view = view_of(body)
+    assert view.body is not None
+    assert "managedFields" not in view.body["metadata"]
+    assert body["metadata"]["managedFields"] == MANAGED  # the event's body is left as it came
+    show(store, body, "ADDED")
+    assert (await store.get(JOB)).record == record_from(body)
+
+
+async def test_a_cancelled_job_keeps_the_managed_fields_its_cancel_time_comes_from(
+    store: KubeRecordStore,
+) -> None:
+    cancelled = {"manager": "kubectl", "operation": "Update", "time": "2026-12-01T11:30:00Z"}
+    managed = [*copy.deepcopy(MANAGED), {**cancelled, "fieldsV1": {"f:spec": {"f:cancel": {}}}}]
+    body = at(dispatch_job(PENDING), 5, managedFields=managed)
+    body["spec"]["cancel"] = True
+    view = view_of(body)
+    assert view.body is not None
+    assert view.body["metadata"]["managedFields"] == managed
+    show(store, body, "ADDED")
+    record = (await store.get(JOB)).record
+    assert record.cancel is not None
+    assert record.cancel.time == record_from(body).cancel.time  # type: ignore[union-attr]
+    assert record.cancel.time.isoformat().startswith("2026-12-01T11:30:00")

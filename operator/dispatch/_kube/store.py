@@ -158,9 +158,18 @@ def compact(value: Any) -> Any:
 
 
 def view_of(body: Body) -> JobView:
-    """The projection of one DispatchJob body (see :class:`JobView`)."""
+    """The projection of one DispatchJob body (see :class:`JobView`).
+
+    The body it keeps has no ``metadata.managedFields`` (a third of a DispatchJob on the wire, and
+    most of its small dicts: every view of a restart's first list holds its body until the job's
+    first turn), unless ``spec.cancel`` is set: the cancel time is read from them
+    (:func:`~dispatch._api.record_from`)."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    if "managedFields" in meta and not spec.get("cancel"):
+        meta = {k: v for k, v in meta.items() if k != "managedFields"}
+        body = {**body, "metadata": meta}
     observed_generation = status.get("observedGeneration")
     return JobView(
         version=str(meta.get("resourceVersion", "")),
@@ -168,7 +177,7 @@ def view_of(body: Body) -> JobView:
         uid=str(meta.get("uid", "")),
         finalizers=tuple(meta.get("finalizers") or ()),
         deleting=bool(meta.get("deletionTimestamp")),
-        backend=str((body.get("spec") or {}).get("backend", "")),
+        backend=str(spec.get("backend", "")),
         recorded=has_record(body),
         refusal=refusal(body),
         observed_generation=None if observed_generation is None else int(observed_generation),
