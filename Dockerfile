@@ -38,8 +38,6 @@ RUN if ! python3.11 -c 'import ensurepip' 2>/dev/null; then \
 WORKDIR /src
 # The dependencies first, from pyproject.toml alone: a change to the operator's code rebuilds only
 # the layers below. A host whose TLS is intercepted passes its CA bundle as the secret pip-cert.
-# kubernetes_asyncio's generated client (about 900 models and APIs, 20 MB of source) is kept as
-# byte code only, next to where the sources were, which halves the largest part of the image.
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=pip-cert \
     if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
@@ -47,9 +45,6 @@ RUN --mount=type=secret,id=pip-cert \
 print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["kube"]))' \
     > /tmp/requirements.txt \
  && /opt/dispatch/bin/pip install --no-compile --requirement /tmp/requirements.txt \
- && k8s=/opt/dispatch/lib/python3.11/site-packages/kubernetes_asyncio/client \
- && /opt/dispatch/bin/python -m compileall -q -j 0 -b --invalidation-mode unchecked-hash "$k8s" \
- && find "$k8s" -name '*.py' -delete \
  && /opt/dispatch/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/dispatch/lib
 COPY operator ./operator
 # The wheel is built without network (setuptools is already in the venv), installed, checked, and

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,10 @@ def test_the_operator_entry_point_keeps_kopf_from_importing_it() -> None:
     )
     assert loaded(started) == "blocked"
     assert loaded("from dispatch._kube.__main__ import main\nimport kopf") == "blocked"
+
+
+def test_the_image_does_not_install_it() -> None:
+    # The image installs the kube extra (Dockerfile): 27 MB of byte code nothing would import.
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    kube = project["project"]["optional-dependencies"]["kube"]
+    assert [r for r in kube if r.lower().replace("-", "_").startswith(GENERATED)] == []
