@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client import CoordinationV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch._constants import CRD_NAME, LEASE_NAME
+from dispatch._kubeclient import Client, KubeError, request
 from e2e.support import CHART, REPO, Release, kubectl_json
 from tests.integration.conftest import (
     OperatorProcess,
@@ -338,20 +337,22 @@ def test_upgrade_applies_a_changed_crd_and_uninstall_keeps_crd_and_jobs(
 # ---- two operators, leader election ---------------------------------------------------------------------
 
 
-async def _holder(leases: CoordinationV1Api, namespace: str) -> str:
+async def _holder(api: Client, namespace: str) -> str:
     try:
-        lease = await leases.read_namespaced_lease(LEASE_NAME, namespace)
-    except ApiException as e:
+        lease = await request(
+            api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE_NAME}"
+        )
+    except KubeError as e:
         if e.status == 404:
             return ""
         raise
-    return str(lease.spec.holder_identity or "")
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
-async def _until_holder(leases: CoordinationV1Api, namespace: str, accept: Callable[[str], bool]) -> str:
+async def _until_holder(api: Client, namespace: str, accept: Callable[[str], bool]) -> str:
     async with asyncio.timeout(120):
         while True:
-            holder = await _holder(leases, namespace)
+            holder = await _holder(api, namespace)
             if accept(holder):
                 return holder
             await asyncio.sleep(0.05)
@@ -368,13 +369,12 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
 ) -> None:
     rel = release(f"watchNamespaces={{{namespace}}}", "leaderElection.enabled=true")
     cluster = rel.cluster
-    leases = CoordinationV1Api(api)
     args = ("--leader-elect", f"--lease-namespace={rel.namespace}", f"--lease-name={LEASE_NAME}")
     ops = {
         pod: start_operator(rel, namespace, tmp_path, *args, env={"POD_NAME": pod}, tag=f"-{pod}")
         for pod in ("op-a", "op-b")
     }
-    first = await _until_holder(leases, rel.namespace, bool)
+    first = await _until_holder(api, rel.namespace, bool)
     leader = first.split("_", 1)[0]
     standby = next(p for p in ops if p != leader)
 
@@ -387,7 +387,7 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     killed_at = time.monotonic()
     ops[leader].kill()
     await kubeflow.preempt(namespace, name1)
-    second = await _until_holder(leases, rel.namespace, lambda h: h.startswith(f"{standby}_"))
+    second = await _until_holder(api, rel.namespace, lambda h: h.startswith(f"{standby}_"))
     lease_takeover = time.monotonic() - killed_at
     pj2 = await released_pj(cluster, namespace, "ha", 2)
     resumed = time.monotonic() - killed_at
@@ -402,7 +402,7 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     proc = ops[standby].proc
     assert proc is not None
     os.kill(proc.pid, signal.SIGTERM)
-    third = await _until_holder(leases, rel.namespace, lambda h: h.startswith(f"{leader}_"))
+    third = await _until_holder(api, rel.namespace, lambda h: h.startswith(f"{leader}_"))
     release_takeover = time.monotonic() - stopped_at
     assert ops[standby].wait_exit(60) == 0
 
