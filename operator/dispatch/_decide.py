@@ -258,13 +258,6 @@ def resubmitting_rule(spec: JobSpec, plan: Plan, cause: CauseKind) -> int | None
     return None
 
 
-def resubmitted_causes(spec: JobSpec, plan: Plan) -> frozenset[CauseKind]:
-    """The causes :func:`decide` answers with a new submission under ``plan``. Firings of resubmit
-    rules change only by authorizing a submission, so the plan an object was created with still
-    holds when it ends: a backend may read this at create time."""
-    return frozenset(kind for kind in CauseKind if resubmitting_rule(spec, plan, kind) is not None)
-
-
 def _needed(record: Record, o: ObjectView) -> bool:
     """Whether the record has yet to take in how ``o`` ended: it is (or may become) the canonical
     of the current submission and no outcome is recorded."""

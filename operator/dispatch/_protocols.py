@@ -61,6 +61,18 @@ class Confirming(Protocol):
         ...
 
 
+@runtime_checkable
+class Quiescing(Protocol):
+    """A backend whose :meth:`Backend.list` may show an object ended before a write of its own that
+    makes it so has landed (a stop in flight). The supervisor calls :meth:`quiesce` before it records
+    a job settled, the one step such an object must not precede; every other step goes on at once
+    (the next submission's release is fenced by the backend itself)."""
+
+    async def quiesce(self, job: str) -> None:
+        """Return once every such write for ``job``'s objects has landed; raise if one cannot."""
+        ...
+
+
 class Versioned(NamedTuple):
     record: Record
     version: str

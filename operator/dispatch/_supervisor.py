@@ -35,7 +35,7 @@ from ._decide import (
 )
 from ._errors import ObjectExists, TransientBackendError, VersionConflict
 from ._model import SUPERVISOR, Actor, ObjectView, Record
-from ._protocols import Backend, Confirming, RecordStore
+from ._protocols import Backend, Confirming, Quiescing, RecordStore
 
 log = logging.getLogger("dispatch.supervisor")
 
@@ -210,8 +210,11 @@ class Supervisor:
     async def _still_settles(self, intent: Intent) -> bool:
         """Settle only if a listing taken after the decision to settle decides the same.
 
-        Shrinks the window for a late create (see :meth:`_end_if_settled`) to the settle write.
+        Shrinks the window for a late create (see :meth:`_end_if_settled`) to the settle write. A
+        backend with writes in flight that make its objects ended has them land first (Quiescing).
         """
+        if isinstance(self.backend, Quiescing):
+            await self.backend.quiesce(intent.record.job)
         fresh = await self.backend.list(intent.record.job)
         return isinstance(decide(intent.record, fresh).step, RecordSettled)
 

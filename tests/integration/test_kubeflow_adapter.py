@@ -364,8 +364,8 @@ async def test_no_capacity_after_the_configured_wait(
     assert view.cause is not None
     assert view.cause.kind is CauseKind.NO_CAPACITY, view.cause
     # The training operator would keep the pod waiting: the adapter stops the PyTorchJob itself.
-    # No rule resubmits on no-capacity, so an outcome (then Settled) follows: list() reports the
-    # object ended only once the stop has landed.
+    # list() shows it ended while the stop is in flight; settling waits for it (quiesce).
+    await backend.quiesce(job)
     assert await stopped_by_dispatch(api, oid)
 
 

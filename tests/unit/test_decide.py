@@ -48,6 +48,7 @@ from dispatch._decide import (
     apply,
     unseen_canonical,
 )
+from dispatch._errors import TransientBackendError
 from dispatch._memory import CAPABILITIES
 from dispatch._model import NO_CAUSE, SCHEDULER, SUPERVISOR, CancelRequest
 
@@ -527,6 +528,39 @@ async def test_the_supervisor_confirms_a_canonical_its_backend_does_not_show() -
     blind = decide(record, await backend.list("job")).step
     assert isinstance(blind, RecordOutcome)
     assert blind.state is State.FAILED
+
+
+class _StoppingBackend(MemoryBackend):
+    """A memory backend with a write in flight that makes its objects ended (a kit's stop): it
+    refuses to quiesce until the write lands."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_run=True)
+        self.landed = False
+        self.asked: list[str] = []
+
+    async def quiesce(self, job: str) -> None:
+        self.asked.append(job)
+        if not self.landed:
+            raise TransientBackendError("stop in flight")
+
+
+async def test_the_supervisor_quiesces_its_backend_before_recording_settled_and_only_then() -> None:
+    backend, store = _StoppingBackend(), MemoryStore()
+    await store.create(new_record(PREEMPT_TWICE))
+    sup = Supervisor(backend, store)
+    await sup.drive("job")  # authorized, created, recorded canonical, released, running
+    assert backend.asked == []  # no other step waits for it
+    (canonical,) = await backend.list("job")
+    backend.env.complete(canonical.id)
+    with pytest.raises(TransientBackendError):
+        await sup.drive("job")  # the outcome is recorded; settling waits
+    record = (await store.get("job")).record
+    assert (record.state, record.settled) == (State.SUCCEEDED, False)
+    assert backend.asked == ["job"]
+    backend.landed = True
+    assert isinstance((await sup.drive("job")).step, Done)
+    assert (await store.get("job")).record.settled
 
 
 def test_an_external_cancel_is_recorded_as_cancelled_by_the_scheduler() -> None:

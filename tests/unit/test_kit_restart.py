@@ -1,9 +1,10 @@
-"""What the operator tells a kit backend about a job it did not create the objects of (after a
-restart): the plan's resubmitted causes (``learn``), and where ownerReferences come from
-(``use_owner``: the record store knows each DispatchJob's uid, so no GET per create).
+"""A kit backend after a restart of the operator, with a job whose objects it did not create: a
+stop in flight is shown ended at once and waited for only before settling (``quiesce``), and where
+ownerReferences come from (``use_owner``: the record store knows each DispatchJob's uid, so no GET
+per create).
 
 The API here answers reads from an empty recording and refuses every write (``RecordedApi``): a
-list() that waits for a stop's write fails, one that does not wait returns.
+call that waits for a stop's write fails, one that does not wait returns.
 """
 
 from __future__ import annotations
@@ -75,19 +76,13 @@ def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, Rec
     return backend, api
 
 
-@pytest.mark.parametrize("covered", [True, False])
-async def test_a_learned_plan_lets_the_first_list_skip_the_wait_for_a_resubmitted_cause(
-    observer: list[WorkloadBackend], covered: bool
+async def test_a_list_shows_a_stop_in_flight_ended_without_waiting_for_it(
+    observer: list[WorkloadBackend],
 ) -> None:
+    """Whatever comes next (a new submission or an outcome), the supervisor decides it now; only
+    settling must wait for the stop (below)."""
     backend, api = restarted_kit(observer)
-    spec = spec_with(CauseKind.PREEMPTED if covered else CauseKind.NO_CAPACITY)
-    backend.learn(JOB, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
     backend.subscribe(JOB, lambda: None)
-    if not covered:
-        # An outcome comes next: the list waits for the stop (which this API refuses).
-        with pytest.raises(TransientBackendError):
-            await backend.list(JOB)
-        return
     [view] = await backend.list(JOB)
     assert view.phase is Phase.ENDED
     assert view.cause is not None
@@ -95,26 +90,14 @@ async def test_a_learned_plan_lets_the_first_list_skip_the_wait_for_a_resubmitte
     assert not [c for c in api.calls if not c.startswith("GET")]
 
 
-async def test_without_learning_the_plan_the_first_list_waits_for_the_stop(
+async def test_quiesce_waits_for_the_stop_and_raises_when_it_cannot_land(
     observer: list[WorkloadBackend],
 ) -> None:
     backend, _ = restarted_kit(observer)
-    with pytest.raises(TransientBackendError):
-        await backend.list(JOB)
-
-
-async def test_the_learned_plan_is_dropped_with_the_jobs_last_subscriber(
-    observer: list[WorkloadBackend],
-) -> None:
-    backend, _ = restarted_kit(observer)
-    spec = spec_with(CauseKind.PREEMPTED)
-    unsubscribe = backend.subscribe(JOB, lambda: None)
-    backend.learn(JOB, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
-    other = spec_with(CauseKind.PREEMPTED)
-    backend.learn("team/other", other, make_plan("team/other", other, CAPABILITIES, supervised=True))
-    assert backend._resubmits[JOB] is backend._resubmits["team/other"]  # one copy of each set
-    unsubscribe()
-    assert JOB not in backend._resubmits
+    backend.subscribe(JOB, lambda: None)
+    await backend.list(JOB)
+    with pytest.raises(TransientBackendError, match="stop team/train-1"):
+        await backend.quiesce(JOB)
 
 
 async def test_the_owner_lookup_given_is_the_one_create_uses(observer: list[WorkloadBackend]) -> None:
@@ -134,17 +117,3 @@ async def test_the_owner_lookup_given_is_the_one_create_uses(observer: list[Work
         await backend.create(JOB, 1, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
     assert asked == [("team", "train")]
     assert not [c for c in api.calls if "dispatchjobs" in c]  # no GET of the DispatchJob
-
-
-async def test_the_plan_an_object_was_created_with_wins_over_the_learned_one(
-    observer: list[WorkloadBackend],
-) -> None:
-    """An object created by this process after its job's last preemption budget was spent: that
-    end is an outcome, so the list waits for the stop though the plan learned at the start said
-    resubmit."""
-    backend, _ = restarted_kit(observer)
-    spec = spec_with(CauseKind.PREEMPTED)
-    backend.learn(JOB, spec, make_plan(JOB, spec, CAPABILITIES, supervised=True))
-    backend._state("team/train-1").resubmits = frozenset()  # as create() records a spent budget
-    with pytest.raises(TransientBackendError):
-        await backend.list(JOB)

@@ -25,6 +25,8 @@ async def test_a_stop_started_in_a_routine_turn_writes_urgently(observer: list[W
         return await answer(path, method, **options)
 
     api.call_api = call_api  # type: ignore[method-assign]
-    with urgent(False), pytest.raises(TransientBackendError):
-        await backend.list(JOB)  # waits for the stop, which this API refuses
+    with urgent(False):
+        await backend.list(JOB)  # starts the stop
+    with pytest.raises(TransientBackendError):
+        await backend.quiesce(JOB)  # waits for it: this API refuses it
     assert lanes == [True]

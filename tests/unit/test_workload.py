@@ -1,38 +1,30 @@
-"""The workload kit's own pieces, without a cluster: the firing test it shares with ``decide``,
-one state object per tracked object, and the per-kind protocol every kind satisfies."""
+"""The workload kit's own pieces, without a cluster: a plan's refusal of a restart rule nobody
+enforces, one state object per tracked object, and the per-kind protocol every kind satisfies."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import pytest
 
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._capabilities import KUBEFLOW
-from dispatch._decide import Authorize, decide, resubmitted_causes
 from dispatch._errors import PlanError
 from dispatch._job import JOB
 from dispatch._kubeflow._pytorchjob import PYTORCHJOB
 from dispatch._model import (
-    SUPERVISOR,
     Action,
     Capabilities,
-    Cause,
     CauseKind,
     JobSpec,
-    ObjectView,
     Phase,
-    Record,
     RecoveryPolicy,
     Rule,
-    Submission,
 )
 from dispatch._plan import make_plan
 from dispatch._workload import Kind, classify
 from dispatch._workload._backend import _Tracked
 
-FAILURES = [c for c in CauseKind if c is not CauseKind.NONE]
 RULES = [
     (),
     (Rule(on=(CauseKind.PREEMPTED,), budget=2),),
@@ -44,40 +36,10 @@ RULES = [
 ]
 
 
-# (capabilities, rules): a restart rule only where a scheduler enforces it (elsewhere the plan refuses it).
-CASES = [(caps, rules) for caps in (Capabilities(), KUBEFLOW, JOB_CAPABILITIES) for rules in RULES[:3]] + [
-    (caps, RULES[3]) for caps in (KUBEFLOW, JOB_CAPABILITIES)
-]
-
-
 def test_a_restart_rule_is_refused_where_no_scheduler_enforces_it() -> None:
     spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=RULES[3]))
     with pytest.raises(PlanError):
         make_plan("ns/a", spec, Capabilities(), supervised=True)
-
-
-@pytest.mark.parametrize(("capabilities", "rules"), CASES, ids=range(len(CASES)))
-@pytest.mark.parametrize("cause", FAILURES)
-def test_the_kit_and_decide_agree_on_which_causes_are_resubmitted(
-    capabilities: Capabilities, rules: tuple[Rule, ...], cause: CauseKind
-) -> None:
-    """The kit reads ``resubmitted_causes`` at create time to decide whether a list() must wait for
-    a stop; decide Authorizes the next submission for exactly those causes."""
-    spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=rules))
-    plan = make_plan("ns/a", spec, capabilities, supervised=True)
-    now = datetime.now(UTC)
-    record = Record(
-        job="ns/a",
-        spec=spec,
-        plan=plan,
-        submitted_by=SUPERVISOR,
-        submitted_at=now,
-        supervised=True,
-        submissions=(Submission(n=1, authorized_at=now, authorized_by=SUPERVISOR, canonical="ns/a-1"),),
-    )
-    ended = ObjectView(id="ns/a-1", job="ns/a", submission=1, phase=Phase.ENDED, cause=Cause(kind=cause))
-    step = decide(record, [ended]).step
-    assert isinstance(step, Authorize) is (cause in resubmitted_causes(spec, plan))
 
 
 def test_our_own_write_shows_until_the_watch_brings_it_or_something_newer() -> None:

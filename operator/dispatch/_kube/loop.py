@@ -237,9 +237,6 @@ class SupervisionLoop:
         if job not in self._unsubscribe:
             wake = functools.partial(self.queue.enqueue, job, urgent=True)
             self._unsubscribe[job] = backend.subscribe(job, wake)
-            learn = getattr(backend, "learn", None)
-            if learn is not None:  # the kit: which stops are followed by a new submission (a restart)
-                learn(job, record.spec, record.plan)
         supervisor = self.supervisors[name]
         with urgent(False):
             intent = await supervisor.prepare(job)

@@ -51,7 +51,6 @@ from .._constants import (
     PLURAL,
     VERSION,
 )
-from .._decide import resubmitted_causes
 from .._errors import BackendError, ObjectExists, TransientBackendError
 from .._kubeclient import (
     JSON_PATCH,
@@ -144,8 +143,6 @@ class _Stop:
     task: asyncio.Task[None] | None = None
     landed: bool = False
     """The object is stopped on the API server (by us or its controller) or gone."""
-    reported: bool = False
-    """``list()`` has shown it ended: every later ``list()`` waits for a stop that cannot be deferred."""
     error: Exception | None = None
 
 
@@ -170,9 +167,6 @@ class _Tracked:
     restarts: int = 0
     last_view: ObjectView | None = None
     verdict: tuple[tuple[object, ...], Verdict] | None = None
-    resubmits: frozenset[CauseKind] | None = None
-    """The causes whose end of it the supervisor answers with a new submission (the plan it was
-    created with); None for an object this process did not create (then its job's, learn())."""
     released_at: float | None = None
     looked: float = 0.0
     """When (monotonic) its evidence may be looked for on the API server again."""
@@ -261,8 +255,6 @@ class WorkloadBackend:
         self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
-        self._resubmits: dict[str, frozenset[CauseKind]] = {}  # job id -> its plan's (learn())
-        self._cause_sets: dict[frozenset[CauseKind], frozenset[CauseKind]] = {}  # one copy of each
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
@@ -346,7 +338,6 @@ class WorkloadBackend:
                 return self._refuse(oid, job, submission, f"the API server refused it: {error.message}")
             raise explain(error, f"create {self._noun} {oid}") from None
         self._remember(oid, job, created)
-        self._state(oid).resubmits = resubmitted_causes(spec, plan)
         return oid
 
     def _refuse(self, oid: str, job: str, submission: int, detail: str) -> str:
@@ -465,13 +456,9 @@ class WorkloadBackend:
     async def list(self, job: str) -> Sequence[ObjectView]:
         split_id(job)
         await self._synced()
-        # A job must not record Settled while one of its objects could still run, so a stop that
-        # the controller will not make itself (not deferrable) is awaited by every list() but one:
-        # the first to report it, when this process created the object (or learned the job's plan:
-        # learn()) and its plan makes that cause a resubmission (the next step is an Authorize, not
-        # an outcome; the Create after it waits, the stop having had the write's time to land).
-        # Deferrable stops are made by the controller itself; the fence in release() covers them all.
-        await self._await_stops(job)
+        # A stop in flight is not waited for here: the object is shown ended at once, so that the
+        # next submission is authorized and created while the stop lands; the release's fence and
+        # quiesce() (before the job is recorded settled) are where it must have landed.
         views: list[ObjectView] = []
         for oid in sorted(self._ids_of(job)):
             if oid in self._tombstones:
@@ -492,14 +479,6 @@ class WorkloadBackend:
             else:
                 state.restarts = view.restarts
             view = vanished(view) if state.ended_by_us else self._stop_view(oid, body, verdict, view)
-            stop = state.stop
-            if stop is not None and not stop.landed and not stop.deferrable and not stop.reported:
-                stop.reported = True
-                resubmits = state.resubmits
-                if resubmits is None:
-                    resubmits = self._resubmits.get(job, frozenset())
-                if stop.cause.kind not in resubmits:
-                    await self._await_stop(stop)
             state.last_view = view
             if verdict.recheck_at is not None:
                 self._wake_at(f"recheck:{oid}", job, verdict.recheck_at)
@@ -542,19 +521,8 @@ class WorkloadBackend:
                     wakes.remove(wake)
                 if not wakes:
                     del self._subscribers[job]
-                    self._resubmits.pop(job, None)
 
         return unsubscribe
-
-    def learn(self, job: str, spec: JobSpec, plan: Plan) -> None:
-        """The causes the supervisor answers with a new submission of ``job`` (``plan``'s
-        :func:`~dispatch._decide.resubmitted_causes`), for the objects this process did not create
-        (after a restart of the operator; create() learns them for its own): the first list() that
-        shows one of them stopped for such a cause then does not wait for the stop, as for an object
-        it created (the next step is an Authorize; the release's fence waits for the stop). Kept
-        while the job has subscribers; call it again when the plan changes."""
-        causes = resubmitted_causes(spec, plan)
-        self._resubmits[job] = self._cause_sets.setdefault(causes, causes)
 
     def use_owner(self, owner: OwnerLookup | None) -> None:
         """Where the ownerReference of a job's objects comes from from now on (the operator's record
@@ -1262,9 +1230,13 @@ class WorkloadBackend:
                 found.append(tracked.stop)
         return found
 
-    async def _await_stops(self, job: str) -> None:
+    async def quiesce(self, job: str) -> None:
+        """Before ``job`` is recorded settled (:class:`~dispatch._protocols.Quiescing`): every stop
+        of its objects that their controller will not make itself (not deferrable) has landed, so
+        that no object of a settled job can still run. Deferrable stops are the controller's own
+        doing; the fence in release() covers them all."""
         for stop in self._stops_of(job):
-            if stop.reported and not stop.deferrable and not stop.landed:
+            if not stop.deferrable and not stop.landed:
                 await self._await_stop(stop)
 
     async def _await_stop(self, stop: _Stop, *, now: bool = False) -> None:
