@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from dispatch._model import (
     SlurmOptions,
 )
 from dispatch._plan import make_plan
-from dispatch._slurm import CAPABILITIES, REFUSED_PREFIX, SlurmBackend, SlurmConfig, open_adapter
+from dispatch._slurm import CAPABILITIES, REFUSED_PREFIX, SlurmBackend, SlurmConfig, _poller, open_adapter
 from dispatch._slurm._classify import classify
 from dispatch._slurm._dialects import PROBE_ORDER, V0038, V0040, V0041, V0045, SlurmJob, dialect_for
 from dispatch._slurm._poller import parse_tag
@@ -626,11 +627,27 @@ async def test_an_answer_older_than_one_already_read_is_refused(slurm: str, api:
         await b.aclose()
 
 
+class _Clock:
+    """The poller's ``time`` module with a monotonic clock the test moves: how old a listing is
+    must not depend on how long the machine takes to answer 101 calls."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.time = time.time
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 @ids
-async def test_list_answers_from_a_listing_at_most_one_interval_old(slurm: str, api: str) -> None:
+async def test_list_answers_from_a_listing_at_most_one_interval_old(
+    slurm: str, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Calls within an interval share the last listing; an older one is never used. After a full
     listing: 22.05 answers update_time with 304, 24.11+'s v0.0.42+ with an empty 200 (both: nothing
     changed), 24.11's v0.0.40/41 refuse it (422) so it is never sent."""
+    clock = _Clock()
+    monkeypatch.setattr(_poller, "time", clock)
     unchanged = "jobs-since-future"
     seen: list[httpx.Request] = []
 
@@ -647,7 +664,7 @@ async def test_list_answers_from_a_listing_at_most_one_interval_old(slurm: str, 
         first = await b.list(job)
         await asyncio.gather(*(b.list(job) for _ in range(100)))
         assert len(seen) == 1  # one listing for 101 calls within the interval
-        await asyncio.sleep(0.35)
+        clock.now += 0.35
         assert await b.list(job) == first  # older than max_age (0.3 s): a new listing first
         assert len(seen) == 2
     finally:
