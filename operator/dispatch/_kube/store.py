@@ -46,6 +46,7 @@ from .._constants import API_VERSION, KIND
 from .._errors import JobExists, JobNotFound, VersionConflict
 from .._kubeclient import (
     Body,
+    Client,
     Conflict,
     CustomObjects,
     NotFound,
@@ -54,7 +55,6 @@ from .._kubeclient import (
     split_job,
     watch_forever,
 )
-from .._kubeclient import Client as ApiClient  # the type of either client (dispatch._kubeclient.Client)
 from .._model import Actor, Cause, PlannedRule, QueuePlan, Record, RecoveryPolicy, Resources, Rule, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
@@ -203,7 +203,7 @@ class KubeRecordStore:
 
     def __init__(
         self,
-        api: ApiClient,
+        api: Client,
         *,
         namespaces: Sequence[str] | None = None,
         clock: Callable[[], datetime] = utcnow,

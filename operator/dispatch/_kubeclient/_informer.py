@@ -24,8 +24,7 @@ from typing import Any, Final
 import aiohttp
 
 from .._errors import BackendError, TransientBackendError
-from ._http import Client as ApiClient  # the type of either client
-from ._http import KubeError, open_request, request
+from ._http import Client, KubeError, open_request, request
 
 log = logging.getLogger("dispatch.kubeclient")
 
@@ -72,7 +71,7 @@ def compacted(project: Callable[[Body], Body], items: list[Body]) -> list[Body]:
 class Informer:
     def __init__(
         self,
-        api: ApiClient,
+        api: Client,
         path: str,
         *,
         label_selector: str,

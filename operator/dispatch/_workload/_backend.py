@@ -55,6 +55,7 @@ from .._errors import BackendError, ObjectExists, TransientBackendError
 from .._kubeclient import (
     JSON_PATCH,
     MERGE_PATCH,
+    Client,
     Informer,
     KubeError,
     key_of,
@@ -62,7 +63,6 @@ from .._kubeclient import (
     resource_version,
     urgent,
 )
-from .._kubeclient import Client as ApiClient  # the type of either client (dispatch._kubeclient.Client)
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
 from ._classify import (
@@ -110,11 +110,11 @@ LOOK_AGAIN_SECONDS: Final = 3.0
 PODLESS_AFTER_SECONDS: Final = 2.0
 STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
-OwnerLookup = Callable[[ApiClient, str, str], Awaitable[Mapping[str, Any] | None]]
+OwnerLookup = Callable[[Client, str, str], Awaitable[Mapping[str, Any] | None]]
 """``(api, namespace, job name) -> ownerReference`` for the objects of that job, or None for none."""
 
 
-async def dispatchjob_owner(api: ApiClient, namespace: str, name: str) -> Mapping[str, Any]:
+async def dispatchjob_owner(api: Client, namespace: str, name: str) -> Mapping[str, Any]:
     """The DispatchJob as the controlling owner: deleting it deletes its objects (the operator's
     default; a library user without the CRD passes ``owner=None``)."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
@@ -220,7 +220,7 @@ class WorkloadBackend:
     def __init__(
         self,
         kind: Kind,
-        api: ApiClient,
+        api: Client,
         *,
         namespaces: Sequence[str] | None = None,
         stop_ended: bool = True,
