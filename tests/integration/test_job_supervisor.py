@@ -152,10 +152,18 @@ async def test_the_native_rule_is_enforced_by_the_job_controller(
         await kubeflow.exit_pod(namespace, first, 1)
         # The Job controller's own backoff (10 s) before it creates the replacement.
         (second,) = await kubeflow.wait_workload_pods(namespace, "native", 1, besides=(first,))
-        # The lab saw it running; the kit's watch may show it a moment later.
+        # The lab saw it running; the kit's watch may show it a moment later: list at each wake.
         expected = [(f"{namespace}/native-1", Phase.RUNNING, 1)]
-        while [(v.id, v.phase, v.restarts) for v in await backend.list(job)] != expected:
-            await asyncio.sleep(0.1)
+        woken = asyncio.Event()
+        unsubscribe = backend.subscribe(job, woken.set)
+        try:
+            while True:
+                woken.clear()
+                if [(v.id, v.phase, v.restarts) for v in await backend.list(job)] == expected:
+                    break
+                await woken.wait()
+        finally:
+            unsubscribe()
         await kubeflow.exit_pod(namespace, second, 0)
         record = await supervisor
     assert record.state is State.SUCCEEDED
