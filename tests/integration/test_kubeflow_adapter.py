@@ -502,7 +502,7 @@ async def test_release_stops_the_older_objects_of_the_job_first(
     assert stopped_at < released_at, order
 
 
-async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
+async def test_a_stop_before_a_resubmission_is_off_the_path_until_settling(
     kube_cluster: KubeCluster,
     namespace: str,
     api: ApiClient,
@@ -510,8 +510,8 @@ async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
     backend: KubeflowBackend,
 ) -> None:
     """An image that no longer pulls, with a rule that resubmits on launch-failed: the object is
-    reported ended at once (the supervisor authorizes the next submission meanwhile); the next
-    list() (the one before the Create) returns only once the stop has landed."""
+    reported ended at once and by every list() after (the supervisor authorizes and creates the
+    next submission meanwhile); quiesce() (before settling) returns once the stop has landed."""
     job = await create_owner(kube_cluster, namespace, "pull")
     rule = Rule(on=(CauseKind.LAUNCH_FAILED,), action=Action.RESUBMIT, budget=1)
     spec = spec_of("pull", rules=[rule])
@@ -525,6 +525,7 @@ async def test_a_stop_before_a_resubmission_is_off_the_path_until_the_next_list(
     assert view.cause.kind is CauseKind.LAUNCH_FAILED
     (again,) = await backend.list(job)
     assert again.cause == view.cause
+    await backend.quiesce(job)
     assert await stopped_by_dispatch(api, oid)
     pj = await get_pj(api, oid)
     assert pj is not None
