@@ -170,13 +170,18 @@ async def replay(
     for event in events:
         obj, key = event["object"], (event["resource"], event["object"]["metadata"]["name"])
         before = seen.get(key)
-        handler = backend._object_changed if event["resource"] == resource else backend._pod_changed
+        # As the informer does: each body projected as its event arrives, the handlers given projections.
+        project: Callable[[Body], Body]
+        if event["resource"] == resource:
+            handler, project = backend._object_changed, backend._project
+        else:
+            handler, project = backend._pod_changed, backend._project_pod
         if event["type"] == "DELETED":
             seen.pop(key, None)
-            handler(before or obj, None)
+            handler(before or project(obj), None)
         else:
-            seen[key] = obj
-            handler(before, obj)
+            seen[key] = kept = project(obj)
+            handler(before, kept)
     obj = final(data, resource)[0]
     labels = obj["metadata"]["labels"]
     views = await backend.list(f"{obj['metadata']['namespace']}/{labels['dispatch.dev/job']}")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dispatch import _registry
 from dispatch._job import JOB, JobBackend
@@ -28,9 +30,15 @@ from dispatch._model import Cause, CauseKind, ObjectView
 from dispatch._trainjob import TRAINJOB, TrainJobBackend
 from dispatch._workload import (
     POD,
+    SHARED,
+    Clip,
     Kind,
+    Prefixed,
+    Shared,
+    Where,
     WorkloadBackend,
     classify,
+    conditions,
     container_restarts,
     failed_exit,
     object_shape,
@@ -272,3 +280,95 @@ def test_a_listed_page_is_cached_as_its_projections_allocated_anew(backend: str,
         for body in kept:
             for condition in body.get("status", {}).get("conditions", []):
                 assert condition["type"] is sys.intern(condition["type"])
+
+
+# Every kind of shape at once, for values of any JSON form (the shape's compiled projector, checked
+# against what the shape says, not against a second walker).
+ANY_SHAPE: dict[str, Any] = {
+    "whole": True,
+    "clipped": Clip(2),
+    "shared": SHARED,
+    "labels": Prefixed(("dispatch.dev/",)),
+    "each": ({"a": True, "b": SHARED},),
+    "conditions": conditions("Ready", shape={"type": SHARED, "status": True}),
+    "nested": {"x": {"y": True}},
+}
+KEYS = st.sampled_from([*ANY_SHAPE, "a", "b", "x", "y", "type", "status", "dispatch.dev/job", "other"])
+LEAVES = st.none() | st.booleans() | st.integers() | st.sampled_from(["Ready", "True"]) | st.text(max_size=8)
+VALUES = st.recursive(
+    LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(KEYS | st.text(max_size=2), inner, max_size=5)
+    ),
+    max_leaves=25,
+)
+CONDITIONS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["Ready", "True", "x"]) | VALUES}, optional={"status": LEAVES, "a": LEAVES}
+    ),
+    max_size=4,
+)
+BODIES = st.dictionaries(KEYS, VALUES | CONDITIONS, max_size=8)
+
+
+def _check(value: Any, shape: Any, kept: Any) -> None:
+    """``kept`` is what ``shape`` names of ``value``, and nothing else."""
+    if shape is True:
+        assert kept is value
+    elif isinstance(shape, Clip):
+        assert kept == (value[: shape.limit] if isinstance(value, str) else value)
+    elif isinstance(shape, Shared):
+        assert kept == value
+        if isinstance(value, str):
+            assert kept is sys.intern((value + ".")[:-1])  # one copy for every equal string
+    elif isinstance(shape, Prefixed):
+        if isinstance(value, dict):
+            assert kept == {k: v for k, v in value.items() if k.startswith(shape.prefixes)}
+        else:
+            assert kept is value
+    elif isinstance(shape, Where):
+        if isinstance(value, list):
+            wanted = [
+                i
+                for i in value
+                if not isinstance(i, dict)
+                or (isinstance(i.get(shape.key), str) and i[shape.key] in shape.values)
+            ]
+            assert len(kept) == len(wanted)
+            for a, b in zip(wanted, kept, strict=True):
+                _check(a, shape.shape, b)
+        else:
+            assert kept is value
+    elif isinstance(shape, tuple):
+        if isinstance(value, list):
+            assert len(kept) == len(value)
+            for a, b in zip(value, kept, strict=True):
+                _check(a, shape[0], b)
+        else:
+            assert kept is value
+    elif isinstance(value, dict):
+        assert set(kept) == set(value) & set(shape)
+        for key in kept:
+            _check(value[key], shape[key], kept[key])
+    else:
+        assert kept is value
+
+
+# No deadline or speed check: the machines are shared, and time is the benchmarks' business.
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(BODIES)
+def test_a_projection_keeps_what_its_shape_names_and_projected_again_is_itself(value: Any) -> None:
+    kept = project(value, ANY_SHAPE)
+    _check(value, ANY_SHAPE, kept)
+    assert project(kept, ANY_SHAPE) is kept
+
+
+def test_equal_shared_strings_of_two_bodies_are_kept_as_one_copy() -> None:
+    one, two = (
+        {"shared": "".join(["Run", "ning"]), "each": [{"b": "".join(["no", "de-7"])}]} for _ in range(2)
+    )
+    assert one["shared"] is not two["shared"]
+    a, b = project(one, ANY_SHAPE), project(two, ANY_SHAPE)
+    assert a == b == one
+    assert a["shared"] is b["shared"]
+    assert a["each"][0]["b"] is b["each"][0]["b"]

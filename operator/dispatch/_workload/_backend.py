@@ -20,7 +20,8 @@ submission. See docs/kubeflow.md, "Stopping what the scheduler would carry on".
 
 Issue 13 (one shared watch per kind for several backends, slim projections): the cache is fed only
 through :meth:`WorkloadBackend._object_changed` / :meth:`WorkloadBackend._pod_changed`, so a shared
-informer can call them instead of this backend's own.
+informer can call them instead of this backend's own; they take projections (``_project`` and
+``_project_pod``), never whole bodies.
 """
 
 from __future__ import annotations
@@ -650,10 +651,9 @@ class WorkloadBackend:
         return project_pod(pod)
 
     def _object_changed(self, old: Body | None, new: Body | None) -> None:
-        # Projected here, as each event arrives: no whole body outlives the event (a projection
-        # from the informer's store comes back unchanged).
-        new = self._project(new) if new is not None else None
-        old = self._project(old) if old is not None else None
+        # ``old`` and ``new`` are projections already (the informer projects each body as its
+        # event or list page arrives, :meth:`_remember` its own writes): not projected again here,
+        # which was one more walk of every object a restart lists.
         body = new if new is not None else old
         if body is None:
             return
@@ -700,8 +700,7 @@ class WorkloadBackend:
                 self._object_changed(mine, None)
 
     def _pod_changed(self, old: Body | None, new: Body | None) -> None:
-        new = self._project_pod(new) if new is not None else None
-        old = self._project_pod(old) if old is not None else None
+        # Projections, as for :meth:`_object_changed`.
         body = new if new is not None else old
         if body is None:
             return

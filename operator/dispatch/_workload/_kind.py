@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -87,46 +87,119 @@ def conditions(*types: str, shape: Shape = CONDITION) -> Where:
     return Where("type", frozenset(types), shape)
 
 
+Projector: TypeAlias = Callable[[Any], Any]
+
+_MISSING: Final = object()
+_PROJECTORS: dict[int, tuple[Shape, Projector | None]] = {}
+"""Each shape's compiled projector, by the shape's id (the shape kept beside it, so the id is never
+reused): the shapes are few and live as long as the process (module constants, one per kind)."""
+
+
 def project(value: Any, shape: Shape) -> Any:
     """The part of ``value`` that ``shape`` names (nothing else of ``value`` stays referenced).
 
     A container of which nothing is left out is ``value`` itself, so projecting a projection again
     returns it unchanged (the informer's store and the kit's cache hold the same objects). A value
     of another type than its shape expects is kept whole: its readers see what they would have
-    seen in the whole body."""
+    seen in the whole body. The shape is compiled once into nested closures (:func:`_compile`):
+    interpreted, the walk of a shape per value was most of a restart's listing (a pod's projection
+    took about as long as decoding the whole pod)."""
+    entry = _PROJECTORS.get(id(shape))
+    if entry is None or entry[0] is not shape:
+        entry = _PROJECTORS[id(shape)] = (shape, _compile(shape))
+    compiled = entry[1]
+    return value if compiled is None else compiled(value)
+
+
+def _named(name: Any, values: frozenset[str]) -> bool:
+    return type(name) is str and name in values
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _compile(shape: Shape) -> Projector | None:
+    """``shape`` as a function of the value; None for ``True`` (the value itself: no call)."""
     if shape is True:
-        return value
+        return None
     if isinstance(shape, Clip):
-        return value[: shape.limit] if isinstance(value, str) else value
+        limit = shape.limit
+
+        def clip(value: Any) -> Any:
+            return value[:limit] if type(value) is str else value
+
+        return clip
     if isinstance(shape, Shared):
-        return sys.intern(value) if type(value) is str else value
+
+        def shared(value: Any) -> Any:
+            return sys.intern(value) if type(value) is str else value
+
+        return shared
     if isinstance(shape, Prefixed):
+        prefixes = shape.prefixes
+
+        def prefixed(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return value
+            kept = {
+                sys.intern(k): sys.intern(v) if type(v) is str else v
+                for k, v in value.items()
+                if k.startswith(prefixes)
+            }
+            same = len(kept) == len(value) and all(
+                k is sys.intern(k) and kept[k] is v for k, v in value.items()
+            )
+            return value if same else kept
+
+        return prefixed
+    if isinstance(shape, Where):
+        key, values = shape.key, shape.values
+        item = _compile(shape.shape) or _identity
+
+        def where(value: Any) -> Any:
+            if not isinstance(value, list):
+                return value
+            # Only a string names a wanted element: any other value (even an unhashable one) does not.
+            items = [item(i) for i in value if not isinstance(i, dict) or _named(i.get(key), values)]
+            same = len(items) == len(value) and all(a is b for a, b in zip(items, value, strict=True))
+            return value if same else items
+
+        return where
+    if isinstance(shape, tuple):
+        element = _compile(shape[0])
+        if element is None:
+            return None
+
+        def each(value: Any) -> Any:
+            if not isinstance(value, list):
+                return value
+            assert element is not None
+            items = [element(i) for i in value]
+            same = all(a is b for a, b in zip(items, value, strict=True))
+            return value if same else items
+
+        return each
+    # The shape's own key strings, not the body's: one copy of each key for every cached object.
+    fields = tuple((key, _compile(sub)) for key, sub in shape.items())
+
+    def mapping(value: Any) -> Any:
         if not isinstance(value, dict):
             return value
-        kept = {
-            sys.intern(k): sys.intern(v) if type(v) is str else v
-            for k, v in value.items()
-            if k.startswith(shape.prefixes)
-        }
-        same = len(kept) == len(value) and all(k is sys.intern(k) and kept[k] is v for k, v in value.items())
-        return value if same else kept
-    if isinstance(shape, tuple | Where):
-        if not isinstance(value, list):
-            return value
-        if isinstance(shape, Where):
-            wanted = (i for i in value if not isinstance(i, dict) or i.get(shape.key) in shape.values)
-            items = [project(item, shape.shape) for item in wanted]
-        else:
-            items = [project(item, shape[0]) for item in value]
-        same = len(items) == len(value) and all(a is b for a, b in zip(items, value, strict=True))
-        return value if same else items
-    if not isinstance(value, dict):
-        return value
-    # The shape's own key strings, not the body's: one copy of each key for every cached object.
-    out = {key: project(value[key], sub) for key, sub in shape.items() if key in value}
-    if len(out) == len(value) and all(out[key] is value[key] for key in out):
-        return value
-    return out
+        out = {}
+        same = True
+        for key, sub in fields:
+            kept = value.get(key, _MISSING)
+            if kept is _MISSING:
+                continue
+            if sub is not None:
+                projected = sub(kept)
+                same = same and projected is kept
+                kept = projected
+            out[key] = kept
+        return value if same and len(out) == len(value) else out
+
+    return mapping
 
 
 def merge(a: Shape, b: Shape) -> Shape:
