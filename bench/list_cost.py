@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Benchmark: the operator's CPU per listed body after a restart, for source trees side by side.
+
+    .venv/bin/python bench/list_cost.py [--rounds 7] [--json out.json] TREE [TREE ...]
+
+A restart lists every DispatchJob, PyTorchJob and pod (bench/operator_scale.py measures the whole;
+this splits its CPU). For each tree (a ``git archive`` of a commit, or ``.``), in its own
+interpreter, one after another and again for ``--rounds`` rounds (so the trees share the machine's
+load), the process time per body of:
+
+- ``decode``: one list page as the informer reads it (the tree's own decoder);
+- ``compacted``: the informer's projection of the page (``_informer.compacted``);
+- ``handler``: the kit's handler's projection of what the informer kept (trees before 8b22703
+  projected again there; later trees hand the projection on: 0);
+- ``record``: one DispatchJob's record parsed as the store parses it (``compact(record_from)``).
+
+Bodies: every recorded PyTorchJob and pod state in tests/unit/data/kubeflow/ (recorded from the lab),
+as pages of 100, and the DispatchJob in bench/data/dispatchjob.json (read with kubectl from
+bench/operator_scale.py's lab).
+Medians over the rounds, the machine's load before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "unit" / "data"
+
+
+def bodies() -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {"pods": [], "pytorchjobs": []}
+    for path in sorted((DATA / "kubeflow").glob("*.json")):
+        for event in json.loads(path.read_text())["stream"]:
+            if event["resource"] in out:
+                out[event["resource"]].append(event["object"])
+    return out
+
+
+def measure(tree: Path) -> dict[str, float]:
+    """In a child interpreter: the tree's own code on the same bodies."""
+    sys.path.insert(0, str(tree / "operator"))
+    import gc
+
+    from dispatch._api import record_from
+    from dispatch._kube.store import compact
+    from dispatch._kubeclient import _informer
+    from dispatch._kubeflow import PYTORCHJOB
+    from dispatch._workload import POD, project, project_object, project_pod
+    from dispatch._workload._classify import object_shape
+
+    try:
+        from dispatch._kubeclient._json import loads
+    except ImportError:  # before c42fe7c
+
+        def loads(raw: bytes | str) -> Any:
+            return json.loads(raw)
+
+    handler_projects = (
+        "new = self._project(new)"
+        in (tree / "operator" / "dispatch" / "_workload" / "_backend.py").read_text()
+    )
+    shape = object_shape(PYTORCHJOB)
+    gc.disable()  # as during a restart (StartupCollector)
+    out: dict[str, float] = {}
+    for name, items, proj, again in (
+        ("pod", bodies()["pods"], project_pod, lambda b: project(b, POD)),
+        (
+            "ptj",
+            bodies()["pytorchjobs"],
+            lambda b: project_object(shape, b),
+            lambda b: project_object(shape, b),
+        ),
+    ):
+        pages = [json.dumps({"items": items[i : i + 100]}).encode() for i in range(0, len(items), 100)]
+        n, dec, comp, hand = len(items), 0.0, 0.0, 0.0
+        for _ in range(5):
+            for raw in pages:
+                start = time.process_time()
+                page = loads(raw)
+                dec += time.process_time() - start
+                page_items = page["items"]
+                del page
+                start = time.process_time()
+                kept = _informer.compacted(proj, page_items)
+                comp += time.process_time() - start
+                if handler_projects:
+                    start = time.process_time()
+                    for body in kept:
+                        again(body)
+                    hand += time.process_time() - start
+        out[f"{name}_decode_us"] = dec / n / 5 * 1e6
+        out[f"{name}_compacted_us"] = comp / n / 5 * 1e6
+        out[f"{name}_handler_us"] = hand / n / 5 * 1e6
+    dispatchjob = json.loads((REPO / "bench" / "data" / "dispatchjob.json").read_text())
+    start = time.process_time()
+    for _ in range(500):
+        compact(record_from(dispatchjob))
+    out["record_us"] = (time.process_time() - start) / 500 * 1e6
+    return out
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.trees[0].resolve())))
+        return 0
+    runs: dict[str, list[dict[str, float]]] = {str(t): [] for t in args.trees}
+    before = load()
+    for _ in range(args.rounds):
+        for tree in args.trees:
+            child = [sys.executable, __file__, "--child", str(tree)]
+            runs[str(tree)].append(
+                json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+            )
+    result: dict[str, Any] = {"load_before": before, "load_after": load(), "rounds": args.rounds, "trees": {}}
+    for tree, samples in runs.items():
+        medians = {k: round(statistics.median(s[k] for s in samples), 1) for k in samples[0]}
+        medians["per_job_us"] = round(
+            sum(medians[k] for k in medians if k.startswith(("pod_", "ptj_"))) + medians["record_us"], 1
+        )
+        result["trees"][tree] = medians
+    first = result["trees"][str(args.trees[0])]["per_job_us"]
+    for medians in result["trees"].values():
+        medians["ratio_to_first"] = round(medians["per_job_us"] / first, 2)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
