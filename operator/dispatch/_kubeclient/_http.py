@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -21,7 +22,6 @@ from typing import Any, Final, Protocol
 import aiohttp
 
 from .._errors import BackendError, TransientBackendError
-from ._json import loads
 
 Body = dict[str, Any]
 
@@ -120,7 +120,7 @@ async def request(
         response.release()
     if not raw:
         return {}
-    decoded: Body = loads(raw)
+    decoded: Body = json.loads(raw)
     return decoded
 
 
@@ -132,7 +132,7 @@ def _query_value(value: object) -> str:
 
 def _status_text(raw: bytes, fallback: str) -> tuple[str, str]:
     try:
-        status = loads(raw) if raw else {}
+        status = json.loads(raw) if raw else {}
     except ValueError:
         return fallback, raw.decode("utf-8", "replace")[:512]
     if not isinstance(status, dict):

@@ -15,6 +15,7 @@ A re-list then hands on every item again and cannot tell what was deleted meanwh
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -24,7 +25,6 @@ import aiohttp
 
 from .._errors import BackendError, TransientBackendError
 from ._http import Client, KubeError, open_request, request
-from ._json import dumps, loads
 
 log = logging.getLogger("dispatch.kubeclient")
 
@@ -63,9 +63,9 @@ def compacted(project: Callable[[Body], Body], items: list[Body]) -> list[Body]:
     ``items`` is emptied, they land in the freed space together; projected again for the shared
     strings (a projection of a projection is itself).
     """
-    text = dumps([project(item) for item in items])
+    text = json.dumps([project(item) for item in items], separators=(",", ":"))
     items.clear()  # the caller holds no other reference to the page's bodies
-    return [project(item) for item in loads(text)]
+    return [project(item) for item in json.loads(text)]
 
 
 class Informer:
@@ -208,7 +208,7 @@ class Informer:
                     return True
                 if not line.strip():
                     continue
-                event = loads(line)
+                event = json.loads(line)
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":

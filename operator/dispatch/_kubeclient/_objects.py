@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,7 +23,6 @@ import aiohttp
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
 from ._http import MERGE_PATCH, Client, KubeError, open_request, request
-from ._json import loads
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
@@ -274,7 +274,7 @@ class CustomObjects:
             raise _error(e) from None
         try:
             async for line in _lines(response.content):
-                event = loads(line)
+                event = json.loads(line)
                 kind = str(event.get("type", ""))
                 obj: Body = event.get("object") or {}
                 if kind == "ERROR":
