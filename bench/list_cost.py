@@ -59,7 +59,7 @@ def measure(tree: Path) -> dict[str, float]:
 
     try:
         from dispatch._kubeclient._json import loads
-    except ImportError:  # before c42fe7c
+    except ImportError:  # every tree but c42fe7c (orjson, reverted)
 
         def loads(raw: bytes | str) -> Any:
             return json.loads(raw)
