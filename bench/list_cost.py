@@ -8,7 +8,7 @@ this splits its CPU). For each tree (a ``git archive`` of a commit, or ``.``), i
 interpreter, one after another and again for ``--rounds`` rounds (so the trees share the machine's
 load), the process time per body of:
 
-- ``decode``: one list page as the informer reads it (the tree's own decoder);
+- ``decode``: one list page as the informer reads it (``json.loads``);
 - ``compacted``: the informer's projection of the page (``_informer.compacted``);
 - ``handler``: the kit's handler's projection of what the informer kept (trees before 8b22703
   projected again there; later trees hand the projection on: 0);
@@ -57,13 +57,7 @@ def measure(tree: Path) -> dict[str, float]:
     from dispatch._workload import POD, project, project_object, project_pod
     from dispatch._workload._classify import object_shape
 
-    try:
-        from dispatch._kubeclient._json import loads
-    except ImportError:  # every tree but c42fe7c (orjson, reverted)
-
-        def loads(raw: bytes | str) -> Any:
-            return json.loads(raw)
-
+    loads = json.loads  # the informer's decoder in every tree (orjson, c42fe7c, was reverted)
     handler_projects = (
         "new = self._project(new)"
         in (tree / "operator" / "dispatch" / "_workload" / "_backend.py").read_text()
