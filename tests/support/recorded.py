@@ -50,10 +50,12 @@ async def observer() -> AsyncIterator[list[WorkloadBackend]]:
         await backend.aclose()
 
 
-class _Response:
+class JsonResponse:
+    """An API server's answer as the client's response object gives it (``body`` as JSON)."""
+
     def __init__(self, status: int, body: Body) -> None:
         self.status = status
-        self.reason = "OK" if status == 200 else "Not Found"
+        self.reason = "OK" if status < 300 else "Error"
         self._raw = json.dumps(body).encode()
 
     async def read(self) -> bytes:
@@ -77,7 +79,7 @@ class RecordedApi:
 
     async def call_api(
         self, path: str, method: str, *, query_params: Iterable[tuple[str, str]], **_: Any
-    ) -> _Response:
+    ) -> JsonResponse:
         self.calls.append(f"{method} {path}")
         assert method == "GET", f"a read-only observer wrote: {method} {path}"
         query = dict(query_params)
@@ -89,7 +91,7 @@ class RecordedApi:
                 if e.get("reason") == wanted.get("reason")
                 and (e.get("involvedObject") or {}).get("kind") == wanted.get("involvedObject.kind")
             ]
-            return _Response(200, {"items": items})
+            return JsonResponse(200, {"items": items})
         if path.endswith("/pods"):
             wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", "").split(",") if kv)
             items = [
@@ -97,13 +99,13 @@ class RecordedApi:
                 for p in self.pods
                 if all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
             ]
-            return _Response(200, {"items": items})
+            return JsonResponse(200, {"items": items})
         if path.startswith("/api/v1/nodes/"):
             recorded = self.nodes.get(path.rsplit("/", 1)[-1])
             if recorded is not None:  # as the recording left it
-                return _Response(200, recorded)
-            return _Response(200, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-        return _Response(404, {"reason": "NotFound", "message": path})
+                return JsonResponse(200, recorded)
+            return JsonResponse(200, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        return JsonResponse(404, {"reason": "NotFound", "message": path})
 
 
 def final(data: Body, resource: str) -> list[Body]:

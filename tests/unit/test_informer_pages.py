@@ -11,7 +11,6 @@ that error; a list cancelled or failing leaves no page request running.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,21 +18,9 @@ import pytest
 
 from dispatch import TransientBackendError
 from dispatch._kubeclient import Informer
+from tests.support.recorded import JsonResponse
 
 Body = dict[str, Any]
-
-
-class _Page:
-    def __init__(self, status: int, body: Body) -> None:
-        self.status = status
-        self.reason = "OK" if status == 200 else "Internal Server Error"
-        self._raw = json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._raw
-
-    def release(self) -> None:
-        pass
 
 
 class PagedApi:
@@ -51,7 +38,7 @@ class PagedApi:
         self.answered: list[int] = []
         self.cancelled: list[int] = []
 
-    async def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> _Page:
+    async def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> JsonResponse:
         query_params: Iterable[tuple[str, str]] = kwargs["query_params"]
         query = dict(query_params)
         k = int(query.get("continue", "0"))
@@ -64,10 +51,10 @@ class PagedApi:
             raise
         self.answered.append(k)
         if k == self.failing:
-            return _Page(500, {"reason": "InternalError", "message": f"page {k}"})
+            return JsonResponse(500, {"reason": "InternalError", "message": f"page {k}"})
         items = [pod(k * self.size + i) for i in range(self.size)]
         more = {"continue": str(k + 1)} if k + 1 < self.pages else {"resourceVersion": "77"}
-        return _Page(200, {"metadata": more, "items": items})
+        return JsonResponse(200, {"metadata": more, "items": items})
 
     async def close(self) -> None:
         pass

@@ -17,7 +17,7 @@ from dispatch._errors import BackendError
 from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._classify import evidence_events
-from tests.unit.test_kueue_kit import _Response
+from tests.support.recorded import JsonResponse
 
 EVENT = {"metadata": {"name": "e1", "namespace": "team"}, "reason": "Preempted"}
 
@@ -35,7 +35,7 @@ class EventsApi:
         assert (method, path) == ("GET", "/api/v1/namespaces/team/events"), (method, path)
         self.reads += 1
         await asyncio.sleep(0.05)
-        return _Response(self.status, {"items": [EVENT]} if self.status == 200 else {"message": "busy"})
+        return JsonResponse(self.status, {"items": [EVENT]} if self.status == 200 else {"message": "busy"})
 
 
 async def test_concurrent_lookups_share_one_read_of_the_events() -> None:

@@ -26,24 +26,12 @@ from dispatch._kubeflow import PYTORCHJOB
 from dispatch._model import Cause, CauseKind, JobSpec, KubeflowOptions, Plan
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._kueue import Workloads
+from tests.support.recorded import JsonResponse
 
 Body = dict[str, Any]
 NS, JOB = "team", "finetune"
 OID = f"{NS}/{JOB}-1"
 PATH = PYTORCHJOB.resource.path(NS, f"{JOB}-1")
-
-
-class _Response:
-    def __init__(self, status: int, body: Body) -> None:
-        self.status = status
-        self.reason = "OK" if status < 300 else "Error"
-        self._raw = json.dumps(body).encode()
-
-    async def read(self) -> bytes:
-        return self._raw
-
-    def release(self) -> None:
-        pass
 
 
 def _merge(target: Body, patch: Body) -> Body:
@@ -91,31 +79,31 @@ class FakeApi:
 
     async def call_api(
         self, path: str, method: str, *, query_params: Iterable[tuple[str, str]], body: Any = None, **_: Any
-    ) -> _Response:
+    ) -> JsonResponse:
         if path == "/apis/kueue.x-k8s.io/v1beta2":
             if not self.kueue:
-                return _Response(404, {"reason": "NotFound", "message": path})
-            return _Response(200, {"resources": [{"name": "workloads"}, {"name": "workloads/status"}]})
+                return JsonResponse(404, {"reason": "NotFound", "message": path})
+            return JsonResponse(200, {"resources": [{"name": "workloads"}, {"name": "workloads/status"}]})
         if method != "GET":
             self.writes.append((method, path, copy.deepcopy(body)))
         found = self.objects.get(path)
         if found is None:
-            return _Response(404, {"reason": "NotFound", "message": path})
+            return JsonResponse(404, {"reason": "NotFound", "message": path})
         if method == "GET":
-            return _Response(200, found)
+            return JsonResponse(200, found)
         if method == "DELETE" and self.failing_deletes > 0:
             self.failing_deletes -= 1
-            return _Response(503, {"reason": "ServiceUnavailable", "message": "try again"})
+            return JsonResponse(503, {"reason": "ServiceUnavailable", "message": "try again"})
         if method == "PATCH" and isinstance(body, list):
             if not _json_patch(found, body):
-                return _Response(422, {"reason": "Invalid", "message": "the test operation failed"})
+                return JsonResponse(422, {"reason": "Invalid", "message": "the test operation failed"})
         elif method == "PATCH":
             _merge(found, body)
         elif method == "DELETE":
             found["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
         self.rv += 1
         found["metadata"]["resourceVersion"] = str(self.rv)
-        return _Response(200, found)
+        return JsonResponse(200, found)
 
 
 def spec(queue: str | None = "team-a") -> JobSpec:
