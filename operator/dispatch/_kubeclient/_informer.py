@@ -121,40 +121,38 @@ class Informer:
 
     async def _list(self) -> None:
         fresh: dict[str, Body] = {}
-        # The next page is asked for as soon as its continue token is known, before this one is
-        # projected: the API server prepares it while the loop projects (at 10,000 pods, 100 pages
-        # of round trips one after another were most of a restart's listing). Two pages at most
-        # are alive at once.
-        pending = asyncio.ensure_future(self._page(None))
-        try:
-            while True:
-                page = await pending
-                meta = page.get("metadata") or {}
-                items = page.get("items") or []
-                del page
-                token = meta.get("continue") or None
-                if token is not None:
-                    pending = asyncio.ensure_future(self._page(token))
-                    await asyncio.sleep(0)  # it runs until it waits for the answer: the request is out
-                if self.store and self.project is not None:
-                    for kept in compacted(self.project, items):
+        token: str | None = None
+        while True:
+            page = await request(
+                self.api,
+                "GET",
+                self.path,
+                query={
+                    "labelSelector": self.label_selector,
+                    "fieldSelector": self.field_selector,
+                    "limit": PAGE,
+                    "continue": token,
+                },
+                request_timeout=60,
+            )
+            meta = page.get("metadata") or {}
+            items = page.get("items") or []
+            del page
+            if self.store and self.project is not None:
+                for kept in compacted(self.project, items):
+                    fresh[key_of(kept)] = kept
+            else:
+                for item in items:
+                    kept = self.project(item) if self.project is not None else item
+                    if self.store:
                         fresh[key_of(kept)] = kept
-                else:
-                    for item in items:
-                        kept = self.project(item) if self.project is not None else item
-                        if self.store:
-                            fresh[key_of(kept)] = kept
-                        else:
-                            self.on_change(None, kept)
-                del items
-                if token is None:
-                    self.resource_version = str(meta.get("resourceVersion") or "") or None
-                    break
-        finally:
-            if not pending.done():
-                pending.cancel()  # a page nobody will read
-            elif not pending.cancelled():
-                pending.exception()  # retrieved: its error is this list's, or nobody's
+                    else:
+                        self.on_change(None, kept)
+            del items
+            token = meta.get("continue") or None
+            if token is None:
+                self.resource_version = str(meta.get("resourceVersion") or "") or None
+                break
         old, self.items = self.items, fresh
         for key, body in fresh.items():
             before = old.get(key)
@@ -167,20 +165,6 @@ class Informer:
         self.synced.set()
         if self.on_relist is not None and self.resource_version is not None:
             self.on_relist(self.resource_version)
-
-    async def _page(self, token: str | None) -> Body:
-        return await request(
-            self.api,
-            "GET",
-            self.path,
-            query={
-                "labelSelector": self.label_selector,
-                "fieldSelector": self.field_selector,
-                "limit": PAGE,
-                "continue": token,
-            },
-            request_timeout=60,
-        )
 
     async def _watch(self) -> bool:
         """Watch from the last resourceVersion; True to watch again, False to list again (410 Gone)."""
