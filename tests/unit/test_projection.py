@@ -37,6 +37,7 @@ from dispatch._workload import (
     Shared,
     Where,
     WorkloadBackend,
+    _kind,
     classify,
     conditions,
     container_restarts,
@@ -372,3 +373,14 @@ def test_equal_shared_strings_of_two_bodies_are_kept_as_one_copy() -> None:
     assert a == b == one
     assert a["shared"] is b["shared"]
     assert a["each"][0]["b"] is b["each"][0]["b"]
+
+
+def test_backends_of_one_kind_share_one_shape_and_one_compiled_projector() -> None:
+    """The compiled projectors live as long as the process: making backends must not add more."""
+    body = {"metadata": {"name": "x", "namespace": "team"}, "spec": {}}
+    KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
+    before = len(_kind._PROJECTORS)
+    for _ in range(5):
+        KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
+    assert len(_kind._PROJECTORS) == before
+    assert object_shape(PYTORCHJOB) is object_shape(PYTORCHJOB)

@@ -15,6 +15,7 @@ master explains the workers' non-zero exits, an OOM explains a NCCL timeout else
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -126,10 +127,24 @@ containers' states (every container's: the first one stands in when the kind's i
 node. Messages only ever shown in a cause's detail are cut to the detail's length."""
 
 
+_OBJECT_SHAPES: weakref.WeakKeyDictionary[Kind, Shape] = weakref.WeakKeyDictionary()
+
+
 def object_shape(kind: Kind) -> Shape:
     """What the kit caches of one object of ``kind``: the kind's own :attr:`Kind.projection`, the
     metadata, when its controller started it (``status.startTime``) and who owns its suspend field
-    (``managedFields``, for :func:`held_outside`)."""
+    (``managedFields``, for :func:`held_outside`).
+
+    One shape object per kind (cached, never to be changed): :func:`~._kind.project` keeps each
+    shape's compiled projector for the life of the process, so a new shape for every backend
+    would add one more for every backend made."""
+    shape = _OBJECT_SHAPES.get(kind)
+    if shape is None:
+        shape = _OBJECT_SHAPES[kind] = _object_shape(kind)
+    return shape
+
+
+def _object_shape(kind: Kind) -> Shape:
     path: list[str] = []
     step: Any = kind.suspend_patch(True)
     while isinstance(step, dict) and len(step) == 1:

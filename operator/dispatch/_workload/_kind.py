@@ -92,7 +92,8 @@ Projector: TypeAlias = Callable[[Any], Any]
 _MISSING: Final = object()
 _PROJECTORS: dict[int, tuple[Shape, Projector | None]] = {}
 """Each shape's compiled projector, by the shape's id (the shape kept beside it, so the id is never
-reused): the shapes are few and live as long as the process (module constants, one per kind)."""
+reused): the shapes are few and live as long as the process (module constants, and one per kind:
+``_classify.object_shape`` is cached)."""
 
 
 def project(value: Any, shape: Shape) -> Any:
@@ -167,14 +168,14 @@ def _compile(shape: Shape) -> Projector | None:
 
         return where
     if isinstance(shape, tuple):
-        element = _compile(shape[0])
-        if element is None:
+        compiled = _compile(shape[0])
+        if compiled is None:
             return None
+        element: Projector = compiled
 
         def each(value: Any) -> Any:
             if not isinstance(value, list):
                 return value
-            assert element is not None
             items = [element(i) for i in value]
             same = all(a is b for a, b in zip(items, value, strict=True))
             return value if same else items
