@@ -57,7 +57,6 @@ def measure(tree: Path) -> dict[str, float]:
     from dispatch._workload import POD, project, project_object, project_pod
     from dispatch._workload._classify import object_shape
 
-    loads = json.loads  # the informer's decoder in every tree (orjson, c42fe7c, was reverted)
     handler_projects = (
         "new = self._project(new)"
         in (tree / "operator" / "dispatch" / "_workload" / "_backend.py").read_text()
@@ -65,11 +64,12 @@ def measure(tree: Path) -> dict[str, float]:
     shape = object_shape(PYTORCHJOB)
     gc.disable()  # as during a restart (StartupCollector)
     out: dict[str, float] = {}
+    recorded = bodies()
     for name, items, proj, again in (
-        ("pod", bodies()["pods"], project_pod, lambda b: project(b, POD)),
+        ("pod", recorded["pods"], project_pod, lambda b: project(b, POD)),
         (
             "ptj",
-            bodies()["pytorchjobs"],
+            recorded["pytorchjobs"],
             lambda b: project_object(shape, b),
             lambda b: project_object(shape, b),
         ),
@@ -79,7 +79,7 @@ def measure(tree: Path) -> dict[str, float]:
         for _ in range(5):
             for raw in pages:
                 start = time.process_time()
-                page = loads(raw)
+                page = json.loads(raw)
                 dec += time.process_time() - start
                 page_items = page["items"]
                 del page
