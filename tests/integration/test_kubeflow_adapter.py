@@ -28,7 +28,7 @@ from dispatch import (
     Rule,
     make_plan,
 )
-from dispatch._kubeclient import JSON_PATCH, MERGE_PATCH, Informer, KubeError, new_client, request
+from dispatch._kubeclient import JSON_PATCH, MERGE_PATCH, Client, Informer, KubeError, new_client, request
 from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._workload._release import release_ops
 from tests.integration.conftest import owner_manifest
@@ -83,9 +83,13 @@ async def create_owner(kube_cluster: KubeCluster, namespace: str, name: str) -> 
 async def until(
     backend: KubeflowBackend, job: str, predicate: Callable[[Sequence[ObjectView]], bool]
 ) -> Sequence[ObjectView]:
-    """List ``job``'s objects after every wake until ``predicate`` holds (no polling)."""
+    """List ``job``'s objects after every wake until ``predicate`` holds (no polling). On the
+    guard, fails with what the backend last listed, what it lists now, and what the API server
+    holds, so that a hang tells a missed wake (the last two differ) from a world that never got
+    there (all three agree)."""
     woken = asyncio.Event()
     unsubscribe = backend.subscribe(job, woken.set)
+    views: Sequence[ObjectView] = ()
     try:
         async with asyncio.timeout(GUARD):
             while True:
@@ -94,22 +98,47 @@ async def until(
                 if predicate(views):
                     return views
                 await woken.wait()
+    except TimeoutError:
+        now = await backend.list(job)
+        seen = {v.id: await server_state(backend.api, v.id) for v in (*views, *now)}
+        raise AssertionError(
+            f"{job}: no wake met the predicate in {GUARD:.0f}s\n"
+            f"last listed: {views!r}\nlisted now: {now!r}\n"
+            f"on the API server: {json.dumps(seen, indent=1, default=str)}"
+        ) from None
     finally:
         unsubscribe()
+
+
+async def server_state(api: Client, object_id: str) -> dict[str, Any]:
+    """The PyTorchJob's status and its pods' phases and container statuses, as the API server has
+    them (for a failure message)."""
+    pj = await get_pj(api, object_id)
+    return {
+        "pytorchjob": pj and {"status": pj.get("status"), "annotations": pj["metadata"].get("annotations")},
+        "pods": {
+            p["metadata"]["name"]: {
+                "phase": p.get("status", {}).get("phase"),
+                "annotations": p["metadata"].get("annotations"),
+                "containerStatuses": p.get("status", {}).get("containerStatuses"),
+            }
+            for p in await pods_of(api, object_id)
+        },
+    }
 
 
 def phase_is(object_id: str, phase: Phase) -> Callable[[Sequence[ObjectView]], bool]:
     return lambda views: any(v.id == object_id and v.phase is phase for v in views)
 
 
-async def get_pj(api: ApiClient, object_id: str) -> dict[str, Any] | None:
+async def get_pj(api: Client, object_id: str) -> dict[str, Any] | None:
     ns, name = object_id.split("/")
     listing = await request(api, "GET", PJ.format(ns=ns), query={"fieldSelector": f"metadata.name={name}"})
     items: list[dict[str, Any]] = listing.get("items") or []
     return items[0] if items else None
 
 
-async def pods_of(api: ApiClient, object_id: str) -> list[dict[str, Any]]:
+async def pods_of(api: Client, object_id: str) -> list[dict[str, Any]]:
     ns, name = object_id.split("/")
     listing = await request(
         api,
