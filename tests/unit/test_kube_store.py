@@ -10,19 +10,22 @@ VersionConflict, an observe write keeps the status) is tests/integration/test_ku
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
+from pydantic import BaseModel
 
 from dispatch._api import record_from
 from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
 from dispatch._decide import Authorize
 from dispatch._errors import JobNotFound
-from dispatch._kube.store import KubeRecordStore, view_of
+from dispatch._kube.store import _SHARED_MODELS, KubeRecordStore, compact, view_of
 from dispatch._kubeclient import WatchEvent
-from tests.unit.test_argocd_health import PENDING, dispatch_job, step
+from dispatch._model import Cause, Record
+from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
 
 JOB = "team-a/finetune"
 
@@ -163,3 +166,69 @@ async def test_a_cancelled_job_keeps_the_managed_fields_its_cancel_time_comes_fr
     assert record.cancel is not None
     assert record.cancel.time == record_from(body).cancel.time  # type: ignore[union-attr]
     assert record.cancel.time.isoformat().startswith("2026-12-01T11:30:00")
+
+
+def _models_of(value: Any) -> list[BaseModel]:
+    """Every model instance inside ``value``, depth first."""
+    found: list[BaseModel] = []
+    if isinstance(value, BaseModel):
+        found.append(value)
+        for part in value.__dict__.values():
+            found.extend(_models_of(part))
+    elif isinstance(value, tuple):
+        for part in value:
+            found.extend(_models_of(part))
+    return found
+
+
+@pytest.mark.parametrize("record", [PENDING, RECOVERING, FAILED], ids=["pending", "recovering", "failed"])
+def test_compact_shares_what_records_repeat_and_changes_nothing_readable(record: Record) -> None:
+    """Two records parsed from equal bodies, compacted as the store does: equal to what pydantic
+    parsed, and every shared model, fields set and short string is one object between them, except
+    a Cause with detail (the scheduler's words differ per job). Runs each record twice through, so a
+    model taken whole from the weak table (its parts not walked) is checked like a walked one."""
+    body = at(dispatch_job(record), 1)
+    first, second = (compact(record_from(body)) for _ in range(2))
+    assert first == second == record_from(body)
+    assert first is not second
+    pairs = list(zip(_models_of(first), _models_of(second), strict=True))
+    assert pairs
+    for a, b in pairs:
+        assert type(a) is type(b)
+        assert a.__pydantic_fields_set__ is b.__pydantic_fields_set__
+        if isinstance(a, _SHARED_MODELS) and not (isinstance(a, Cause) and a.detail):
+            assert a is b, type(a).__name__
+        elif isinstance(a, Record):
+            assert a is not b
+        for name, value in a.__dict__.items():
+            if type(value) is str and len(value) <= 64:
+                assert value is b.__dict__[name], name
+
+
+def test_compact_keeps_a_cause_with_detail_per_record() -> None:
+    body = at(dispatch_job(RECOVERING), 1)
+    first, second = (compact(record_from(body)) for _ in range(2))
+    causes = [
+        (a, b) for a, b in zip(_models_of(first), _models_of(second), strict=True) if isinstance(a, Cause)
+    ]
+    assert any(a.detail for a, _ in causes)
+    for a, b in causes:
+        assert (a is b) is not bool(a.detail)
+
+
+def test_compact_takes_a_known_model_only_when_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weak table is keyed by hash: a different model under the same key (a collision) is
+    never put in a record's place."""
+    import dispatch._kube.store as store_module
+
+    record = record_from(at(dispatch_job(RECOVERING), 1))
+    resources = record.spec.kubeflow.resources if record.spec.kubeflow is not None else None
+    assert resources is not None
+    impostor = resources.model_copy(update={"cpu": "999"})
+    table: weakref.WeakValueDictionary[int, BaseModel] = weakref.WeakValueDictionary()
+    table[hash(resources)] = impostor
+    monkeypatch.setattr(store_module, "_models", table)
+    compacted = compact(record)
+    assert compacted.spec.kubeflow is not None
+    assert compacted.spec.kubeflow.resources == resources
+    assert compacted.spec.kubeflow.resources is not impostor

@@ -129,32 +129,45 @@ def compact(value: Any) -> Any:
     nothing outlives the records using it): about 6 KB. The models are frozen, so an equal part
     put in place of another changes nothing that any reader can see; a ``model_copy(update=...)``
     copies the set before it adds to it.
+
+    Every record of a restart goes through here once, so the order is the cheap one: leaves
+    (most of a record's values) leave first, and a shared model already known is taken before
+    its parts are walked (its hash and equality read them anyway).
     """
+    kind = type(value)
+    if kind is str:
+        return sys.intern(value) if len(value) <= 64 else value
+    if kind in _LEAVES:
+        return value
     if isinstance(value, BaseModel):
-        fields = value.__dict__
-        for name, field in fields.items():
-            shared = compact(field)
-            if shared is not field:
-                fields[name] = shared
-        set_ = value.__pydantic_fields_set__
-        one = _fields_sets.setdefault((type(value), frozenset(set_)), set_)
-        if one is not set_:
-            object.__setattr__(value, "__pydantic_fields_set__", one)
-        if isinstance(value, _SHARED_MODELS) and not (isinstance(value, Cause) and value.detail):
+        shared = isinstance(value, _SHARED_MODELS) and not (isinstance(value, Cause) and value.detail)
+        if shared:
             key = hash(value)
             known = _models.get(key)
             if known is not None and known == value:
                 return known
+        fields = value.__dict__
+        for name, field in fields.items():
+            part = compact(field)
+            if part is not field:
+                fields[name] = part
+        set_ = value.__pydantic_fields_set__
+        one = _fields_sets.setdefault((kind, frozenset(set_)), set_)
+        if one is not set_:
+            object.__setattr__(value, "__pydantic_fields_set__", one)
+        if shared:
             _models[key] = value
         return value
-    if type(value) is tuple and value:
+    if kind is tuple and value:
         if all(isinstance(v, enum.Enum) for v in value):
             return _enum_tuples.setdefault(value, value)
         items = tuple(compact(v) for v in value)
         return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
-    if type(value) is str and len(value) <= 64:
-        return sys.intern(value)
     return value
+
+
+_LEAVES: Final = frozenset({int, float, bool, type(None), datetime})
+"""Values :func:`compact` has nothing to share of (an enum member is one already)."""
 
 
 def view_of(body: Body) -> JobView:
