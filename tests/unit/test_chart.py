@@ -790,6 +790,24 @@ def test_the_operator_accepts_every_flag_the_chart_passes(helm: str, values_file
     assert args.health_port == (probes["port"] if probes["enabled"] else 0)
 
 
+def test_the_chart_defaults_are_the_operators_and_its_values_reach_the_flags(helm: str) -> None:
+    """The write limit and the loop's workers: the chart's defaults equal the flags' own (one
+    default, not two that drift), and a value set in the chart is what the operator parses."""
+    from dispatch._kube.main import check_arguments, parser
+
+    defaults = parser().parse_args([])
+    args = parser().parse_args(deployment_args(render(helm)))
+    check_arguments(args)
+    for name in ("write_qps", "write_burst", "workers"):
+        assert getattr(args, name) == getattr(defaults, name), name
+    docs = render(helm, "--set", "workers=128", "--set", "writeLimit.qps=0")
+    args = parser().parse_args(deployment_args(docs))
+    assert (args.workers, args.write_qps) == (128, 0)
+    refused = template(helm, "--set", "workers=0", check=False)
+    assert refused.returncode != 0
+    assert "workers" in refused.stderr
+
+
 def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
     from dispatch._kube.main import parser
 

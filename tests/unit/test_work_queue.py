@@ -115,3 +115,40 @@ async def test_a_bug_stops_one_job_in_run_all_and_is_retried_by_the_operator(per
     else:
         assert calls == 1
         assert isinstance(queue.errors["job"], RuntimeError)
+
+
+async def test_the_operator_loop_runs_as_many_workers_as_its_flag_says() -> None:
+    """``--workers``: 32 by default, at least 1, and exactly that many workers take turns."""
+    from typing import Any, cast
+
+    from dispatch._kube.handlers import Runtime
+    from dispatch._kube.loop import DEFAULT_WORKERS
+    from dispatch._kube.main import ArgumentError, check_arguments, parser
+
+    assert parser().parse_args([]).workers == DEFAULT_WORKERS == 32
+    for bad in ("0", "-1"):
+        with pytest.raises(ArgumentError, match="--workers"):
+            check_arguments(parser().parse_args([f"--workers={bad}"]))
+    args = parser().parse_args(["--workers=3"])
+    check_arguments(args)
+
+    class Store:
+        """What the loop's start asks of the record store: its shared watch."""
+
+        watched = False
+
+        def watch_all(self, on_event: object, on_synced: object) -> None:
+            self.watched = True
+
+    store = Store()
+    runtime = Runtime(store=cast(Any, store), backends={}, workers=args.workers)
+    loop = runtime.start_loop()
+    try:
+        assert store.watched
+        workers = sorted(
+            t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("dispatch-worker-")
+        )
+        assert workers == ["dispatch-worker-0", "dispatch-worker-1", "dispatch-worker-2"]
+    finally:
+        await loop.stop()
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("dispatch-worker-")]

@@ -35,7 +35,7 @@ from .._model import SUPERVISOR
 from .._plan import make_plan
 from .._protocols import Backend
 from .._supervisor import Listener, log_step
-from .loop import SupervisionLoop
+from .loop import DEFAULT_WORKERS, SupervisionLoop
 from .store import KubeRecordStore
 
 log = logging.getLogger("dispatch.operator")
@@ -62,6 +62,8 @@ class Runtime:
     """Set while this process may supervise (holds the Lease); None: always (no leader election)."""
     loop: SupervisionLoop | None = None
     """The supervision loop (set by :meth:`start_loop`)."""
+    workers: int = DEFAULT_WORKERS
+    """The loop's turns in flight at once (``--workers``)."""
     final_refusals: frozenset[str] = field(default=FINAL_REFUSALS)
 
     @property
@@ -71,7 +73,7 @@ class Runtime:
     def start_loop(self) -> SupervisionLoop:
         """Start supervising every job (call once this process holds the Lease)."""
         if self.loop is None:
-            self.loop = SupervisionLoop(self)
+            self.loop = SupervisionLoop(self, workers=self.workers)
         self.loop.start()
         return self.loop
 

@@ -56,6 +56,7 @@ from .._version import __version__
 from . import webhook
 from .handlers import Runtime
 from .listeners import Fanout
+from .loop import DEFAULT_WORKERS
 from .settings import operator_settings
 from .store import KubeRecordStore
 
@@ -157,6 +158,13 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_WRITE_BURST,
         help="writes the operator may send at once before --write-qps applies "
         f"(default: {DEFAULT_WRITE_BURST})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help="jobs the supervision loop works on at once, each waiting on its own API call "
+        f"(default: {DEFAULT_WORKERS})",
     )
     webhook.add_arguments(p)
     return p
@@ -386,6 +394,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--write-qps {args.write_qps:g}: writes per second, 0 (no limit) or more")
     if args.write_burst < 1:
         raise ArgumentError(f"--write-burst {args.write_burst}: at least 1 write")
+    if args.workers < 1:
+        raise ArgumentError(f"--workers {args.workers}: at least 1")
     enabled_backends(args)
     if args.slurm_config is not None:
         args.slurm_settings = read_slurm_config(args.slurm_config)
@@ -460,6 +470,7 @@ async def run(
         events=events,
         metrics=metrics,
         leading=leading,
+        workers=args.workers,
     )
     registry = kopf.OperatorRegistry()
     settings = operator_settings()
