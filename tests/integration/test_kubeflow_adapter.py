@@ -100,7 +100,8 @@ async def until(
                 await woken.wait()
     except TimeoutError:
         now = await backend.list(job)
-        seen = {v.id: await server_state(backend.api, v.id) for v in (*views, *now)}
+        ids = dict.fromkeys(v.id for v in (*views, *now))  # each object once, in order
+        seen = {oid: await server_state(backend.api, oid) for oid in ids}
         raise AssertionError(
             f"{job}: no wake met the predicate in {GUARD:.0f}s\n"
             f"last listed: {views!r}\nlisted now: {now!r}\n"
