@@ -47,9 +47,9 @@ sys.path.insert(0, str(REPO / "operator"))
 from kubernetes_asyncio import config as kconfig  # noqa: E402
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi  # noqa: E402
 
+from dispatch._kubeclient import streamed  # noqa: E402
 from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.lab import Kubeflow, Lab  # noqa: E402
-from tests.support.watch import streamed  # noqa: E402
 
 NAMESPACE = "bench"
 JOB = "bench"

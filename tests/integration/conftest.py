@@ -25,9 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch._kubeclient import KubeClient, new_client
+from dispatch._kubeclient import KubeClient, new_client, streamed
 from tests.support.kube import KubeCluster
-from tests.support.watch import streamed
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"

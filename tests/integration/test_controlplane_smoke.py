@@ -19,8 +19,8 @@ from kubernetes_asyncio import config, watch
 from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi, VersionApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dispatch._kubeclient import streamed
 from tests.support.kube import KubeCluster
-from tests.support.watch import streamed
 
 pytestmark = pytest.mark.integration
 

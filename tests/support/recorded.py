@@ -53,6 +53,9 @@ async def observer() -> AsyncIterator[list[WorkloadBackend]]:
 class JsonResponse:
     """An API server's answer as the client's response object gives it (``body`` as JSON)."""
 
+    connection = None
+    """Read whole at once: nothing for ``streamed`` to abort."""
+
     def __init__(self, status: int, body: Body) -> None:
         self.status = status
         self.reason = "OK" if status < 300 else "Error"

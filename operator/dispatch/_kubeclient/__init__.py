@@ -28,6 +28,7 @@ from ._http import (
     limit_writes,
     open_request,
     request,
+    streamed,
     urgent,
 )
 from ._informer import Informer, OnChange, key_of, resource_version
@@ -82,6 +83,7 @@ __all__ = [
     "request",
     "resource_version",
     "split_job",
+    "streamed",
     "urgent",
     "watch_forever",
 ]

@@ -16,7 +16,7 @@ import contextvars
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 import aiohttp
@@ -87,11 +87,10 @@ async def open_request(
     if 200 <= response.status < 300:
         return response
     try:
-        raw = await response.read()
+        async with streamed(response):
+            raw = await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError):
         raw = b""
-    finally:
-        response.release()
     reason, message = _status_text(raw, response.reason or "")
     if _is_transient(response.status):
         raise TransientBackendError(f"{method} {path}: {response.status} {reason}: {message}")
@@ -113,15 +112,38 @@ async def request(
         api, method, path, query=query, body=body, content_type=content_type, request_timeout=request_timeout
     )
     try:
-        raw = await response.read()
+        async with streamed(response):  # a cancel mid-read lets the socket go at once
+            raw = await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as error:
         raise TransientBackendError(f"{method} {path}: {type(error).__name__}: {error}") from error
-    finally:
-        response.release()
     if not raw:
         return {}
     decoded: Body = json.loads(raw)
     return decoded
+
+
+@contextlib.asynccontextmanager
+async def streamed(response: aiohttp.ClientResponse) -> AsyncIterator[aiohttp.ClientResponse]:
+    """``response`` for the block, released after it; its connection aborted when the block
+    leaves before the body's end (a watch or a read cancelled mid-body, an error, a break).
+
+    aiohttp closes an interrupted connection the polite way: TLS sends close_notify and the socket
+    stays open until the API server answers, for up to 30 s (asyncio's ssl_shutdown_timeout). A
+    loaded API server answers late, and a client closed meanwhile (a stopping operator, a test's
+    event loop ending) leaves the socket behind, reported unclosed when collected. An abort closes
+    it on the loop's next turn. A body read to its end has already given its connection back.
+    """
+    connection = response.connection
+    transport = connection.transport if connection is not None else None
+    try:
+        yield response
+    finally:
+        # Not "still has its connection": aiohttp's read() closes it (politely) when cancelled.
+        if transport is not None and not response.content.is_eof():
+            transport.abort()
+            response.close()
+        else:  # read to its end: its connection is back in the pool
+            response.release()
 
 
 def _query_value(value: object) -> str:
@@ -280,5 +302,6 @@ __all__ = [
     "limit_writes",
     "open_request",
     "request",
+    "streamed",
     "urgent",
 ]

@@ -24,7 +24,7 @@ from typing import Any, Final
 import aiohttp
 
 from .._errors import BackendError, TransientBackendError
-from ._http import Client, KubeError, open_request, request
+from ._http import Client, KubeError, open_request, request, streamed
 
 log = logging.getLogger("dispatch.kubeclient")
 
@@ -185,7 +185,7 @@ class Informer:
                 total=None, connect=30, sock_connect=30, sock_read=seconds + 30
             ),
         )
-        try:
+        async with streamed(response):
             while True:
                 line = await response.content.readline(max_line_length=MAX_LINE)
                 if not line:
@@ -225,5 +225,3 @@ class Informer:
                 else:
                     self.items[key] = obj
                     self.on_change(before, obj)
-        finally:
-            response.close()  # an interrupted stream cannot go back to the pool

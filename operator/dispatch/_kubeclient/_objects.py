@@ -22,7 +22,7 @@ import aiohttp
 
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
-from ._http import MERGE_PATCH, Client, KubeError, open_request, request
+from ._http import MERGE_PATCH, Client, KubeError, open_request, request, streamed
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
@@ -273,21 +273,20 @@ class CustomObjects:
         except KubeError as e:
             raise _error(e) from None
         try:
-            async for line in _lines(response.content):
-                event = json.loads(line)
-                kind = str(event.get("type", ""))
-                obj: Body = event.get("object") or {}
-                if kind == "ERROR":
-                    code = int(obj.get("code") or 0)
-                    message = str(obj.get("message") or "watch error")
-                    if code == 410:
-                        raise Gone(code, message)
-                    raise ApiError(code, message)
-                yield WatchEvent(kind, obj)
+            async with streamed(response):
+                async for line in _lines(response.content):
+                    event = json.loads(line)
+                    kind = str(event.get("type", ""))
+                    obj: Body = event.get("object") or {}
+                    if kind == "ERROR":
+                        code = int(obj.get("code") or 0)
+                        message = str(obj.get("message") or "watch error")
+                        if code == 410:
+                            raise Gone(code, message)
+                        raise ApiError(code, message)
+                    yield WatchEvent(kind, obj)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise TransientBackendError(f"GET {path} (watch): {type(error).__name__}: {error}") from error
-        finally:
-            response.close()  # an interrupted stream cannot go back to the pool
 
 
 async def _lines(content: Any) -> AsyncIterator[bytes]:
