@@ -450,6 +450,55 @@ async def test_scheduler_enforced_restart_rule(
     assert view.cause.exit_code == 2
 
 
+async def test_a_lost_backoff_decision_does_not_run_the_job_again(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, kubeflow: Kubeflow
+) -> None:
+    """The training operator deletes the pods at the backoff limit, then writes Failed; when that
+    write is lost, its next pass sees no restarts (the pods are gone) and creates them anew: a run
+    the rule does not allow (a CI run waited on such a job in vain). Here the training operator is
+    down when the third failure comes and the pods are deleted as it deletes them: started again,
+    the real one creates new pods. The adapter counted the restarts of every incarnation: it ends
+    the object at the third failure and, after its grace, stops it (which deletes the new pods)."""
+    # Long enough for the training operator to start and create the pods again before the stop.
+    backend = KubeflowBackend(api, stop_grace=30.0)
+    try:
+        job = await create_owner(kube_cluster, namespace, "lost")
+        rule = Rule(on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=2)
+        spec = spec_of("lost", rules=[rule])
+        oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
+        await backend.release(oid)
+        await until(backend, job, phase_is(oid, Phase.RUNNING))
+        await kubeflow.wait_pods(namespace, "lost-1", 1)
+        await kubeflow.exit(namespace, "lost-1", 1)
+        await until(backend, job, lambda vs: vs[0].restarts == 1)
+        await kubeflow.exit(namespace, "lost-1", 2)
+        await until(backend, job, lambda vs: vs[0].restarts == 2)
+
+        await kubeflow.stop_training_operator()
+        await kubeflow.exit(namespace, "lost-1", 3)  # the third failure: past the budget
+        (view,) = await until(backend, job, phase_is(oid, Phase.ENDED))
+        assert view.restarts == 2
+        assert view.cause is not None
+        assert view.cause.kind is CauseKind.NON_ZERO_EXIT
+        assert view.cause.exit_code == 3
+        (pod,) = await pods_of(api, oid)
+        await kubeflow.delete_pod(namespace, pod["metadata"]["name"], grace_seconds=0)
+        await eventually(lambda: no_pods(api, oid))
+        await kubeflow.start_training_operator()
+        async with asyncio.timeout(GUARD):
+            (again,) = await kubeflow.wait_pods(namespace, "lost-1", 1)  # the lost decision's new run
+        assert again["metadata"]["uid"] != pod["metadata"]["uid"]
+
+        await eventually(lambda: stopped_by_dispatch(api, oid))
+        await eventually(lambda: none_running_or_all_deleting(api, oid))
+        (view,) = await backend.list(job)
+        assert view.phase is Phase.ENDED
+        assert view.cause is not None
+        assert view.cause.exit_code == 3
+    finally:
+        await backend.aclose()
+
+
 async def test_deleted_by_someone_is_cancelled(
     kube_cluster: KubeCluster,
     namespace: str,

@@ -124,3 +124,32 @@ async def test_a_job_deleted_by_a_person_is_retained_cancelled(observer: list[Wo
     assert view.phase is Phase.ENDED
     assert view.cancelled
     assert view.retained
+
+
+async def test_the_failure_past_the_budget_ends_the_job_before_its_controller_says_so(
+    observer: list[WorkloadBackend],
+) -> None:
+    """restart-exhausted (budget 1 = backoffLimit 1): the second failed pod is one failure more than
+    the budget; before the Job controller's FailureTarget and Failed (left out here, as a lost
+    write would leave them) the kit ends the Job with that pod's cause and stops it after its
+    grace (the Job controller's own end normally comes first)."""
+    data = load(DATA, "restart-exhausted")
+    stream = data["stream"]
+    cut = next(
+        i
+        for i, e in enumerate(stream)
+        if e["resource"] == "jobs"
+        and any(
+            c["type"] in ("FailureTarget", "Failed") for c in e["object"]["status"].get("conditions") or []
+        )
+    )
+    view = await replay(JobBackend, observer, data, stream[:cut], resource="jobs")
+    assert view.phase is Phase.ENDED, view
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.OUT_OF_MEMORY, view.cause
+    assert view.cause.exit_code == 137
+    assert view.restarts == 1
+    (backend,) = observer
+    verdict = await backend._classify_cached(view.id, backend._current(view.id) or {})
+    assert verdict.stop == view.cause
+    assert verdict.stop_after_grace

@@ -209,3 +209,51 @@ async def test_a_pytorchjob_deleted_by_a_person_is_retained_cancelled(
     assert view.retained
     assert view.cause is not None
     assert view.cause.kind is CauseKind.NONE
+
+
+def _failed(event: Body) -> bool:
+    conditions = event["object"].get("status", {}).get("conditions") or []
+    return event["resource"] == "pytorchjobs" and any(
+        c["type"] == "Failed" and c["status"] == "True" for c in conditions
+    )
+
+
+@pytest.mark.parametrize("pods_deleted", [False, True], ids=["pods-left", "pods-deleted"])
+async def test_past_the_restart_budget_is_ended_without_the_training_operators_failed(
+    observer: list[KubeflowBackend], pods_deleted: bool
+) -> None:
+    """oom-onfailure: budget 1 (backoffLimit 2), and both pods restarted once: the training operator
+    deletes the pods, then writes Failed. Every recorded event but that write (it can fail: its next
+    pass, seeing no restarts on pods it has deleted, creates them anew) still ends the object, with
+    the restarts' cause, and the adapter stops it itself after its grace."""
+    data = load("oom-onfailure")
+    stream = data["stream"]
+    cut = next(i for i, e in enumerate(stream) if _failed(e))
+    events = stream[:cut]
+    if pods_deleted:
+        events += [e for e in stream[cut:] if e["resource"] == "pods" and e["type"] == "DELETED"]
+    view = await replay(observer, data, events)
+    assert view.phase is Phase.ENDED, view
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.NON_ZERO_EXIT, view.cause
+    assert view.restarts == 1
+    (backend,) = observer
+    oid = view.id
+    verdict = await backend._classify_cached(oid, backend._current(oid) or {})
+    assert verdict.stop == view.cause
+    assert verdict.stop_after_grace
+
+
+async def test_within_the_restart_budget_is_still_running(observer: list[KubeflowBackend]) -> None:
+    """oom-onfailure up to the first pod's in-place restart (1 of budget 1): running, not ended."""
+    data = load("oom-onfailure")
+    stream = data["stream"]
+
+    def restarts(e: Body) -> int:
+        statuses = e["object"].get("status", {}).get("containerStatuses") or [{}]
+        return int(statuses[0].get("restartCount") or 0) if e["resource"] == "pods" else 0
+
+    first = next(i for i, e in enumerate(stream) if restarts(e) == 1)
+    view = await replay(observer, data, stream[: first + 1])
+    assert view.phase is Phase.RUNNING, view
+    assert view.restarts == 1

@@ -924,6 +924,7 @@ class WorkloadBackend:
             gone_nodes=gone,
             retained=state.retained,
             last_restart=state.last_restart,
+            restarts_seen=sum(state.incarnations.values()),
             workload=self._workload_of(body),
         )
 
@@ -984,11 +985,13 @@ class WorkloadBackend:
     async def _classify_cached(self, oid: str, body: Body) -> Verdict:
         state = self._state(oid)
         workload = self._workload_of(body)
+        seen = sum(state.incarnations.values())
         key = (
             resource_version(body),
             tuple(sorted((k, resource_version(p)) for k, p in state.pods.items())),
             state.retained,
             state.last_restart,
+            seen,
             workload.resource_version if workload is not None else None,
         )
         if state.verdict is not None and state.verdict[0] == key:
@@ -1010,6 +1013,7 @@ class WorkloadBackend:
             gone_nodes=lost,
             retained=state.retained,
             last_restart=state.last_restart,
+            restarts_seen=seen,
             workload=workload,
         )
         if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
@@ -1138,7 +1142,7 @@ class WorkloadBackend:
                     if stop is not None:
                         self._ensure_stop_task(stop)
                 return view
-            stop = self._register_stop(oid, body, verdict.stop)
+            stop = self._register_verdict_stop(oid, body, verdict.stop, verdict)
             if stop is None:
                 return view
         if view.phase is not Phase.ENDED or verdict.stop is not None:
@@ -1150,6 +1154,10 @@ class WorkloadBackend:
             view = view.model_copy(update={"phase": Phase.ENDED, "cause": stop.cause, "cancelled": cancelled})
         self._ensure_stop_task(stop)
         return view
+
+    def _register_verdict_stop(self, oid: str, body: Body, cause: Cause, verdict: Verdict) -> _Stop | None:
+        """The stop ``verdict`` asks for (``cause`` is its ``stop``), deferred when it says so."""
+        return self._register_stop(oid, body, cause, deferrable=True if verdict.stop_after_grace else None)
 
     def _register_stop(
         self, oid: str, body: Body, cause: Cause, *, deferrable: bool | None = None
@@ -1415,7 +1423,7 @@ class WorkloadBackend:
                 return
             verdict = await self._classify(oid, body)
             if verdict.stop is not None and self._state(oid).stop is None:
-                stop = self._register_stop(oid, body, verdict.stop)
+                stop = self._register_verdict_stop(oid, body, verdict.stop, verdict)
                 if stop is not None:
                     self._ensure_stop_task(stop)
         except asyncio.CancelledError:

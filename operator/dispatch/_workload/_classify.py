@@ -191,6 +191,8 @@ class Verdict:
     view: ObjectView
     stop: Cause | None = None
     """The adapter must stop the object itself (the scheduler would go on): record this cause."""
+    stop_after_grace: bool = False
+    """The scheduler ends it by itself too, normally: the stop waits the adapter's grace first."""
     recheck_at: float | None = None
     """A wall-clock time (epoch seconds) at which the verdict may change with no event."""
 
@@ -582,10 +584,14 @@ def classify(
     gone_nodes: Container[str] = (),
     retained: Evidence | None = None,
     last_restart: Cause | None = None,
+    restarts_seen: int = 0,
     workload: WorkloadView | None = None,
 ) -> Verdict:
     """The view of one object from its body, its pods and what was seen of pods already gone, and
-    for a queued job's object its Kueue Workload (``workload``, see ``dispatch._workload._kueue``)."""
+    for a queued job's object its Kueue Workload (``workload``, see ``dispatch._workload._kueue``).
+
+    ``restarts_seen``: the in-place restarts the adapter counted over every incarnation of the
+    object's pods (a recreated pod starts again from 0)."""
     owner = owner_of(body)
     job, submission = owner if owner is not None else ("", 0)
     oid = object_id(body)
@@ -595,11 +601,15 @@ def classify(
     pods = list(pods)
 
     restarts = 0
+    past_budget = False
     if restarts_in_place:
         own = kind.object_restarts(body)
-        restarts = own if own is not None else sum(kind.restarts(dict(p)) for p in pods)
+        restarts = own if own is not None else max(sum(kind.restarts(dict(p)) for p in pods), restarts_seen)
         budget = restart_budget(body)
         if budget is not None:
+            # One failure more than the rule's budget ends the object (the scheduler's own limit,
+            # e.g. the training operator's backoffLimit = budget + 1, says so too).
+            past_budget = restarts > budget
             restarts = min(restarts, budget)
 
     terminal: list[Evidence] = [retained] if retained is not None else []
@@ -656,6 +666,15 @@ def classify(
         return Verdict(view(Phase.ENDED, cause, cancelled=evidence is None))
     if evidence is not None:
         return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
+    if past_budget:
+        # Its scheduler ends it too, normally at once; but the training operator deletes the pods
+        # before it writes Failed, and when that write fails its next pass no longer sees the
+        # restarts and creates the pods anew: a run the rule does not allow. Stopped after the
+        # grace unless the scheduler has ended it by then.
+        cause = restart_cause or Cause(
+            kind=CauseKind.NON_ZERO_EXIT, detail=f"restarted in place past the rule's budget of {budget}"
+        )
+        return Verdict(view(Phase.ENDED, cause), stop=cause, stop_after_grace=True)
     kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=no_capacity_after(body))
     if kueue is not None:
         return Verdict(
