@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from dispatch._errors import TransientBackendError
 from dispatch._kubeflow import KubeflowBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import pod_evidence
@@ -257,3 +258,20 @@ async def test_within_the_restart_budget_is_still_running(observer: list[Kubeflo
     view = await replay(observer, data, stream[: first + 1])
     assert view.phase is Phase.RUNNING, view
     assert view.restarts == 1
+
+
+async def test_settling_waits_for_the_stop_past_the_budget(observer: list[KubeflowBackend]) -> None:
+    """The stop past the budget is deferred (the training operator normally ends the object
+    first), but not left to it: settling (``quiesce``) waits for it. The recording's API refuses
+    every write, so a quiesce that waits for the stop fails, one that does not returns."""
+    data = load("oom-onfailure")
+    stream = data["stream"]
+    cut = next(i for i, e in enumerate(stream) if _failed(e))
+
+    def make(api: Any, *, stop_ended: bool, clock: Any) -> KubeflowBackend:
+        return KubeflowBackend(api, clock=clock, stop_grace=0.01)  # stops written, after a short grace
+
+    view = await recorded.replay(make, observer, data, stream[:cut], resource="pytorchjobs")
+    assert view.phase is Phase.ENDED
+    with pytest.raises(TransientBackendError, match="stop kubeflow-record/oom-onfailure-1"):
+        await observer[0].quiesce(view.job)

@@ -140,6 +140,9 @@ class _Stop:
     deferrable: bool
     """The controller finishes the object itself (a failed pod it does not restart): the patch
     waits up to ``stop_grace`` for that, unless a release needs the object stopped now."""
+    settle_waits: bool = False
+    """Deferred, yet settling waits for it: the controller normally finishes the object itself but
+    may not (restarts past the rule's budget: see ``Verdict.stop_after_grace``)."""
     now: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     landed: bool = False
@@ -1157,7 +1160,10 @@ class WorkloadBackend:
 
     def _register_verdict_stop(self, oid: str, body: Body, cause: Cause, verdict: Verdict) -> _Stop | None:
         """The stop ``verdict`` asks for (``cause`` is its ``stop``), deferred when it says so."""
-        return self._register_stop(oid, body, cause, deferrable=True if verdict.stop_after_grace else None)
+        stop = self._register_stop(oid, body, cause, deferrable=True if verdict.stop_after_grace else None)
+        if stop is not None and verdict.stop_after_grace:
+            stop.settle_waits = True
+        return stop
 
     def _register_stop(
         self, oid: str, body: Body, cause: Cause, *, deferrable: bool | None = None
@@ -1241,9 +1247,9 @@ class WorkloadBackend:
         """Before ``job`` is recorded settled (:class:`~dispatch._protocols.Quiescing`): every stop
         of its objects that their controller will not make itself (not deferrable) has landed, so
         that no object of a settled job can still run. Deferrable stops are the controller's own
-        doing; the fence in release() covers them all."""
+        doing (but for ``settle_waits``); the fence in release() covers them all."""
         for stop in self._stops_of(job):
-            if not stop.deferrable and not stop.landed:
+            if (stop.settle_waits or not stop.deferrable) and not stop.landed:
                 await self._await_stop(stop)
 
     async def _await_stop(self, stop: _Stop, *, now: bool = False) -> None:
