@@ -95,6 +95,8 @@ NODE_PODS: Final = "110"
 UNPULLABLE_IMAGE: Final = "unpullable.invalid/train:1"
 """Any image under ``unpullable.invalid/`` never pulls (kwok stage ``lab-image-pull-error``)."""
 HIGH_PRIORITY: Final = "lab-high"
+PREEMPT_ATTEMPTS: Final = 3
+"""Preemptors tried for one victim (one bound beside it is deleted and made again: see preempt_pod)."""
 LOW_PRIORITY: Final = "lab-low"
 TAINT_KEY: Final = "lab.dispatch.io/down"
 KWOK_NODE_LABEL: Final = "kwok.x-k8s.io/node"
@@ -1140,7 +1142,6 @@ class Lab:
             raise LabError(f"pod {namespace}/{name} or its node {node_name} does not exist")
         uid = victim["metadata"]["uid"]
         token = secrets.token_hex(3)
-        preemptor = f"lab-preemptor-{token}"
         spec: dict[str, Any] = {
             "priorityClassName": HIGH_PRIORITY,
             "nodeSelector": {"kubernetes.io/hostname": node_name},
@@ -1169,16 +1170,6 @@ class Lab:
         spec["containers"] = [
             {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": cpu}}}
         ]
-        self.request(
-            "POST",
-            f"/api/v1/namespaces/{namespace}/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": preemptor, "labels": {"lab.dispatch.io/preemptor": "true"}},
-                "spec": spec,
-            },
-        )
 
         def disrupted() -> bool:
             pod = self.pod(namespace, name)
@@ -1189,16 +1180,47 @@ class Lab:
                 for c in pod.get("status", {}).get("conditions") or ()
             )
 
-        try:
-            self.wait(f"preemption of {namespace}/{name} on {node_name}", disrupted, timeout)
-            if not keep:
+        def bound(pod_name: str) -> bool:
+            return bool((self.pod(namespace, pod_name) or {}).get("spec", {}).get("nodeName"))
+
+        def preempts(preemptor: str) -> bool:
+            """Create ``preemptor``; True once the victim is disrupted, False when the preemptor
+            was bound beside it (then deleted again)."""
+            self.request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": preemptor, "labels": {"lab.dispatch.io/preemptor": "true"}},
+                    "spec": spec,
+                },
+            )
+            try:
+                # A preemptor is bound only once its victims are gone, so bound while the victim
+                # stays undisrupted means kube-scheduler found room beside it: its cache did not
+                # have the victim's new label yet (the anti-affinity could not hold).
                 self.wait(
-                    f"preemptor {preemptor} bound",
-                    lambda: bool((self.pod(namespace, preemptor) or {}).get("spec", {}).get("nodeName")),
+                    f"preemption of {namespace}/{name} on {node_name}",
+                    lambda: disrupted() or bound(preemptor),
                     timeout,
                 )
-        except LabError as e:
-            raise LabError(f"{e}; preemptor: {self.pod(namespace, preemptor)}") from None
+                if disrupted():
+                    if not keep:
+                        self.wait(f"preemptor {preemptor} bound", lambda: bound(preemptor), timeout)
+                    return True
+            except LabError as e:
+                raise LabError(f"{e}; preemptor: {self.pod(namespace, preemptor)}") from None
+            self.delete_pod(namespace, preemptor, grace_seconds=0)
+            self.wait(f"preemptor {preemptor} gone", lambda: self.pod(namespace, preemptor) is None, timeout)
+            return False
+
+        for attempt in range(1, PREEMPT_ATTEMPTS + 1):
+            preemptor = f"lab-preemptor-{token}-{attempt}"
+            if preempts(preemptor):
+                break
+        else:
+            raise LabError(f"{PREEMPT_ATTEMPTS} preemptors of {namespace}/{name} were bound beside it")
         if not keep:
             self.delete_pod(namespace, preemptor, grace_seconds=0)
         return preemptor
