@@ -1145,7 +1145,7 @@ class WorkloadBackend:
                     if stop is not None:
                         self._ensure_stop_task(stop)
                 return view
-            stop = self._register_verdict_stop(oid, body, verdict.stop, verdict)
+            stop = self._register_stop(oid, body, verdict.stop, after_grace=verdict.stop_after_grace)
             if stop is None:
                 return view
         if view.phase is not Phase.ENDED or verdict.stop is not None:
@@ -1158,30 +1158,26 @@ class WorkloadBackend:
         self._ensure_stop_task(stop)
         return view
 
-    def _register_verdict_stop(self, oid: str, body: Body, cause: Cause, verdict: Verdict) -> _Stop | None:
-        """The stop ``verdict`` asks for (``cause`` is its ``stop``), deferred when it says so."""
-        stop = self._register_stop(oid, body, cause, deferrable=True if verdict.stop_after_grace else None)
-        if stop is not None and verdict.stop_after_grace:
-            stop.settle_waits = True
-        return stop
-
     def _register_stop(
-        self, oid: str, body: Body, cause: Cause, *, deferrable: bool | None = None
+        self, oid: str, body: Body, cause: Cause, *, deferrable: bool | None = None, after_grace: bool = False
     ) -> _Stop | None:
+        """``after_grace`` (``Verdict.stop_after_grace``): deferred, and settling waits for it."""
         state = self._state(oid)
         if state.stop is not None:
             return state.stop
         owner = owner_of(body)
         if owner is None:
             return None
-        if deferrable is None:
+        if after_grace:
+            deferrable = True
+        elif deferrable is None:
             failed_pod = any(
                 p.get("status", {}).get("phase") == "Failed"
                 and not p.get("metadata", {}).get("deletionTimestamp")
                 for p in state.pods.values()
             )
             deferrable = failed_pod and not self.kind.in_place(body)
-        stop = _Stop(oid, owner[0], owner[1], cause, deferrable=deferrable)
+        stop = _Stop(oid, owner[0], owner[1], cause, deferrable=deferrable, settle_waits=after_grace)
         state.stop = stop
         self._index(oid, owner[0])
         return stop
@@ -1429,7 +1425,7 @@ class WorkloadBackend:
                 return
             verdict = await self._classify(oid, body)
             if verdict.stop is not None and self._state(oid).stop is None:
-                stop = self._register_verdict_stop(oid, body, verdict.stop, verdict)
+                stop = self._register_stop(oid, body, verdict.stop, after_grace=verdict.stop_after_grace)
                 if stop is not None:
                     self._ensure_stop_task(stop)
         except asyncio.CancelledError:
