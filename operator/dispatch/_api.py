@@ -219,7 +219,7 @@ def submitted_at(body: Mapping[str, Any]) -> datetime:
     return _time(body.get("metadata", {}).get("creationTimestamp")) or utcnow()
 
 
-def _cancel_time(body: Mapping[str, Any], clock: Callable[[], datetime]) -> datetime:
+def cancel_time(body: Mapping[str, Any], clock: Callable[[], datetime]) -> datetime:
     """When spec.cancel was set: the latest managedFields entry that owns it, else now."""
     latest: datetime | None = None
     for entry in body.get("metadata", {}).get("managedFields") or ():
@@ -247,7 +247,7 @@ def record_from(body: Mapping[str, Any], *, clock: Callable[[], datetime] = utcn
     if record.cancel is None and (body.get("spec") or {}).get("cancel"):
         actor = parse_actor(_annotations(body).get(ANNOTATION_CANCELLED_BY))
         record = record.model_copy(
-            update={"cancel": CancelRequest(actor=actor, time=_cancel_time(body, clock))}
+            update={"cancel": CancelRequest(actor=actor, time=cancel_time(body, clock))}
         )
     return record
 

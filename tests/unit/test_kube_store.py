@@ -1,5 +1,6 @@
-"""The record store's cache keeps a projection of each DispatchJob, never its whole body once the
-record is parsed, and parses a version's record once (issue 13, "slim caches").
+"""The record store's cache keeps a projection of each DispatchJob, never its whole body once it
+holds a record (the record's part of it as one JSON text), and parses a version's record once while
+it is among the last few parsed (issue 13, "slim caches").
 
 No API server here: the store is fed through its shared watch's entry point (``_dispatch``), as the
 watch feeds it, and every answer below comes from the cache (the client points at a closed port,
@@ -10,21 +11,21 @@ VersionConflict, an observe write keeps the status) is tests/integration/test_ku
 from __future__ import annotations
 
 import copy
-import weakref
+import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from pydantic import BaseModel
 
-from dispatch._api import record_from
+from dispatch._api import OBSERVED_FIELDS, record_from
 from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
 from dispatch._decide import Authorize
 from dispatch._errors import JobNotFound
-from dispatch._kube.store import _SHARED_MODELS, KubeRecordStore, compact, view_of
+from dispatch._kube.store import PARSED, KubeRecordStore, view_of
 from dispatch._kubeclient import WatchEvent
-from dispatch._model import Cause, Record
+from dispatch._model import Record
 from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
 
 JOB = "team-a/finetune"
@@ -57,9 +58,15 @@ def test_a_view_keeps_what_the_loop_and_the_writes_need() -> None:
     assert (view.finalizers, view.deleting, view.backend) == ((FINALIZER,), True, "kubeflow")
     assert view.recorded
     assert (view.refusal, view.observed_generation) == (None, 2)
-    assert view.conditions() == dispatch_job(record, generation=2)["status"]["conditions"]
-    assert view.record is None  # parsed on the first get()
-    assert view.body is not None
+    body = dispatch_job(record, generation=2)
+    assert view.conditions() == body["status"]["conditions"]
+    assert view.body is None  # the record's part of it is kept as text, parsed on the first get()
+    assert view.text is not None
+    kept = json.loads(view.text)
+    assert set(kept["metadata"]) <= {"name", "namespace", "labels", "annotations"}
+    assert kept["spec"] == at(body, 7)["spec"]
+    assert "conditions" not in kept["status"]
+    assert not set(OBSERVED_FIELDS) & set(kept["status"])
 
     refused = view_of(at(dispatch_job(None, refused=(REASON_UNENFORCEABLE, "rules[0]: no")), 8))
     assert not refused.recorded
@@ -79,7 +86,6 @@ async def test_get_parses_a_version_once_and_keeps_no_body(store: KubeRecordStor
     assert store.parses == 1
     view = await store.view(JOB)
     assert view.body is None
-    assert view.record is first.record
 
     show(store, body)  # the same version again (a relist): nothing to parse
     await store.get(JOB)
@@ -88,6 +94,33 @@ async def test_get_parses_a_version_once_and_keeps_no_body(store: KubeRecordStor
     assert (await store.get(JOB)).version == "6"
     await store.get(JOB)
     assert store.parses == 2
+
+
+async def test_only_the_last_records_parsed_are_kept_parsed(store: KubeRecordStore) -> None:
+    """Past :data:`PARSED` other jobs, a job's record is parsed again from its text: equal, not kept."""
+    record = step(PENDING, Authorize(submission=1))
+    body = at(dispatch_job(record), 5)
+    show(store, body, "ADDED")
+    first = (await store.get(JOB)).record
+    for i in range(PARSED):
+        other = copy.deepcopy(body)
+        other["metadata"]["name"] = f"other-{i}"
+        show(store, other, "ADDED")
+        await store.get(f"team-a/other-{i}")
+    assert store.parses == PARSED + 1
+    assert len(store._parsed) == PARSED
+    again = (await store.get(JOB)).record
+    assert store.parses == PARSED + 2
+    assert again == first
+    assert again is not first
+
+
+@pytest.mark.parametrize("record", [PENDING, RECOVERING, FAILED], ids=["pending", "recovering", "failed"])
+async def test_a_record_parsed_from_the_text_is_the_bodys(store: KubeRecordStore, record: Record) -> None:
+    body = at(dispatch_job(record), 3, managedFields=copy.deepcopy(MANAGED), labels={"team": "a"})
+    body["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:alice"}
+    show(store, body, "ADDED")
+    assert (await store.get(JOB)).record == record_from(body)
 
 
 async def test_an_older_event_does_not_replace_a_newer_view(store: KubeRecordStore) -> None:
@@ -144,11 +177,15 @@ MANAGED = [
 async def test_a_view_keeps_no_managed_fields_and_its_record_is_the_same(store: KubeRecordStore) -> None:
     body = at(dispatch_job(PENDING), 4, managedFields=copy.deepcopy(MANAGED))
     view = view_of(body)
-    assert view.body is not None
-    assert "managedFields" not in view.body["metadata"]
+    assert view.text is not None
+    assert b"managedFields" not in view.text
     assert body["metadata"]["managedFields"] == MANAGED  # the event's body is left as it came
     show(store, body, "ADDED")
     assert (await store.get(JOB)).record == record_from(body)
+
+    unplanned = view_of(at(dispatch_job(None), 5, managedFields=copy.deepcopy(MANAGED)))
+    assert unplanned.body is not None
+    assert "managedFields" not in unplanned.body["metadata"]
 
 
 async def test_a_cancelled_job_keeps_the_managed_fields_its_cancel_time_comes_from(
@@ -159,8 +196,10 @@ async def test_a_cancelled_job_keeps_the_managed_fields_its_cancel_time_comes_fr
     body = at(dispatch_job(PENDING), 5, managedFields=managed)
     body["spec"]["cancel"] = True
     view = view_of(body)
-    assert view.body is not None
-    assert view.body["metadata"]["managedFields"] == managed
+    assert view.text is not None
+    assert b"managedFields" not in view.text  # the cancel time is read once, when the view is made
+    assert view.cancelled_at is not None
+    assert view.cancelled_at.isoformat().startswith("2026-12-01T11:30:00")
     show(store, body, "ADDED")
     record = (await store.get(JOB)).record
     assert record.cancel is not None
@@ -168,67 +207,17 @@ async def test_a_cancelled_job_keeps_the_managed_fields_its_cancel_time_comes_fr
     assert record.cancel.time.isoformat().startswith("2026-12-01T11:30:00")
 
 
-def _models_of(value: Any) -> list[BaseModel]:
-    """Every model instance inside ``value``, depth first."""
-    found: list[BaseModel] = []
-    if isinstance(value, BaseModel):
-        found.append(value)
-        for part in value.__dict__.values():
-            found.extend(_models_of(part))
-    elif isinstance(value, tuple):
-        for part in value:
-            found.extend(_models_of(part))
-    return found
-
-
-@pytest.mark.parametrize("record", [PENDING, RECOVERING, FAILED], ids=["pending", "recovering", "failed"])
-def test_compact_shares_what_records_repeat_and_changes_nothing_readable(record: Record) -> None:
-    """Two records parsed from equal bodies, compacted as the store does: equal to what pydantic
-    parsed, and every shared model, fields set and short string is one object between them, except
-    a Cause with detail (the scheduler's words differ per job). Runs each record twice through, so a
-    model taken whole from the weak table (its parts not walked) is checked like a walked one."""
-    body = at(dispatch_job(record), 1)
-    first, second = (compact(record_from(body)) for _ in range(2))
-    assert first == second == record_from(body)
-    assert first is not second
-    pairs = list(zip(_models_of(first), _models_of(second), strict=True))
-    assert pairs
-    for a, b in pairs:
-        assert type(a) is type(b)
-        assert a.__pydantic_fields_set__ is b.__pydantic_fields_set__
-        if isinstance(a, _SHARED_MODELS) and not (isinstance(a, Cause) and a.detail):
-            assert a is b, type(a).__name__
-        elif isinstance(a, Record):
-            assert a is not b
-        for name, value in a.__dict__.items():
-            if type(value) is str and len(value) <= 64:
-                assert value is b.__dict__[name], name
-
-
-def test_compact_keeps_a_cause_with_detail_per_record() -> None:
-    body = at(dispatch_job(RECOVERING), 1)
-    first, second = (compact(record_from(body)) for _ in range(2))
-    causes = [
-        (a, b) for a, b in zip(_models_of(first), _models_of(second), strict=True) if isinstance(a, Cause)
-    ]
-    assert any(a.detail for a, _ in causes)
-    for a, b in causes:
-        assert (a is b) is not bool(a.detail)
-
-
-def test_compact_takes_a_known_model_only_when_equal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The weak table is keyed by hash: a different model under the same key (a collision) is
-    never put in a record's place."""
-    import dispatch._kube.store as store_module
-
-    record = record_from(at(dispatch_job(RECOVERING), 1))
-    resources = record.spec.kubeflow.resources if record.spec.kubeflow is not None else None
-    assert resources is not None
-    impostor = resources.model_copy(update={"cpu": "999"})
-    table: weakref.WeakValueDictionary[int, BaseModel] = weakref.WeakValueDictionary()
-    table[hash(resources)] = impostor
-    monkeypatch.setattr(store_module, "_models", table)
-    compacted = compact(record)
-    assert compacted.spec.kubeflow is not None
-    assert compacted.spec.kubeflow.resources == resources
-    assert compacted.spec.kubeflow.resources is not impostor
+async def test_a_cancel_time_from_the_clock_is_the_same_at_every_parse(store: KubeRecordStore) -> None:
+    """Without a managedFields entry for spec.cancel, its time is when the version was seen: read
+    once, so a record parsed again (after :data:`PARSED` others) says the same."""
+    ticks = iter(datetime(2026, 12, 1, 12, minute, tzinfo=UTC) for minute in range(60))
+    store.clock = lambda: next(ticks)
+    body = at(dispatch_job(PENDING), 6)
+    body["spec"]["cancel"] = True
+    show(store, body, "ADDED")
+    first = (await store.get(JOB)).record
+    store._parsed.clear()
+    again = (await store.get(JOB)).record
+    assert first.cancel is not None
+    assert again.cancel is not None
+    assert again.cancel.time == first.cancel.time == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

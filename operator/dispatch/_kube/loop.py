@@ -2,8 +2,8 @@
 
 The record store's shared DispatchJob watch (list, then watch from its resourceVersion, with
 bookmarks: :meth:`KubeRecordStore.watch_all`) discovers every job and keeps a projection of it
-(:class:`~dispatch._kube.store.JobView`: the few fields a turn needs and the record, parsed once per
-version); each event wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers
+(:class:`~dispatch._kube.store.JobView`: the few fields a turn needs and its record's text, parsed
+when a turn needs it); each event wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers
 take one turn at a time: plan a new job (or refuse it), else the (Observing)Supervisor's prepare,
 then perform its one step. The backends' shared watches wake a job too, in the queue's urgent lane:
 a change of a job's objects is where failure evidence comes from, and a recovery under way
@@ -275,7 +275,7 @@ class SupervisionLoop:
             return Turn.URGENT if authorized else Turn.AGAIN
         if backend is None:
             raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
-        record = store.record(job, view)  # parsed once per version: prepare's get() finds it parsed
+        record = store.record(job, view)  # parsed here; prepare's get() finds it parsed
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)

@@ -9,27 +9,27 @@ so it lives here; how an object maps to a record, a refusal and conditions is
 :mod:`dispatch._api`'s (shared with the webhook, the handlers and the kubectl plugin).
 
 What the store keeps of a job is a :class:`JobView` (issue 13, "slim caches"): the metadata and
-status fields the loop and the writes need, and the record parsed once per version and
-:func:`compact`; the whole body only until then, or while there is no record to parse.
+status fields the loop and the writes need, and the part of the body its record is read from as
+one JSON text; the whole body only while there is no record (planning reads it). A record is
+parsed from that text when a turn needs it, and the last few parsed are kept (:data:`PARSED`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
+import json
 import logging
 import sys
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, cast
-
-from pydantic import BaseModel
+from typing import Any, Final
 
 from .._api import (
     OBSERVED_FIELDS,
+    cancel_time,
     conditions_for,
     has_record,
     job_id,
@@ -55,7 +55,7 @@ from .._kubeclient import (
     split_job,
     watch_forever,
 )
-from .._model import Actor, Cause, PlannedRule, QueuePlan, Record, RecoveryPolicy, Resources, Rule, State
+from .._model import Cause, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
@@ -64,13 +64,17 @@ OnEvent = Callable[[str, str, Body], None]
 """Told about every DispatchJob event of the shared watch: (ADDED|MODIFIED|DELETED, job, body)."""
 
 
+PARSED: Final = 64
+"""Records kept parsed, the most recently used (twice the loop's default workers): a turn parses its
+job's record once and its steps find it; a parsed Record is about 18 KB, its text about 1 KB."""
+
+
 @dataclass(slots=True)
 class JobView:
     """What the store keeps of one DispatchJob version: the few fields the loop and the writes need,
-    and its record, parsed once (by the first :meth:`KubeRecordStore.get` of that version).
+    and, while it holds a record, the part of the body the record is read from as one JSON text.
 
-    The whole body is kept only until then, or while the job has no record (planning reads it);
-    a version this store wrote itself keeps the record it wrote instead (nothing to parse).
+    The whole body is kept only while the job has no record (planning reads it).
     """
 
     version: str
@@ -91,14 +95,29 @@ class JobView:
     observed: dict[str, str]
     """The observed fields (:data:`OBSERVED_FIELDS`) as that version holds them."""
     body: Body | None
-    """The whole body: until the record is parsed, and always while there is no record."""
-    record: Record | None = None
-    cancel_in_status: bool = False
-    """The record's cancel request is in the status (not only in ``spec.cancel``)."""
+    """The whole body, while there is no record."""
+    text: bytes | None = None
+    """While there is a record: its metadata's name, namespace, labels and annotations, its spec,
+    and its status without the conditions and the observed fields (held above), as JSON: one
+    allocation of about 1 KB, against about 2 KB for the record parsed and its parts shared, and
+    nothing for the allocator to keep when it is replaced."""
+    cancelled_at: datetime | None = None
+    """When ``spec.cancel`` was set (:func:`~dispatch._api.cancel_time`, read once: without a
+    managedFields entry it is the time this version was seen, and every parse must agree)."""
 
     def conditions(self) -> list[dict[str, Any]]:
         """``status.conditions`` as that version holds them."""
         return [dict(zip(keys, values, strict=True)) for keys, values in self.packed_conditions]
+
+    def status_without_observed(self) -> dict[str, Any]:
+        """The status of this version without the observed fields (what an observe write keeps)."""
+        if self.text is None:
+            status = (self.body or {}).get("status") or {}
+            return {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
+        status = dict(json.loads(self.text)["status"])
+        if self.packed_conditions:
+            status["conditions"] = self.conditions()
+        return status
 
 
 def _pack(conditions: Sequence[Mapping[str, Any]]) -> tuple[tuple[tuple[str, ...], tuple[Any, ...]], ...]:
@@ -112,78 +131,36 @@ def _pack(conditions: Sequence[Mapping[str, Any]]) -> tuple[tuple[tuple[str, ...
     )
 
 
-_SHARED_MODELS: Final = (Actor, Cause, Rule, RecoveryPolicy, Resources, PlannedRule, QueuePlan)
-"""Parts of a record that many records hold equal: one copy each (a Cause only without detail)."""
-_models: weakref.WeakValueDictionary[int, BaseModel] = weakref.WeakValueDictionary()
-_fields_sets: dict[tuple[type, frozenset[str]], set[str]] = {}
-_enum_tuples: dict[tuple[enum.Enum, ...], tuple[enum.Enum, ...]] = {}
 _key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+_TEXT_METADATA: Final = ("name", "namespace", "labels", "annotations")
+"""What :func:`~dispatch._api.record_from` reads of the metadata (the cancel time aside)."""
 
 
-def compact(value: Any) -> Any:
-    """``value`` (a record, or any part of it) holding one shared copy of what many records repeat.
-
-    A parsed Record is about 18 KB as pydantic builds it, half of it one ``model_fields_set`` set per
-    model instance; records share those sets (per model class and fields), their short strings
-    (interned), their tuples of enum members, and the equal :data:`_SHARED_MODELS` (held weakly, so
-    nothing outlives the records using it): about 6 KB. The models are frozen, so an equal part
-    put in place of another changes nothing that any reader can see; a ``model_copy(update=...)``
-    copies the set before it adds to it.
-
-    Every record of a restart goes through here once, so the order is the cheap one: leaves
-    (most of a record's values) leave first, and a shared model already known is taken before
-    its parts are walked (its hash and equality read them anyway).
-    """
-    kind = type(value)
-    if kind is str:
-        return sys.intern(value) if len(value) <= 64 else value
-    if kind in _LEAVES:
-        return value
-    if isinstance(value, BaseModel):
-        shared = isinstance(value, _SHARED_MODELS) and not (isinstance(value, Cause) and value.detail)
-        if shared:
-            key = hash(value)
-            known = _models.get(key)
-            if known is not None and known == value:
-                return known
-        fields = value.__dict__
-        for name, field in fields.items():
-            part = compact(field)
-            if part is not field:
-                fields[name] = part
-        set_ = value.__pydantic_fields_set__
-        one = _fields_sets.setdefault((kind, frozenset(set_)), set_)
-        if one is not set_:
-            object.__setattr__(value, "__pydantic_fields_set__", one)
-        if shared:
-            _models[key] = value
-        return value
-    if kind is tuple and value:
-        if all(isinstance(v, enum.Enum) for v in value):
-            return _enum_tuples.setdefault(value, value)
-        items = tuple(compact(v) for v in value)
-        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
-    return value
-
-
-_LEAVES: Final = frozenset({int, float, bool, type(None), datetime})
-"""Values :func:`compact` has nothing to share of (an enum member is one already)."""
-
-
-def view_of(body: Body) -> JobView:
+def view_of(body: Body, clock: Callable[[], datetime] = utcnow) -> JobView:
     """The projection of one DispatchJob body (see :class:`JobView`).
 
-    The body it keeps has no ``metadata.managedFields`` (a third of a DispatchJob on the wire, and
-    most of its small dicts: every view of a restart's first list holds its body until the job's
-    first turn), unless ``spec.cancel`` is set: the cancel time is read from them
-    (:func:`~dispatch._api.record_from`)."""
+    The body a view without a record keeps has no ``metadata.managedFields`` (a third of a
+    DispatchJob on the wire, and most of its small dicts) unless ``spec.cancel`` is set: the cancel
+    time is read from them (:func:`~dispatch._api.record_from`)."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    if "managedFields" in meta and not spec.get("cancel"):
+    observed_generation = status.get("observedGeneration")
+    recorded = has_record(body)
+    text: bytes | None = None
+    cancelled_at: datetime | None = None
+    if recorded:
+        kept = {
+            "metadata": {k: meta[k] for k in _TEXT_METADATA if k in meta},
+            "spec": spec,
+            "status": {k: v for k, v in status.items() if k != "conditions" and k not in OBSERVED_FIELDS},
+        }
+        text = json.dumps(kept, separators=(",", ":")).encode()
+        if spec.get("cancel") and "cancel" not in status:
+            cancelled_at = cancel_time(body, clock)
+    elif "managedFields" in meta and not spec.get("cancel"):
         meta = {k: v for k, v in meta.items() if k != "managedFields"}
         body = {**body, "metadata": meta}
-    observed_generation = status.get("observedGeneration")
     return JobView(
         version=str(meta.get("resourceVersion", "")),
         generation=int(meta.get("generation") or 0),
@@ -191,12 +168,14 @@ def view_of(body: Body) -> JobView:
         finalizers=tuple(meta.get("finalizers") or ()),
         deleting=bool(meta.get("deletionTimestamp")),
         backend=str(spec.get("backend", "")),
-        recorded=has_record(body),
+        recorded=recorded,
         refusal=refusal(body),
         observed_generation=None if observed_generation is None else int(observed_generation),
         packed_conditions=_pack(status.get("conditions") or ()),
         observed=observed_of(body),
-        body=body,
+        body=None if recorded else body,
+        text=text,
+        cancelled_at=cancelled_at,
     )
 
 
@@ -228,6 +207,8 @@ class KubeRecordStore:
         """The last version of each job this store read, wrote or (for a cached job) was shown."""
         self._fresh: set[str] = set()
         """Jobs whose view is the newest the watch has shown: :meth:`get` may answer from it."""
+        self._parsed: OrderedDict[str, tuple[str, Record]] = OrderedDict()
+        """Job -> (version, its record): the last :data:`PARSED` records parsed or written."""
         self.objects = CustomObjects(api)
         self.namespaces: tuple[str | None, ...] = tuple(namespaces) if namespaces else (None,)
         self.clock = clock
@@ -240,7 +221,7 @@ class KubeRecordStore:
         self.writes = 0
         self.conflicts = 0
         self.parses = 0
-        """Records parsed from a body (once per version read; a version written is not parsed)."""
+        """Records parsed from a view's text (a version written is not parsed)."""
 
     # -- reading
 
@@ -251,7 +232,7 @@ class KubeRecordStore:
             body = await self.objects.get(namespace, name)
         except NotFound:
             raise JobNotFound(job) from None
-        self._remember(job, view_of(body))
+        self._remember(job, view_of(body, self.clock))
         return body
 
     async def get(self, job: str) -> Versioned:
@@ -268,16 +249,25 @@ class KubeRecordStore:
         return view
 
     def record(self, job: str, view: JobView) -> Record:
-        """The record of ``view``, parsed on the first call for that version; raises JobNotFound
-        when it holds none."""
-        if view.record is None:
-            if not view.recorded or view.body is None:
-                raise JobNotFound(job)
-            view.record = cast(Record, compact(record_from(view.body, clock=self.clock)))
-            view.cancel_in_status = "cancel" in (view.body.get("status") or {})
-            view.body = None
-            self.parses += 1
-        return view.record
+        """The record of ``view``: the one parsed or written last for that version, else parsed from
+        the view's text; raises JobNotFound when it holds none."""
+        parsed = self._parsed.get(job)
+        if parsed is not None and parsed[0] == view.version:
+            self._parsed.move_to_end(job)
+            return parsed[1]
+        if view.text is None:
+            raise JobNotFound(job)
+        at = view.cancelled_at
+        record = record_from(json.loads(view.text), clock=self.clock if at is None else lambda: at)
+        self.parses += 1
+        self._keep_parsed(job, view.version, record)
+        return record
+
+    def _keep_parsed(self, job: str, version: str, record: Record) -> None:
+        self._parsed[job] = (version, record)
+        self._parsed.move_to_end(job)
+        while len(self._parsed) > PARSED:
+            self._parsed.popitem(last=False)
 
     async def owner_reference(self, api: object, namespace: str, name: str) -> Mapping[str, Any]:
         """The DispatchJob as the controlling ownerReference of its objects, from the uid the store
@@ -295,7 +285,7 @@ class KubeRecordStore:
     def remember(self, job: str, body: Body) -> None:
         """A version of ``job`` this process wrote otherwise (the loop's finalizer patch), kept as if
         read: the next step finds it without a GET, and its write is not a 409 against it."""
-        self._remember(job, view_of(body))
+        self._remember(job, view_of(body, self.clock))
 
     # -- writing
 
@@ -327,8 +317,7 @@ class KubeRecordStore:
             status.update(observing if observing is not None else seen.observed)
         # The status written holds the record (its cancel request too): the new version's record is
         # this one, so it is not parsed again.
-        written = (cast(Record, compact(record)), record.cancel is not None)
-        return await self._put_status(record.job, status, expected, written)
+        return await self._put_status(record.job, status, expected, record)
 
     def observed(self, job: str) -> dict[str, str]:
         """The observed fields of the last version of ``job`` this store read or wrote ({} if none)."""
@@ -355,25 +344,9 @@ class KubeRecordStore:
         seen = await self._seen_at(job, expected)
         if seen.observed == fields:
             return None
-        status = self._status_without_observed(job, seen)
-        carried = (seen.record, seen.cancel_in_status) if seen.record is not None else None
-        return await self._put_status(job, {**status, **fields}, expected, carried)
-
-    def _status_without_observed(self, job: str, seen: JobView) -> dict[str, Any]:
-        """The status of ``seen``'s version without the observed fields: from its body while it has
-        one, else rebuilt from its record as :meth:`put` writes it (the status holds nothing else)."""
-        if seen.body is not None:
-            status = seen.body.get("status") or {}
-            return {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
-        record = self.record(job, seen)
-        if not seen.cancel_in_status:  # a cancel request only in spec.cancel stays out of the status
-            record = record.model_copy(update={"cancel": None})
-        rebuilt = record_status(record)
-        if seen.observed_generation is not None:
-            rebuilt["observedGeneration"] = seen.observed_generation
-        if seen.packed_conditions:
-            rebuilt["conditions"] = seen.conditions()
-        return rebuilt
+        parsed = self._parsed.get(job)
+        carried = parsed[1] if parsed is not None and parsed[0] == seen.version else None
+        return await self._put_status(job, {**seen.status_without_observed(), **fields}, expected, carried)
 
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused (Ready=False, Stalled=True, why)."""
@@ -401,10 +374,10 @@ class KubeRecordStore:
         job: str,
         status: dict[str, Any],
         expected: str,
-        record: tuple[Record, bool] | None = None,
+        record: Record | None = None,
     ) -> str:
-        """PUT ``status`` at ``expected``; ``record``: the written version's record (and whether
-        its cancel request is in the status), when the caller knows it."""
+        """PUT ``status`` at ``expected``; ``record``: the written version's record, when the caller
+        knows it."""
         namespace, name = split_job(job)
         body = {
             "apiVersion": API_VERSION,
@@ -416,17 +389,15 @@ class KubeRecordStore:
             written = await self.objects.replace_status(namespace, name, body)
         except Conflict:
             self.conflicts += 1
-            self._views.pop(job, None)
-            self._fresh.discard(job)
+            self._forget(job)
             raise VersionConflict(job, expected) from None
         except NotFound:
             raise JobNotFound(job) from None
         self.writes += 1
-        view = view_of(written)
+        view = view_of(written, self.clock)
         cancelled = bool((written.get("spec") or {}).get("cancel"))
-        if record is not None and view.recorded and (record[0].cancel is not None or not cancelled):
-            view.record, view.cancel_in_status = record
-            view.body = None
+        if record is not None and view.recorded and (record.cancel is not None or not cancelled):
+            self._keep_parsed(job, view.version, record)
         self._remember(job, view)
         return view.version
 
@@ -434,6 +405,11 @@ class KubeRecordStore:
         self._views[job] = view
         if self.cache:
             self._fresh.add(job)
+
+    def _forget(self, job: str) -> None:
+        self._views.pop(job, None)
+        self._fresh.discard(job)
+        self._parsed.pop(job, None)
 
     # -- watching
 
@@ -449,8 +425,7 @@ class KubeRecordStore:
                 if not wakes:
                     del self._subscribers[job]
                     if not self._listeners:
-                        self._fresh.discard(job)
-                        self._views.pop(job, None)
+                        self._forget(job)
 
         return unsubscribe
 
@@ -489,8 +464,7 @@ class KubeRecordStore:
             return
         job = job_id(meta["namespace"], meta["name"])
         if event.type == "DELETED":
-            self._fresh.discard(job)
-            self._views.pop(job, None)
+            self._forget(job)
         elif self.cache and (self._listeners or job in self._subscribers):
             # Keep the newest version: an event older than our own last write (the watch lags) is
             # not, and one of the version known (the echo of our own write, a relist) changes nothing.
@@ -499,7 +473,7 @@ class KubeRecordStore:
                 known.version != meta.get("resourceVersion")
                 and (resource_version(event.object) or 0) >= (_revision(known.version) or 0)
             ):
-                self._remember(job, view_of(event.object))
+                self._remember(job, view_of(event.object, self.clock))
         elif job in self._fresh and self._views[job].version != meta.get("resourceVersion"):
             self._fresh.discard(job)
         for listener in tuple(self._listeners):
