@@ -140,12 +140,16 @@ async def per_job(backend: str, copies: int, *, slim: bool) -> tuple[float, int]
         cache._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer
         for job in renamed(events, copies):
             for res, kind, text in job:
+                # As the informers hand them on: projected (or not, with the patch above) and packed.
                 obj = json.loads(text)
-                handler = cache._object_changed if res == resource else cache._pod_changed
-                if kind == "DELETED":
-                    handler(obj, None)
+                if res == resource:
+                    handler, kept = cache._object_changed, cache._packed(obj)
                 else:
-                    handler(None, obj)
+                    handler, kept = cache._pod_changed, cache._packed_pod(obj)
+                if kind == "DELETED":
+                    handler(kept, None)
+                else:
+                    handler(None, kept)
         for jid in sorted({t.job for t in cache._tracked.values() if t.job}):
             await cache.list(jid)  # as the supervisor does: the verdict and the last view are kept
         gc.collect()

@@ -9,11 +9,14 @@ interpreter, one after another and again for ``--rounds`` rounds (so the trees s
 load), the process time per body of:
 
 - ``decode``: one list page as the informer reads it (``json.loads``);
-- ``compacted``: the informer's projection of the page (``_informer.compacted``);
+- ``compacted``: the informer's projection of the page as it keeps it (``_informer.compacted``;
+  trees with ``_informer.Packed``: each projection packed);
 - ``handler``: the kit's handler's projection of what the informer kept (trees before 8b22703
   projected again there; later trees hand the projection on: 0);
-- ``record``: one DispatchJob's record parsed as the store parses it (``compact(record_from)``),
-  every one kept, as the store keeps them (the shared parts live as long as a record holds them).
+- ``record``: one DispatchJob's view made and its record parsed as the store does: trees before
+  this round ``compact(record_from(body))``, every record kept (the shared parts live as long as
+  a record holds them); later trees ``view_of(body)`` (its record's text kept) and the record parsed
+  from that text, not kept.
 
 Bodies: every recorded PyTorchJob and pod state in tests/unit/data/kubeflow/ (recorded from the lab),
 as pages of 100, and the DispatchJob in bench/data/dispatchjob.json (read with kubectl from
@@ -52,7 +55,7 @@ def measure(tree: Path) -> dict[str, float]:
     import gc
 
     from dispatch._api import record_from
-    from dispatch._kube.store import compact
+    from dispatch._kube import store
     from dispatch._kubeclient import _informer
     from dispatch._kubeflow import PYTORCHJOB
     from dispatch._workload import POD, project, project_object, project_pod
@@ -62,6 +65,7 @@ def measure(tree: Path) -> dict[str, float]:
         "new = self._project(new)"
         in (tree / "operator" / "dispatch" / "_workload" / "_backend.py").read_text()
     )
+    packed = getattr(_informer, "Packed", None)
     shape = object_shape(PYTORCHJOB)
     gc.disable()  # as during a restart (StartupCollector)
     out: dict[str, float] = {}
@@ -85,7 +89,10 @@ def measure(tree: Path) -> dict[str, float]:
                 page_items = page["items"]
                 del page
                 start = time.process_time()
-                kept = _informer.compacted(proj, page_items)
+                if packed is not None:  # each projection packed as it is made
+                    kept = [packed(proj(item)) for item in page_items]
+                else:
+                    kept = _informer.compacted(proj, page_items)
                 comp += time.process_time() - start
                 if handler_projects:
                     start = time.process_time()
@@ -96,10 +103,16 @@ def measure(tree: Path) -> dict[str, float]:
         out[f"{name}_compacted_us"] = comp / n / 5 * 1e6
         out[f"{name}_handler_us"] = hand / n / 5 * 1e6
     dispatchjob = json.loads((REPO / "bench" / "data" / "dispatchjob.json").read_text())
-    kept_records = []  # the store keeps every job's record (and so the shared parts' weak table)
+    jobs: list[Any] = []  # what the store keeps of every job
+    compact = getattr(store, "compact", None)
     start = time.process_time()
     for _ in range(500):
-        kept_records.append(compact(record_from(dispatchjob)))
+        if compact is not None:  # the record parsed once per version, compacted and kept
+            jobs.append(compact(record_from(dispatchjob)))
+        else:  # the view's text kept, the record parsed from it when a turn needs it
+            view = store.view_of(dispatchjob)
+            jobs.append(view)
+            record_from(json.loads(view.text or "{}"))
     out["record_us"] = (time.process_time() - start) / 500 * 1e6
     return out
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from dispatch._kubeclient import Packed
 from dispatch._model import ObjectView
 from dispatch._workload import WorkloadBackend, parse_time
 
@@ -171,21 +172,21 @@ async def replay(
     made.append(backend)
     # The watches are this replay: no informer runs.
     backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]
-    seen: dict[tuple[str, str], Body] = {}
+    seen: dict[tuple[str, str], Packed] = {}
     for event in events:
         obj, key = event["object"], (event["resource"], event["object"]["metadata"]["name"])
         before = seen.get(key)
-        # As the informer does: each body projected as its event arrives, the handlers given projections.
-        project: Callable[[Body], Body]
+        # As the informer does: each body projected and packed as its event arrives.
+        pack: Callable[[Body], Packed]
         if event["resource"] == resource:
-            handler, project = backend._object_changed, backend._project
+            handler, pack = backend._object_changed, backend._packed
         else:
-            handler, project = backend._pod_changed, backend._project_pod
+            handler, pack = backend._pod_changed, backend._packed_pod
         if event["type"] == "DELETED":
             seen.pop(key, None)
-            handler(before or project(obj), None)
+            handler(before or pack(obj), None)
         else:
-            seen[key] = kept = project(obj)
+            seen[key] = kept = pack(obj)
             handler(before, kept)
     obj = final(data, resource)[0]
     labels = obj["metadata"]["labels"]

@@ -52,7 +52,7 @@ def watched_events(backend: WorkloadBackend, data: Body) -> list[Body]:
 
 def listed(backend: WorkloadBackend) -> None:
     """As if the backend's Events watches had listed (no informer runs in these tests)."""
-    informer = Informer(
+    informer: Informer[Body] = Informer(
         backend.api, "/api/v1/events", label_selector="", on_change=backend._event_changed, what="events"
     )
     informer.synced.set()
@@ -185,7 +185,7 @@ async def test_an_event_of_a_tracked_object_is_kept_slim_under_it_and_wakes_its_
     observer.append(backend)
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._project(pytorchjob()))
+    backend._object_changed(None, backend._packed(pytorchjob()))
     wakes.clear()
     event = preempted("train-1-master-0")
     backend._event_changed(None, project_event(event))
@@ -205,7 +205,7 @@ async def test_events_about_pods_that_are_not_the_kits_are_not_indexed(
 ) -> None:
     backend, _ = kit()
     observer.append(backend)
-    backend._object_changed(None, backend._project(pytorchjob()))
+    backend._object_changed(None, backend._packed(pytorchjob()))
     for pod in ("train-1x-master-0", "other-7-abc12", "train-1-launcher-0", "nodash"):
         backend._event_changed(None, project_event(preempted(pod)))
     backend._event_changed(None, project_event(preempted("train-1-master-0", namespace="elsewhere")))
@@ -222,7 +222,7 @@ async def test_an_event_before_its_object_waits_for_it_bounded(
     observer.append(backend)
     backend._event_changed(None, project_event(preempted("train-1-master-0")))
     assert "team/train-1" in backend._early_events
-    backend._object_changed(None, backend._project(pytorchjob()))
+    backend._object_changed(None, backend._packed(pytorchjob()))
     assert list(backend._evidence) == ["team/train-1"]
     assert "team/train-1" not in backend._early_events
     monkeypatch.setattr(backend_module, "MAX_EARLY_EVENTS", 3)
@@ -236,7 +236,7 @@ async def test_only_events_from_after_the_objects_creation_count(observer: list[
     backend, _ = kit()
     observer.append(backend)
     backend.subscribe("team/train", lambda: None)
-    backend._object_changed(None, backend._project(pytorchjob()))
+    backend._object_changed(None, backend._packed(pytorchjob()))
     backend._event_changed(
         None, project_event(preempted("train-1-master-0", at="2026-12-01T11:59:58.000000Z"))
     )
@@ -252,15 +252,15 @@ async def test_the_index_drops_deleted_events_forgotten_and_recorded_objects(
     backend, _ = kit()
     observer.append(backend)
     for name in ("train-1", "train-2", "train-3"):
-        backend._object_changed(None, backend._project(pytorchjob(name)))
+        backend._object_changed(None, backend._packed(pytorchjob(name)))
         backend._event_changed(None, project_event(preempted(f"{name}-master-0")))
     assert sorted(backend._evidence) == ["team/train-1", "team/train-2", "team/train-3"]
     backend._event_changed(project_event(preempted("train-1-master-0")), None)  # the API server's TTL
-    backend._object_changed(backend._project(pytorchjob("train-2")), None)  # deleted
+    backend._object_changed(backend._packed(pytorchjob("train-2")), None)  # deleted
     recorded = pytorchjob("train-3", annotations={"dispatch.dev/ended": '{"kind":"preempted","detail":"x"}'})
     recorded["metadata"]["resourceVersion"] = "11"
     backend._object_changed(
-        backend._project(pytorchjob("train-3")), backend._project(recorded)
+        backend._packed(pytorchjob("train-3")), backend._packed(recorded)
     )  # its cause is written on it
     assert backend._evidence == {}
 
@@ -274,7 +274,7 @@ async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_reques
     observer.append(backend)
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._project(pytorchjob()))
+    backend._object_changed(None, backend._packed(pytorchjob()))
     [view] = await backend.list("team/train")
     assert view.phase is Phase.ENDED
     assert view.cause is not None
@@ -298,7 +298,7 @@ async def test_a_mass_preemption_costs_no_events_read(observer: list[WorkloadBac
     jobs = [f"team/j{i}" for i in range(1000)]
     for i, job in enumerate(jobs):
         backend.subscribe(job, lambda: None)
-        backend._object_changed(None, pytorchjob(f"j{i}-1"))
+        backend._object_changed(None, backend._packed(pytorchjob(f"j{i}-1")))
         backend._event_changed(None, project_event(preempted(f"j{i}-1-master-0")))
     causes = {v.cause.kind for job in jobs for v in await backend.list(job) if v.cause is not None}
     assert causes == {CauseKind.PREEMPTED}

@@ -71,8 +71,8 @@ def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, Rec
     backend = KubeflowBackend(api, clock=lambda: 1.8e9)  # type: ignore[arg-type]
     backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
-    backend._object_changed(None, backend._project(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._project_pod(preempted_pod()))
+    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
+    backend._pod_changed(None, backend._packed_pod(preempted_pod()))
     return backend, api
 
 

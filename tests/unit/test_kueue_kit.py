@@ -126,7 +126,7 @@ async def made() -> AsyncIterator[list[WorkloadBackend]]:
 
 @pytest.fixture(autouse=True)
 def _no_watch(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def idle(self: Informer) -> None:
+    async def idle(self: Informer[Any]) -> None:
         self.synced.set()
         await asyncio.sleep(3600)
 

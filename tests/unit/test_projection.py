@@ -233,10 +233,11 @@ async def test_the_backend_lists_the_same_on_projections(
     """The recordings through the backend's own watch handlers, in every order and after a restart:
     the views are the ones the whole bodies give."""
     slim = await views(backend, name, observer)
-    cached = [t.current() for b in observer for t in b._tracked.values()]
-    cached += [p for b in observer for t in b._tracked.values() for p in t.pods.values()]
+    packed = [t.current() for b in observer for t in b._tracked.values()]
+    packed += [p for b in observer for t in b._tracked.values() for p in t.pods.values()]
+    cached = [p.body() for p in packed if p is not None]
     assert cached
-    assert all(set((c or {}).get("metadata", {})) <= {*METADATA, "managedFields"} for c in cached)
+    assert all(set(c.get("metadata", {})) <= {*METADATA, "managedFields"} for c in cached)
     with monkeypatch.context() as patched:
         patched.setattr(WorkloadBackend, "_project_pod", lambda self, pod: pod)
         patched.setattr(WorkloadBackend, "_project", lambda self, body: body)

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from dispatch._kubeclient import Connection, CustomObjects, Informer, KubeClient, request, streamed
+from dispatch._kubeclient import Body, Connection, CustomObjects, Informer, KubeClient, request, streamed
 from tests.support.controlplane import _cert_pem, _issue, _key_pem, _make_ca
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -134,7 +134,7 @@ async def test_streamed_aborts_a_response_left_mid_read(tmp_path: Path) -> None:
 
 async def test_the_informers_watch_cancelled_mid_read_closes_its_socket(client: KubeClient) -> None:
     async def follow(first: asyncio.Event) -> None:
-        informer = Informer(
+        informer: Informer[Body] = Informer(
             client,
             "/api/v1/namespaces/ns/pods",
             label_selector="a=b",

@@ -11,6 +11,7 @@ from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._capabilities import KUBEFLOW
 from dispatch._errors import PlanError
 from dispatch._job import JOB
+from dispatch._kubeclient import Packed
 from dispatch._kubeflow._pytorchjob import PYTORCHJOB
 from dispatch._model import (
     Action,
@@ -44,19 +45,19 @@ def test_a_restart_rule_is_refused_where_no_scheduler_enforces_it() -> None:
 
 def test_our_own_write_shows_until_the_watch_brings_it_or_something_newer() -> None:
     state = _Tracked()
-    ours = {"metadata": {"resourceVersion": "12"}, "spec": {"mine": True}}
+    ours = Packed({"metadata": {"resourceVersion": "12"}, "spec": {"mine": True}})
     state.overlay = ours
     assert state.current() is ours
-    state.body = {"metadata": {"resourceVersion": "11"}}
+    state.body = Packed({"metadata": {"resourceVersion": "11"}})
     assert state.current() is ours  # the watch lags our write
-    newer = {"metadata": {"resourceVersion": "13"}}
+    newer = Packed({"metadata": {"resourceVersion": "13"}})
     state.body = newer
     assert state.current() is newer
 
 
 def test_a_forgotten_object_keeps_only_its_running_pods() -> None:
-    state = _Tracked(job="ns/a", body={"metadata": {}}, ended_by_us=True, restarts=3)
-    state.pods["ns/a-1-x"] = {"status": {"phase": "Running"}}
+    state = _Tracked(job="ns/a", body=Packed({"metadata": {}}), ended_by_us=True, restarts=3)
+    state.pods["ns/a-1-x"] = Packed({"status": {"phase": "Running"}})
     left = state.forgotten()
     assert left.pods == state.pods
     assert (left.body, left.overlay, left.ended_by_us, left.restarts, left.stop) == (

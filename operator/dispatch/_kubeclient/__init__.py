@@ -31,7 +31,7 @@ from ._http import (
     streamed,
     urgent,
 )
-from ._informer import Informer, OnChange, key_of, resource_version
+from ._informer import Informer, OnChange, Packed, key_of, resource_version
 from ._objects import (
     FIELD_MANAGER,
     ApiError,
@@ -69,6 +69,7 @@ __all__ = [
     "KubeError",
     "NotFound",
     "OnChange",
+    "Packed",
     "WatchEvent",
     "WriteLimiter",
     "client_for",

@@ -59,6 +59,7 @@ from .._kubeclient import (
     Client,
     Informer,
     KubeError,
+    Packed,
     key_of,
     request,
     resource_version,
@@ -156,12 +157,13 @@ class _Tracked:
 
     job: str | None = None
     """The job it belongs to, from its labels (or the create that made it)."""
-    body: Body | None = None
-    """As the watch last showed it."""
-    overlay: Body | None = None
-    """The body of our own last write, until the watch shows it (or something newer)."""
-    pods: dict[str, Body] = field(default_factory=dict)
-    """Its pods by key, from the pod watch (kept after the object goes, while they still run)."""
+    body: Packed | None = None
+    """Its projection as the watch last showed it (packed: :meth:`Packed.body` decodes it)."""
+    overlay: Packed | None = None
+    """The projection of our own last write, until the watch shows it (or something newer)."""
+    pods: dict[str, Packed] = field(default_factory=dict)
+    """Its pods' projections by key, from the pod watch (kept after the object goes, while they
+    still run)."""
     ended_by_us: bool = False
     retained: Evidence | None = None
     """What a pod said about the end of the object, kept for when the pod is gone."""
@@ -177,13 +179,16 @@ class _Tracked:
     stop: _Stop | None = None
     sweeping: bool = False
 
-    def current(self) -> Body | None:
+    def current(self) -> Packed | None:
         mine, cached = self.overlay, self.body
         if mine is None:
             return cached
-        if cached is None or (resource_version(mine) or 0) > (resource_version(cached) or 0):
+        if cached is None or (mine.version or 0) > (cached.version or 0):
             return mine
         return cached
+
+    def pod_bodies(self) -> builtins.list[Body]:
+        return [pod.body() for pod in self.pods.values()]
 
     def forgotten(self) -> _Tracked:
         """What is left once the object is gone from the API server: its pods still running."""
@@ -259,7 +264,7 @@ class WorkloadBackend:
         self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
-        self._informers: list[Informer] = []
+        self._informers: list[Informer[Packed]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
         self._by_job: dict[str, set[str]] = {}  # job id -> ids of its tracked objects
@@ -270,7 +275,8 @@ class WorkloadBackend:
         self._nodes: dict[str, tuple[bool, float]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._events: dict[str, tuple[float, list[Body]]] = {}  # namespace -> (until, disruption events)
-        self._event_informers: dict[str | None, list[Informer]] = {}  # scope -> its disruption Events watches
+        # scope -> its disruption Events watches
+        self._event_informers: dict[str | None, list[Informer[Body]]] = {}
         self._evidence: dict[str, dict[str, Body]] = {}  # object id -> {event key: slim Event about it}
         self._early_events: OrderedDict[str, dict[str, Body]] = OrderedDict()  # the same, object not seen yet
         self._events_reading: dict[str, asyncio.Future[list[Body]]] = {}  # namespace -> the read in flight
@@ -504,7 +510,7 @@ class WorkloadBackend:
             return view
         now = time.monotonic()
         lost = {node for node, (is_lost, until) in self._nodes.items() if is_lost and until > now}
-        for pod in tracked.pods.values():
+        for pod in tracked.pod_bodies():
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             deleting = pod.get("metadata", {}).get("deletionTimestamp")
@@ -560,8 +566,8 @@ class WorkloadBackend:
             return
         loop = asyncio.get_running_loop()
         scopes: Sequence[str | None] = self.namespaces or (None,)
-        objects: list[Informer] = []
-        pods: list[Informer] = []
+        objects: list[Informer[Packed]] = []
+        pods: list[Informer[Packed]] = []
         for ns in scopes:
             where = f" in {ns}" if ns else ""
             objects.append(
@@ -572,6 +578,7 @@ class WorkloadBackend:
                     on_change=self._object_changed,
                     on_relist=self._relisted,
                     project=self._project,
+                    pack=Packed,
                     what=f"{self.kind.resource.plural}{where}",
                 )
             )
@@ -582,6 +589,7 @@ class WorkloadBackend:
                     label_selector=SELECTOR,
                     on_change=self._pod_changed,
                     project=self._project_pod,
+                    pack=Packed,
                     what=f"pods{where}",
                 )
             )
@@ -610,7 +618,7 @@ class WorkloadBackend:
             for i in informers
         ]
 
-    async def _watch_events(self, informer: Informer, objects: Sequence[Informer]) -> None:
+    async def _watch_events(self, informer: Informer[Body], objects: Sequence[Informer[Packed]]) -> None:
         """The disruption Events, listed once the objects are: every Event about an object that
         exists then finds it tracked (the others wait in :attr:`_early_events` for their object)."""
         await asyncio.gather(*(i.synced.wait() for i in objects))
@@ -619,7 +627,8 @@ class WorkloadBackend:
     async def _synced(self) -> None:
         self._start()
         kueue = self._workloads.informers if self._workloads is not None else []
-        pending = [i for i in (*self._informers, *kueue) if not i.synced.is_set()]
+        every: tuple[Informer[Any], ...] = (*self._informers, *kueue)
+        pending = [i for i in every if not i.synced.is_set()]
         if not pending:
             return
         try:
@@ -653,13 +662,21 @@ class WorkloadBackend:
         """What the cache keeps of a pod (``_classify.POD``)."""
         return project_pod(pod)
 
-    def _object_changed(self, old: Body | None, new: Body | None) -> None:
-        # ``old`` and ``new`` are projections already (the informer projects each body as its
-        # event or list page arrives, :meth:`_remember` its own writes): not projected again here,
-        # which was one more walk of every object a restart lists.
-        body = new if new is not None else old
-        if body is None:
+    def _packed(self, body: Body) -> Packed:
+        """An object as the cache keeps it (its projection, packed), as its watch hands it on."""
+        return Packed(self._project(body))
+
+    def _packed_pod(self, pod: Body) -> Packed:
+        """A pod as the cache keeps it, as its watch hands it on."""
+        return Packed(self._project_pod(pod))
+
+    def _object_changed(self, old: Packed | None, new: Packed | None) -> None:
+        # ``old`` and ``new`` are packed projections already (the informer projects and packs each
+        # body as its event or list page arrives, :meth:`_remember` its own writes).
+        packed = new if new is not None else old
+        if packed is None:
             return
+        body = packed.body()
         oid = key_of(body)
         owner = owner_of(body)
         job = owner[0] if owner is not None else None
@@ -683,10 +700,10 @@ class WorkloadBackend:
             state.body = new
             self._index(oid, job)
             for pod in self._early.pop(oid, ()):
-                self._retain(oid, new, pod)
-            self._claim_events(oid, new)
+                self._retain(oid, body, pod)
+            self._claim_events(oid, body)
             mine = state.overlay
-            if mine is not None and (resource_version(new) or 0) >= (resource_version(mine) or 0):
+            if mine is not None and (new.version or 0) >= (mine.version or 0):
                 state.overlay = None
             self._check_stop(oid)
         self._wake(job)
@@ -699,14 +716,15 @@ class WorkloadBackend:
             return
         for state in builtins.list(self._tracked.values()):
             mine = state.overlay
-            if mine is not None and state.body is None and (resource_version(mine) or 0) <= listed:
+            if mine is not None and state.body is None and (mine.version or 0) <= listed:
                 self._object_changed(mine, None)
 
-    def _pod_changed(self, old: Body | None, new: Body | None) -> None:
-        # Projections, as for :meth:`_object_changed`.
-        body = new if new is not None else old
-        if body is None:
+    def _pod_changed(self, old: Packed | None, new: Packed | None) -> None:
+        # Packed projections, as for :meth:`_object_changed`.
+        packed = new if new is not None else old
+        if packed is None:
             return
+        body = packed.body()
         owner = owner_of(body)
         if owner is None:
             return
@@ -729,10 +747,10 @@ class WorkloadBackend:
         else:
             self._state(oid).pods[pod_key] = new
             if current is None:
-                self._keep_early(oid, new)
+                self._keep_early(oid, body)
             else:
-                self._retain(oid, current, new)
-                _, at = kind_evidence(self.kind, current, new, now=self._clock())
+                self._retain(oid, current, body)
+                _, at = kind_evidence(self.kind, current, body, now=self._clock())
                 if at is not None:
                     self._wake_at(f"pod:{pod_key}", job, at)
         if current is not None:
@@ -867,19 +885,22 @@ class WorkloadBackend:
     def _remember(self, oid: str, job: str | None, body: Body) -> None:
         """Our own write: newer than the cache until the watch brings it (or something newer) back."""
         body = self._project(body)
+        packed = Packed(body)
         state = self._state(oid)
         cached = state.body
-        if cached is not None and (resource_version(cached) or 0) >= (resource_version(body) or 0):
+        if cached is not None and (cached.version or 0) >= (packed.version or 0):
             return
-        state.overlay = body
+        state.overlay = packed
         owner = owner_of(body)
         self._index(oid, job if job is not None else (owner[0] if owner is not None else None))
         self._tombstones.pop(oid, None)
         self._claim_events(oid, body)
 
     def _current(self, oid: str) -> Body | None:
+        """The object's projection, newest of the watch's and our own last write's (a copy)."""
         state = self._tracked.get(oid)
-        return state.current() if state is not None else None
+        packed = state.current() if state is not None else None
+        return packed.body() if packed is not None else None
 
     def _ids_of(self, job: str) -> set[str]:
         return set(self._by_job.get(job, ()))
@@ -922,7 +943,7 @@ class WorkloadBackend:
         return classify(
             self.kind,
             body,
-            builtins.list(state.pods.values()),
+            state.pod_bodies(),
             now=self._clock(),
             gone_nodes=gone,
             retained=state.retained,
@@ -991,7 +1012,7 @@ class WorkloadBackend:
         seen = sum(state.incarnations.values())
         key = (
             resource_version(body),
-            tuple(sorted((k, resource_version(p)) for k, p in state.pods.items())),
+            tuple(sorted((k, p.version) for k, p in state.pods.items())),
             state.retained,
             state.last_restart,
             seen,
@@ -999,7 +1020,7 @@ class WorkloadBackend:
         )
         if state.verdict is not None and state.verdict[0] == key:
             return state.verdict[1]
-        pods = builtins.list(state.pods.values())
+        pods = state.pod_bodies()
         lost: set[str] = set()
         uses_nodes = False
         for pod in pods:
@@ -1174,7 +1195,7 @@ class WorkloadBackend:
             failed_pod = any(
                 p.get("status", {}).get("phase") == "Failed"
                 and not p.get("metadata", {}).get("deletionTimestamp")
-                for p in state.pods.values()
+                for p in state.pod_bodies()
             )
             deferrable = failed_pod and not self.kind.in_place(body)
         stop = _Stop(oid, owner[0], owner[1], cause, deferrable=deferrable, settle_waits=after_grace)
@@ -1381,7 +1402,7 @@ class WorkloadBackend:
         tracked = self._tracked.get(oid)
         alive = [
             p
-            for p in (tracked.pods.values() if tracked is not None else ())
+            for p in (tracked.pod_bodies() if tracked is not None else ())
             if not p.get("metadata", {}).get("deletionTimestamp")
             and p.get("status", {}).get("phase") in ("Running", "Pending")
         ]
@@ -1516,4 +1537,4 @@ class WorkloadBackend:
     def watch_events(self) -> int:
         """How many watch events the shared watches have delivered (not counting lists)."""
         events = (i for informers in self._event_informers.values() for i in informers)
-        return sum(i.events for i in (*self._informers, *events))
+        return sum(i.events for i in self._informers) + sum(i.events for i in events)
