@@ -15,14 +15,17 @@ several times over, too much for creating a thousand jobs on a loaded machine).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import enum
 import gc
 import importlib
 import json
 import os
+import re
 import signal
 import sys
+import tempfile
 import tracemalloc
 from pathlib import Path
 from types import FrameType
@@ -86,6 +89,62 @@ def structures() -> list[dict[str, Any]]:
     return sorted(out, key=lambda s: -int(s["bytes"]))
 
 
+PYMALLOC = {
+    "arenas": r"# arenas allocated current\s*=\s*([\d,]+)",
+    "allocated_blocks_bytes": r"# bytes in allocated blocks\s*=\s*([\d,]+)",
+    "available_blocks_bytes": r"# bytes in available blocks\s*=\s*([\d,]+)",
+    "unused_pools_bytes": r"unused pools \* \d+ bytes\s*=\s*([\d,]+)",
+    "arenas_bytes": r"arenas \* \d+ bytes/arena\s*=\s*([\d,]+)",
+}
+"""What is read of ``sys._debugmallocstats()`` (the first match of each)."""
+MALLINFO2 = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2]
+
+
+def allocator() -> dict[str, int]:
+    """Where the process's heap is, by allocator: pymalloc's arenas (objects of up to 512 bytes;
+    ``sys._debugmallocstats``, which writes to the C stderr) and glibc's malloc (everything larger:
+    ``mallinfo2``: ``arena`` bytes from the heap, ``uordblks`` of them in use, ``fordblks`` free,
+    ``hblkhd`` in mmapped blocks). The RSS beyond what is in use in both is what they keep free."""
+    out: dict[str, int] = {}
+    with tempfile.TemporaryFile() as stats:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(stats.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        stats.seek(0)
+        text = stats.read().decode(errors="replace")
+    for key, pattern in PYMALLOC.items():
+        found = re.search(pattern, text)
+        if found is not None:
+            out[f"pymalloc_{key}"] = int(found.group(1).replace(",", ""))
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+        info = libc.mallinfo2()
+        for name in ("arena", "uordblks", "fordblks", "hblkhd"):
+            out[f"malloc_{name}"] = int(getattr(info, name))
+    return out
+
+
 def _dump(count: list[int]) -> None:
     n = count[0]
     count[0] += 1
@@ -96,8 +155,12 @@ def _dump(count: list[int]) -> None:
             tracemalloc.stop()  # from here on the operator runs at full speed (and without the traces)
         return
     try:  # the child: the operator's memory as it was at the fork
-        gc.collect()
         facts: dict[str, Any] = {}
+        try:  # first: before this child allocates anything
+            facts["allocator"] = allocator()
+        except Exception as error:
+            facts["allocator_error"] = repr(error)
+        gc.collect()
         try:
             facts["structures"] = structures()
         except Exception as error:  # say so in the facts rather than leave the bench waiting

@@ -22,7 +22,12 @@ not change the operator's memory). Printed, per job over the empty operator:
   followed through their data: the record store's caches, the loop's maps, the kit's caches), by
   their deep size.
 
-``--frames 0`` runs the operator untraced (RSS and structures only).
+- where the heap is, by allocator (``allocator``, in MiB, and the same for the empty operator):
+  pymalloc's arenas (objects up to 512 bytes) and the bytes in use in them, and glibc malloc's
+  heap (``malloc_arena``), in use (``uordblks``), free (``fordblks``) and mmapped (``hblkhd``):
+  what the RSS holds beyond the bytes in use is what the allocators keep free.
+
+``--frames 0`` runs the operator untraced (RSS, structures and allocators only).
 """
 
 from __future__ import annotations
@@ -168,6 +173,10 @@ def analyse(base: Path, at: Path, jobs: int) -> dict[str, Any]:
             out[name] = growth(grouped(after, key), grouped(before, key), jobs)
         out["tracemalloc_overhead_mib"] = round(facts["tracemalloc_overhead_bytes"] / 2**20, 1)
         out["tracemalloc_overhead_empty_mib"] = round(empty["tracemalloc_overhead_bytes"] / 2**20, 1)
+    if "allocator" in facts:  # bytes in MiB (the arena count as it is), then and for the empty operator
+        allocators = (("allocator", facts["allocator"]), ("allocator_empty", empty.get("allocator") or {}))
+        for name, stats in allocators:
+            out[name] = {k: v if k == "pymalloc_arenas" else round(v / 2**20, 1) for k, v in stats.items()}
     out["structures"] = [
         {**s, "kib_per_job": round(s["bytes"] / 1024 / jobs, 2)}
         for s in facts["structures"]
