@@ -18,13 +18,14 @@ from dispatch._model import (
     Capabilities,
     CauseKind,
     JobSpec,
+    ObjectView,
     Phase,
     RecoveryPolicy,
     Rule,
 )
 from dispatch._plan import make_plan
 from dispatch._workload import Kind, classify
-from dispatch._workload._backend import _Tracked
+from dispatch._workload._backend import _Tracked, kept_view
 
 RULES = [
     (),
@@ -127,3 +128,22 @@ def test_a_kubelet_restart_is_a_restart_under_the_rule_and_an_end_without_it() -
     assert without.stop is not None
     assert without.stop.kind is CauseKind.NON_ZERO_EXIT
     assert without.stop.exit_code == 1
+
+
+def test_a_kept_view_shares_its_fields_set_and_reads_the_same() -> None:
+    """The kit's cache keeps each object's view with one shared ``model_fields_set`` per
+    combination of fields; what anyone reads of the view, or of a copy made from it, is unchanged."""
+
+    def view(i: int) -> ObjectView:
+        return ObjectView(id=f"ns/a-{i}", job=f"ns/a{i}", submission=1, phase=Phase.RUNNING, restarts=i)
+
+    fresh = [view(i) for i in range(2)]
+    kept = [kept_view(view(i)) for i in range(2)]
+    assert kept == fresh
+    assert kept[0].model_fields_set is kept[1].model_fields_set
+    assert kept[0].model_fields_set == fresh[0].model_fields_set
+    copied = kept[0].model_copy(update={"terminating": True})
+    assert copied.terminating
+    assert "terminating" not in kept[1].model_fields_set  # the copy added to its own set
+    other = kept_view(ObjectView(id="ns/b-1", job="ns/b", submission=1, phase=Phase.ENDED))
+    assert other.model_fields_set is not kept[0].model_fields_set

@@ -195,6 +195,21 @@ class _Tracked:
         return _Tracked(job=self.job, pods=self.pods)
 
 
+_fields_sets: dict[frozenset[str], set[str]] = {}
+
+
+def kept_view(view: ObjectView) -> ObjectView:
+    """``view`` as the cache keeps it (each object's verdict and last view): its
+    ``model_fields_set`` one shared set per combination of fields, where pydantic gives every
+    instance its own (a set of five names is 728 bytes, more than the rest of the view together).
+    The models are frozen, so nothing adds to the set in place; ``model_copy`` copies it first."""
+    fields = view.__pydantic_fields_set__
+    shared = _fields_sets.setdefault(frozenset(fields), fields)
+    if shared is not fields:
+        object.__setattr__(view, "__pydantic_fields_set__", shared)
+    return view
+
+
 def refused_for_good(error: KubeError) -> bool:
     """The API server (or an admission webhook, such as a controller's validator) refused the object
     itself: sending it again can only be refused again."""
@@ -489,7 +504,7 @@ class WorkloadBackend:
             else:
                 state.restarts = view.restarts
             view = vanished(view) if state.ended_by_us else self._stop_view(oid, body, verdict, view)
-            state.last_view = view
+            state.last_view = kept_view(view)
             if verdict.recheck_at is not None:
                 self._wake_at(f"recheck:{oid}", job, verdict.recheck_at)
             views.append(view)
@@ -1041,6 +1056,7 @@ class WorkloadBackend:
             workload=workload,
         )
         if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
+            kept_view(verdict.view)
             state.verdict = (key, verdict)  # neither the clock nor a node lookup can change it
         else:
             state.verdict = None
