@@ -312,6 +312,11 @@ class WorkQueue:
             done = self.idle.setdefault(job, asyncio.Event())
             await done.wait()
 
+    def wake_urgent(self, job: str) -> None:
+        """:meth:`enqueue` ``job`` urgently: the wake-up a backend calls on a change of its objects
+        (a ``partial`` of this holds no keyword dict: about 230 bytes less per supervised job)."""
+        self.enqueue(job, urgent=True)
+
     def enqueue(self, job: str, *, urgent: bool = False, first: bool = False) -> None:
         """Queue ``job`` for a turn; ``first`` (urgent only) puts it at the head of the urgent lane."""
         if job not in self.pending:

@@ -152,3 +152,26 @@ async def test_the_operator_loop_runs_as_many_workers_as_its_flag_says() -> None
     finally:
         await loop.stop()
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("dispatch-worker-")]
+
+
+async def test_a_backends_wake_up_puts_a_waiting_job_in_the_urgent_lane() -> None:
+    order: list[str] = []
+    both = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        order.append(job)
+        if len(order) == 2:
+            both.set()
+        return Turn.DONE
+
+    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
+    for job in ("a", "b"):
+        queue.add(job)
+    queue.wake_urgent("b")  # as the operator's loop subscribes each job to its backend
+    queue.wake_urgent("gone")  # not (or no longer) supervised: nothing to do
+    worker = asyncio.create_task(queue.work())
+    try:
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        worker.cancel()
+    assert order == ["b", "a"]

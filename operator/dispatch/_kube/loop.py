@@ -282,7 +282,7 @@ class SupervisionLoop:
         if record.settled:
             return Turn.DONE
         if job not in self._unsubscribe:
-            wake = functools.partial(self.queue.enqueue, job, urgent=True)
+            wake = functools.partial(self.queue.wake_urgent, job)
             self._unsubscribe[job] = backend.subscribe(job, wake)
         supervisor = self.supervisors[name]
         with urgent(False):
