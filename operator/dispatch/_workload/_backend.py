@@ -282,7 +282,8 @@ class WorkloadBackend:
         self._informers: list[Informer[Packed]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
-        self._by_job: dict[str, set[str]] = {}  # job id -> ids of its tracked objects
+        # job id -> ids of its tracked objects (a tuple: a job has a few, and a set of one is 216 bytes)
+        self._by_job: dict[str, tuple[str, ...]] = {}
         self._tombstones: OrderedDict[str, ObjectView] = OrderedDict()
         self._refused: dict[str, ObjectView] = {}  # object id -> a create refused for good (never existed)
         self._early: OrderedDict[str, list[Body]] = OrderedDict()  # pods seen before their object
@@ -667,7 +668,9 @@ class WorkloadBackend:
     def _index(self, oid: str, job: str | None) -> None:
         if job:
             self._state(oid).job = job
-            self._by_job.setdefault(job, set()).add(oid)
+            ids = self._by_job.get(job, ())
+            if oid not in ids:
+                self._by_job[job] = (*ids, oid)
 
     def _project(self, body: Body) -> Body:
         """What the cache keeps of an object of this kind (see ``_classify.object_shape``)."""
@@ -701,9 +704,11 @@ class WorkloadBackend:
                 state.body = None
             if job is not None:
                 ids = self._by_job.get(job)
-                if ids is not None:
-                    ids.discard(oid)
-                    if not ids:
+                if ids is not None and oid in ids:
+                    left = tuple(i for i in ids if i != oid)
+                    if left:
+                        self._by_job[job] = left
+                    else:
                         del self._by_job[job]
                 last = state.last_view if state is not None else None
                 if last is None:
