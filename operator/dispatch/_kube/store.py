@@ -9,16 +9,16 @@ so it lives here; how an object maps to a record, a refusal and conditions is
 :mod:`dispatch._api`'s (shared with the webhook, the handlers and the kubectl plugin).
 
 What the store keeps of a job is a :class:`JobView` (issue 13, "slim caches"): the metadata and
-status fields the loop and the writes need, and the part of the body its record is read from as
-one JSON text; the whole body only while there is no record (planning reads it). A record is
-parsed from that text when a turn needs it, and the last few parsed are kept (:data:`PARSED`).
+status fields the loop and the writes need, and the part of the body its record is read from,
+packed (its JSON text deflated: :class:`~dispatch._kubeclient.Packed`); the whole body only while
+there is no record (planning reads it). A record is parsed from that when a turn needs it, and the
+last few parsed are kept (:data:`PARSED`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import sys
 from collections import OrderedDict
@@ -50,6 +50,8 @@ from .._kubeclient import (
     Conflict,
     CustomObjects,
     NotFound,
+    Packed,
+    Packer,
     WatchEvent,
     resource_version,
     split_job,
@@ -66,13 +68,13 @@ OnEvent = Callable[[str, str, Body], None]
 
 PARSED: Final = 64
 """Records kept parsed, the most recently used (twice the loop's default workers): a turn parses its
-job's record once and its steps find it; a parsed Record is about 18 KB, its text about 1 KB."""
+job's record once and its steps find it; a parsed Record is about 18 KB, its packed text under 200 bytes."""
 
 
 @dataclass(slots=True)
 class JobView:
     """What the store keeps of one DispatchJob version: the few fields the loop and the writes need,
-    and, while it holds a record, the part of the body the record is read from as one JSON text.
+    and, while it holds a record, the part of the body the record is read from, packed.
 
     The whole body is kept only while the job has no record (planning reads it).
     """
@@ -96,11 +98,11 @@ class JobView:
     """The observed fields (:data:`OBSERVED_FIELDS`) as that version holds them."""
     body: Body | None
     """The whole body, while there is no record."""
-    text: bytes | None = None
+    text: Packed | None = None
     """While there is a record: its metadata's name, namespace, labels and annotations, its spec,
-    and its status without the conditions and the observed fields (held above), as JSON: one
-    allocation of about 1 KB, against about 2 KB for the record parsed and its parts shared, and
-    nothing for the allocator to keep when it is replaced."""
+    and its status without the conditions and the observed fields (held above), packed: about 1 KB
+    of JSON in under 200 bytes, against about 2 KB for the record parsed and its parts shared, and
+    one small block for the allocator."""
     cancelled_at: datetime | None = None
     """When ``spec.cancel`` was set (:func:`~dispatch._api.cancel_time`, read once: without a
     managedFields entry it is the time this version was seen, and every parse must agree)."""
@@ -114,7 +116,7 @@ class JobView:
         if self.text is None:
             status = (self.body or {}).get("status") or {}
             return {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
-        status = dict(json.loads(self.text)["status"])
+        status = dict(self.text.body()["status"])
         if self.packed_conditions:
             status["conditions"] = self.conditions()
         return status
@@ -136,7 +138,9 @@ _TEXT_METADATA: Final = ("name", "namespace", "labels", "annotations")
 """What :func:`~dispatch._api.record_from` reads of the metadata (the cancel time aside)."""
 
 
-def view_of(body: Body, clock: Callable[[], datetime] = utcnow) -> JobView:
+def view_of(
+    body: Body, clock: Callable[[], datetime] = utcnow, pack: Callable[[Body], Packed] = Packed
+) -> JobView:
     """The projection of one DispatchJob body (see :class:`JobView`).
 
     The body a view without a record keeps has no ``metadata.managedFields`` (a third of a
@@ -147,7 +151,7 @@ def view_of(body: Body, clock: Callable[[], datetime] = utcnow) -> JobView:
     spec = body.get("spec") or {}
     observed_generation = status.get("observedGeneration")
     recorded = has_record(body)
-    text: bytes | None = None
+    text: Packed | None = None
     cancelled_at: datetime | None = None
     if recorded:
         kept = {
@@ -155,7 +159,7 @@ def view_of(body: Body, clock: Callable[[], datetime] = utcnow) -> JobView:
             "spec": spec,
             "status": {k: v for k, v in status.items() if k != "conditions" and k not in OBSERVED_FIELDS},
         }
-        text = json.dumps(kept, separators=(",", ":")).encode()
+        text = pack(kept)
         if spec.get("cancel") and "cancel" not in status:
             cancelled_at = cancel_time(body, clock)
     elif "managedFields" in meta and not spec.get("cancel"):
@@ -207,6 +211,7 @@ class KubeRecordStore:
         """The last version of each job this store read, wrote or (for a cached job) was shown."""
         self._fresh: set[str] = set()
         """Jobs whose view is the newest the watch has shown: :meth:`get` may answer from it."""
+        self._pack = Packer()  # every job's record part packed against the first one's
         self._parsed: OrderedDict[str, tuple[str, Record]] = OrderedDict()
         """Job -> (version, its record): the last :data:`PARSED` records parsed or written."""
         self.objects = CustomObjects(api)
@@ -232,7 +237,7 @@ class KubeRecordStore:
             body = await self.objects.get(namespace, name)
         except NotFound:
             raise JobNotFound(job) from None
-        self._remember(job, view_of(body, self.clock))
+        self._remember(job, view_of(body, self.clock, self._pack))
         return body
 
     async def get(self, job: str) -> Versioned:
@@ -258,7 +263,7 @@ class KubeRecordStore:
         if view.text is None:
             raise JobNotFound(job)
         at = view.cancelled_at
-        record = record_from(json.loads(view.text), clock=self.clock if at is None else lambda: at)
+        record = record_from(view.text.body(), clock=self.clock if at is None else lambda: at)
         self.parses += 1
         self._keep_parsed(job, view.version, record)
         return record
@@ -285,7 +290,7 @@ class KubeRecordStore:
     def remember(self, job: str, body: Body) -> None:
         """A version of ``job`` this process wrote otherwise (the loop's finalizer patch), kept as if
         read: the next step finds it without a GET, and its write is not a 409 against it."""
-        self._remember(job, view_of(body, self.clock))
+        self._remember(job, view_of(body, self.clock, self._pack))
 
     # -- writing
 
@@ -394,7 +399,7 @@ class KubeRecordStore:
         except NotFound:
             raise JobNotFound(job) from None
         self.writes += 1
-        view = view_of(written, self.clock)
+        view = view_of(written, self.clock, self._pack)
         cancelled = bool((written.get("spec") or {}).get("cancel"))
         if record is not None and view.recorded and (record.cancel is not None or not cancelled):
             self._keep_parsed(job, view.version, record)
@@ -473,7 +478,7 @@ class KubeRecordStore:
                 known.version != meta.get("resourceVersion")
                 and (resource_version(event.object) or 0) >= (_revision(known.version) or 0)
             ):
-                self._remember(job, view_of(event.object, self.clock))
+                self._remember(job, view_of(event.object, self.clock, self._pack))
         elif job in self._fresh and self._views[job].version != meta.get("resourceVersion"):
             self._fresh.discard(job)
         for listener in tuple(self._listeners):

@@ -31,7 +31,7 @@ from ._http import (
     streamed,
     urgent,
 )
-from ._informer import Informer, OnChange, Packed, key_of, resource_version
+from ._informer import Informer, OnChange, Packed, Packer, key_of, resource_version
 from ._objects import (
     FIELD_MANAGER,
     ApiError,
@@ -70,6 +70,7 @@ __all__ = [
     "NotFound",
     "OnChange",
     "Packed",
+    "Packer",
     "WatchEvent",
     "WriteLimiter",
     "client_for",

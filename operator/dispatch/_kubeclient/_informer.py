@@ -10,8 +10,9 @@ is kept at all: every body is only handed on (``on_change(None, body)`` for each
 added or modified, ``on_change(body, None)`` for a deletion), for a consumer that keeps the few it
 needs itself (the kit's disruption Events: most of a namespace's are about pods that are not its own).
 A re-list then hands on every item again and cannot tell what was deleted meanwhile.
-With ``pack=Packed`` (and ``project``), what is kept and handed on is each projection as one JSON
-text (:class:`Packed`), decoded by whoever reads it: the workload kit's cache of objects and pods.
+With ``pack=Packer()`` (and ``project``), what is kept and handed on is each projection packed
+(:class:`Packed`: its JSON text, deflated), decoded by whoever reads it: the workload kit's cache
+of objects and pods.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import json
 import logging
 import random
+import zlib
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar, cast
 
@@ -57,20 +59,54 @@ def resource_version(body: Body | None) -> int | None:
 
 
 class Packed:
-    """One cached object as the JSON text of its projection, and its resourceVersion (issue 13,
-    "slim caches"): one allocation of about 600 bytes for a PyTorchJob or a pod, where the
-    projection's dicts, lists and strings take about 2 KB and stay spread over the allocator's
-    pools. :meth:`body` decodes it (each reader gets its own copy: nothing it changes is cached)."""
+    """One cached object (issue 13, "slim caches"): the JSON text of its projection, deflated with
+    zlib against a ``sample`` of its kind as the preset dictionary (a :class:`Packer`'s first text),
+    and its resourceVersion.
 
-    __slots__ = ("text", "version")
+    Objects of one kind repeat one another: the same keys, labels and words, names a few characters
+    apart. A PyTorchJob's or a pod's projection of about 600 bytes of JSON keeps about 110 bytes,
+    and a DispatchJob's record part (:class:`~dispatch._kube.store.JobView`) of about 1,000 bytes
+    keeps under 200, where the projection's dicts, lists and strings took about 2 KB spread over
+    the allocator's pools. Packing costs about 10 us; :meth:`body` about 1 us more than the JSON
+    decode, and each reader gets its own copy (nothing it changes is cached).
+    """
 
-    def __init__(self, body: Body) -> None:
-        self.text: Final = json.dumps(body, separators=(",", ":"))
+    __slots__ = ("data", "sample", "version")
+
+    def __init__(self, body: Body, sample: bytes = b"") -> None:
+        text = json.dumps(body, separators=(",", ":")).encode()
+        deflate = zlib.compressobj(wbits=-15, zdict=sample)  # raw deflate: no header, no checksum
+        self.data: Final = deflate.compress(text) + deflate.flush()
+        self.sample: Final = sample
         self.version: Final = resource_version(body)
 
+    def text(self) -> bytes:
+        """The projection's JSON text."""
+        inflate = (
+            zlib.decompressobj(wbits=-15, zdict=self.sample) if self.sample else zlib.decompressobj(wbits=-15)
+        )
+        return inflate.decompress(self.data) + inflate.flush()
+
     def body(self) -> Body:
-        decoded: Body = json.loads(self.text)
+        decoded: Body = json.loads(self.text())
         return decoded
+
+
+SAMPLE_MAX: Final = 32 * 1024
+"""zlib's window: a longer preset dictionary is cut to its end (far more than one object's text)."""
+
+
+class Packer:
+    """Packs the objects of one kind (one informer's, the record store's): the first text it packs
+    is the sample (see :class:`Packed`) of every later one, kept as long as they are."""
+
+    def __init__(self) -> None:
+        self.sample = b""
+
+    def __call__(self, body: Body) -> Packed:
+        if not self.sample:
+            self.sample = json.dumps(body, separators=(",", ":")).encode()[-SAMPLE_MAX:]
+        return Packed(body, self.sample)
 
 
 Kept = TypeVar("Kept")

@@ -60,6 +60,7 @@ from .._kubeclient import (
     Informer,
     KubeError,
     Packed,
+    Packer,
     key_of,
     request,
     resource_version,
@@ -282,6 +283,8 @@ class WorkloadBackend:
         self._informers: list[Informer[Packed]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
+        self._pack_object = Packer()  # what the cache keeps of each object (and pod): Packed
+        self._pack_pod = Packer()
         # job id -> ids of its tracked objects (a tuple: a job has a few, and a set of one is 216 bytes)
         self._by_job: dict[str, tuple[str, ...]] = {}
         self._tombstones: OrderedDict[str, ObjectView] = OrderedDict()
@@ -594,7 +597,7 @@ class WorkloadBackend:
                     on_change=self._object_changed,
                     on_relist=self._relisted,
                     project=self._project,
-                    pack=Packed,
+                    pack=self._pack_object,
                     what=f"{self.kind.resource.plural}{where}",
                 )
             )
@@ -605,7 +608,7 @@ class WorkloadBackend:
                     label_selector=SELECTOR,
                     on_change=self._pod_changed,
                     project=self._project_pod,
-                    pack=Packed,
+                    pack=self._pack_pod,
                     what=f"pods{where}",
                 )
             )
@@ -682,11 +685,11 @@ class WorkloadBackend:
 
     def _packed(self, body: Body) -> Packed:
         """An object as the cache keeps it (its projection, packed), as its watch hands it on."""
-        return Packed(self._project(body))
+        return self._pack_object(self._project(body))
 
     def _packed_pod(self, pod: Body) -> Packed:
         """A pod as the cache keeps it, as its watch hands it on."""
-        return Packed(self._project_pod(pod))
+        return self._pack_pod(self._project_pod(pod))
 
     def _object_changed(self, old: Packed | None, new: Packed | None) -> None:
         # ``old`` and ``new`` are packed projections already (the informer projects and packs each
@@ -905,7 +908,7 @@ class WorkloadBackend:
     def _remember(self, oid: str, job: str | None, body: Body) -> None:
         """Our own write: newer than the cache until the watch brings it (or something newer) back."""
         body = self._project(body)
-        packed = Packed(body)
+        packed = self._pack_object(body)
         state = self._state(oid)
         cached = state.body
         if cached is not None and (cached.version or 0) >= (packed.version or 0):
