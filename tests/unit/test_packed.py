@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dispatch._kubeclient import Packed, Packer, resource_version
+from dispatch._kubeclient._informer import SAMPLE_MAX
 from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import project_object, project_pod
 from dispatch._workload._classify import object_shape
@@ -57,3 +58,12 @@ def test_a_packed_body_without_a_sample_reads_back_and_each_reader_gets_its_own_
     assert packed.version == 7
     first["status"]["phase"] = "Failed"  # a reader's change is its own
     assert packed.body() == body
+
+
+def test_a_long_first_text_gives_a_sample_of_its_end_and_everything_reads_back() -> None:
+    pack = Packer()
+    long = {"metadata": {"name": "a"}, "status": {"message": "x" * (2 * SAMPLE_MAX)}}
+    first, second = pack(long), pack({"metadata": {"name": "b"}})
+    assert len(pack.sample) == SAMPLE_MAX
+    assert pack.sample == text(long)[-SAMPLE_MAX:]
+    assert (first.body(), second.body()) == (long, {"metadata": {"name": "b"}})

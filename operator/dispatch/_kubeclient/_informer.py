@@ -92,8 +92,9 @@ class Packed:
         return decoded
 
 
-SAMPLE_MAX: Final = 32 * 1024
-"""zlib's window: a longer preset dictionary is cut to its end (far more than one object's text)."""
+SAMPLE_MAX: Final = 4096
+"""The most of a first text kept as the sample (its end): several times a typical projection (about
+600 bytes), and a bound on the cost of setting zlib's dictionary for every object packed after it."""
 
 
 class Packer:
