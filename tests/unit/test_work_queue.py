@@ -5,33 +5,42 @@ once, and a persistent queue that retries what a one-shot run_all would give up.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from dispatch._supervisor import Turn, WorkQueue
 
 
-async def test_urgent_jobs_are_taken_before_routine_ones_queued_earlier() -> None:
+async def first_turns(n: int, prepare: Callable[[WorkQueue], None]) -> list[str]:
+    """The first ``n`` jobs one worker takes from a queue that ``prepare`` filled (each turn DONE)."""
     order: list[str] = []
-    three = asyncio.Event()
+    done = asyncio.Event()
 
     async def handle(job: str) -> Turn:
         order.append(job)
-        if len(order) == 3:
-            three.set()
+        if len(order) == n:
+            done.set()
         return Turn.DONE
 
     queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
-    for job in ("routine-a", "routine-b"):
-        queue.add(job)
-    queue.add("recovery", urgent=True)
-    queue.add("routine-a", urgent=True)  # already waiting: woken urgently, taken once
+    prepare(queue)
     worker = asyncio.create_task(queue.work())
     try:
-        await asyncio.wait_for(three.wait(), 10)
+        await asyncio.wait_for(done.wait(), 10)
     finally:
         worker.cancel()
-    assert order == ["recovery", "routine-a", "routine-b"]
+    return order
+
+
+async def test_urgent_jobs_are_taken_before_routine_ones_queued_earlier() -> None:
+    def prepare(queue: WorkQueue) -> None:
+        for job in ("routine-a", "routine-b"):
+            queue.add(job)
+        queue.add("recovery", urgent=True)
+        queue.add("routine-a", urgent=True)  # already waiting: woken urgently, taken once
+
+    assert await first_turns(3, prepare) == ["recovery", "routine-a", "routine-b"]
 
 
 async def test_a_recovery_under_way_goes_on_before_recoveries_not_yet_begun() -> None:
@@ -155,23 +164,10 @@ async def test_the_operator_loop_runs_as_many_workers_as_its_flag_says() -> None
 
 
 async def test_a_backends_wake_up_puts_a_waiting_job_in_the_urgent_lane() -> None:
-    order: list[str] = []
-    both = asyncio.Event()
+    def prepare(queue: WorkQueue) -> None:
+        for job in ("a", "b"):
+            queue.add(job)
+        queue.wake_urgent("b")  # as the operator's loop subscribes each job to its backend
+        queue.wake_urgent("gone")  # not (or no longer) supervised: nothing to do
 
-    async def handle(job: str) -> Turn:
-        order.append(job)
-        if len(order) == 2:
-            both.set()
-        return Turn.DONE
-
-    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
-    for job in ("a", "b"):
-        queue.add(job)
-    queue.wake_urgent("b")  # as the operator's loop subscribes each job to its backend
-    queue.wake_urgent("gone")  # not (or no longer) supervised: nothing to do
-    worker = asyncio.create_task(queue.work())
-    try:
-        await asyncio.wait_for(both.wait(), 10)
-    finally:
-        worker.cancel()
-    assert order == ["b", "a"]
+    assert await first_turns(2, prepare) == ["b", "a"]

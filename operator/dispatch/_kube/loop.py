@@ -2,14 +2,14 @@
 
 The record store's shared DispatchJob watch (list, then watch from its resourceVersion, with
 bookmarks: :meth:`KubeRecordStore.watch_all`) discovers every job and keeps a projection of it
-(:class:`~dispatch._kube.store.JobView`: the few fields a turn needs and its record's text, parsed
-when a turn needs it); each event wakes the job in one :class:`~dispatch._supervisor.WorkQueue` whose workers
-take one turn at a time: plan a new job (or refuse it), else the (Observing)Supervisor's prepare,
-then perform its one step. The backends' shared watches wake a job too, in the queue's urgent lane:
-a change of a job's objects is where failure evidence comes from, and a recovery under way
-(authorize, create, record the canonical, release) stays urgent until it waits, its writes marked
-urgent for the write limit (:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are
-routine.
+(:class:`~dispatch._kube.store.JobView`: the few fields a turn needs and its record's part,
+packed, parsed when a turn needs it); each event wakes the job in one
+:class:`~dispatch._supervisor.WorkQueue` whose workers take one turn at a time: plan a new job
+(or refuse it), else the (Observing)Supervisor's prepare, then perform its one step. The
+backends' shared watches wake a job too, in the queue's urgent lane: a change of a job's objects
+is where failure evidence comes from, and a recovery under way (authorize, create, record the
+canonical, release) stays urgent until it waits, its writes marked urgent for the write limit
+(:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine.
 
 Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
 Lease; :meth:`stop` cancels the workers and the watch.

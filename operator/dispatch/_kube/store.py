@@ -237,7 +237,7 @@ class KubeRecordStore:
             body = await self.objects.get(namespace, name)
         except NotFound:
             raise JobNotFound(job) from None
-        self._remember(job, view_of(body, self.clock, self._pack))
+        self._remember(job, self._view_of(body))
         return body
 
     async def get(self, job: str) -> Versioned:
@@ -290,7 +290,7 @@ class KubeRecordStore:
     def remember(self, job: str, body: Body) -> None:
         """A version of ``job`` this process wrote otherwise (the loop's finalizer patch), kept as if
         read: the next step finds it without a GET, and its write is not a 409 against it."""
-        self._remember(job, view_of(body, self.clock, self._pack))
+        self._remember(job, self._view_of(body))
 
     # -- writing
 
@@ -399,12 +399,17 @@ class KubeRecordStore:
         except NotFound:
             raise JobNotFound(job) from None
         self.writes += 1
-        view = view_of(written, self.clock, self._pack)
+        view = self._view_of(written)
         cancelled = bool((written.get("spec") or {}).get("cancel"))
         if record is not None and view.recorded and (record.cancel is not None or not cancelled):
             self._keep_parsed(job, view.version, record)
         self._remember(job, view)
         return view.version
+
+    def _view_of(self, body: Body) -> JobView:
+        """:func:`view_of` with this store's clock and packer (every job's record part packed
+        against the first one's)."""
+        return view_of(body, self.clock, self._pack)
 
     def _remember(self, job: str, view: JobView) -> None:
         self._views[job] = view
@@ -478,7 +483,7 @@ class KubeRecordStore:
                 known.version != meta.get("resourceVersion")
                 and (resource_version(event.object) or 0) >= (_revision(known.version) or 0)
             ):
-                self._remember(job, view_of(event.object, self.clock, self._pack))
+                self._remember(job, self._view_of(event.object))
         elif job in self._fresh and self._views[job].version != meta.get("resourceVersion"):
             self._fresh.discard(job)
         for listener in tuple(self._listeners):

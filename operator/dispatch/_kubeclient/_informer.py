@@ -82,9 +82,7 @@ class Packed:
 
     def text(self) -> bytes:
         """The projection's JSON text."""
-        inflate = (
-            zlib.decompressobj(wbits=-15, zdict=self.sample) if self.sample else zlib.decompressobj(wbits=-15)
-        )
+        inflate = zlib.decompressobj(wbits=-15, zdict=self.sample)
         return inflate.decompress(self.data) + inflate.flush()
 
     def body(self) -> Body:
@@ -208,13 +206,9 @@ class Informer(Generic[Kept]):
             meta = page.get("metadata") or {}
             items = page.get("items") or []
             del page
-            if self.pack is not None and self.project is not None:
-                # Each projection packed at once, the page's bodies freed with the page: no
-                # second copy of the kept parts is needed to gather them (see compacted()).
-                for item in items:
-                    projected = self.project(item)
-                    fresh[key_of(projected)] = self.pack(projected)
-            elif self.store and self.project is not None:
+            if self.store and self.project is not None and self.pack is None:
+                # Dict projections gathered anew once the page is freed; a packed projection is
+                # one block already, made as each body is read (below).
                 for projected in compacted(self.project, items):
                     fresh[key_of(projected)] = self._keep(projected)
             else:

@@ -908,12 +908,11 @@ class WorkloadBackend:
     def _remember(self, oid: str, job: str | None, body: Body) -> None:
         """Our own write: newer than the cache until the watch brings it (or something newer) back."""
         body = self._project(body)
-        packed = self._pack_object(body)
         state = self._state(oid)
         cached = state.body
-        if cached is not None and (cached.version or 0) >= (packed.version or 0):
-            return
-        state.overlay = packed
+        if cached is not None and (cached.version or 0) >= (resource_version(body) or 0):
+            return  # nothing newer to keep: not packed
+        state.overlay = self._pack_object(body)
         owner = owner_of(body)
         self._index(oid, job if job is not None else (owner[0] if owner is not None else None))
         self._tombstones.pop(oid, None)
