@@ -317,6 +317,14 @@ class Operator:
         return None
 
 
+def held_lines(path: Path) -> list[str]:
+    """--hold: the lines of ``path`` so far (none while it does not exist)."""
+    try:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 def requests_delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
     """Requests other than watches, and 409s, between two reads of the counter."""
     diff = {k: after[k] - before.get(k, 0) for k in after}
@@ -803,6 +811,8 @@ class Bench:
         mark = self.lab.audit_mark()
         op.start()
         t0 = op.started_at
+        assert op.proc is not None
+        self.say(f"{key}: operator pid {op.proc.pid} started from {op.tree}")
         last_change, before = time.time(), Counter[str]()
         synced: tuple[float, int] | None = None
         while time.time() - t0 < 120 + self.n * 0.1:
@@ -812,9 +822,9 @@ class Bench:
             if synced is not None:
                 break
             now = op.requests()
-            if requests_delta(now, before)["requests"]:
+            if now != before:  # any request, watches too (a streamed list is one)
                 last_change, before = time.time(), now
-            elif now and time.time() - last_change > 10:
+            elif now and time.time() - last_change > 30:
                 break
         out: dict[str, Any] = {"stop_seconds": stopped}
         if synced is not None:
@@ -829,7 +839,9 @@ class Bench:
         out["writes"] = writes_summary(
             w for w in writes if (w.get("objectRef") or {}).get("resource") != "leases"
         )
-        out["requests"] = requests_delta(op.requests(), Counter())
+        counted = op.requests()
+        out["requests"] = requests_delta(counted, Counter())
+        out["watches"] = sum(v for k, v in counted.items() if k.startswith("watch "))
         out["rss_after_sync_mib"] = op.rss_mib()
         out["rss_per_job_kib"] = round(
             (out["rss_after_sync_mib"] - self.result["rss_empty_mib"]) * 1024 / self.n, 1
@@ -838,6 +850,26 @@ class Bench:
         out["operator_tree"] = str(op.tree)
         self.result[key] = out
         self.say(f"{key}: {out}")
+
+    async def hold(self, path: Path, first: int) -> None:
+        """Keep the lab and restart the operator from each tree named in ``path``, a line at a time
+        as lines are added (``end`` goes on): A/B on one large lab without preloading it again."""
+        assert self.operator is not None
+        self.say(f"holding: kubeconfig {self.lab.kubeconfig}; trees to restart from, a line each, in {path}")
+        done, i = 0, first
+        while True:
+            lines = held_lines(path)
+            if done >= len(lines):
+                op = self.operator
+                op.alive()
+                await asyncio.sleep(1)
+                continue
+            line, done = lines[done], done + 1
+            if line == "end":
+                return
+            self.operator.tree = Path(line)  # absolute, as --restart-trees are made
+            await self.restart(f"restart_{i}")
+            i += 1
 
     async def reaction(self) -> None:
         """Preemptions one at a time, each through kube-scheduler (the lab's preempt_pod)."""
@@ -1177,6 +1209,8 @@ class Bench:
                     assert self.operator is not None
                     self.operator.tree = tree
                     await self.restart(f"restart_{i}")
+                if self.args.hold is not None:
+                    await self.hold(self.args.hold, len(self.args.restart_trees or ()) + 1)
                 if self.args.scale_only:
                     return
                 await self.reaction()
@@ -1268,6 +1302,13 @@ def parser() -> argparse.ArgumentParser:
         "--kcm-flags",
         default="--kube-api-qps=50 --kube-api-burst=100",
         help="kube-controller-manager's client flags (the peer; default: the operator's write limit)",
+    )
+    parser.add_argument(
+        "--hold",
+        type=Path,
+        metavar="FILE",
+        help="after the restarts, keep the lab and restart from each source tree added to FILE (a line"
+        " each; a line 'end' goes on to the next phase)",
     )
     parser.add_argument("--appliers", type=int, default=8, help="kubectl processes applying the DispatchJobs")
     parser.add_argument("--keep", action="store_true", help="leave the lab's directory (logs) in place")
