@@ -171,3 +171,25 @@ async def test_a_backends_wake_up_puts_a_waiting_job_in_the_urgent_lane() -> Non
         queue.wake_urgent("gone")  # not (or no longer) supervised: nothing to do
 
     assert await first_turns(2, prepare) == ["b", "a"]
+
+
+async def test_a_job_decided_before_the_first_list_is_whole_is_not_waited_for_again() -> None:
+    """The kit's watches may be synced before the DispatchJob list is whole: jobs listed early have
+    their turn then. The decided line must not wait for their next turn (a poll away: it came 5 s
+    late at 10,000 jobs, BENCHMARKS.md) but only for the listed jobs that had none yet."""
+    from typing import Any, cast
+
+    from dispatch._kube.handlers import Runtime
+    from dispatch._kube.loop import SupervisionLoop
+
+    runtime = Runtime(store=cast(Any, object()), backends={})
+    clock = iter([0.0, 2.5]).__next__
+    loop = SupervisionLoop(runtime, clock=clock)
+    loop._started = clock()
+    for job in ("ns/early", "ns/late"):
+        loop._on_event("ADDED", job, {})
+    loop._decided("ns/early")  # its turn, before the list is whole
+    loop._on_synced()
+    assert loop.decided_after is None  # ns/late has had no turn yet
+    loop._decided("ns/late")
+    assert loop.decided_after == 2.5

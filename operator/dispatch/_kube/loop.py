@@ -125,6 +125,9 @@ class SupervisionLoop:
         self._undecided: set[str] | None = None
         """The first list's jobs still waiting for their first turn; None until it is taken."""
         self._listed: set[str] = set()
+        self._turned: set[str] = set()
+        """Jobs that had a turn before the first list was whole (the kit's watches may be synced
+        first): decided already, not to be waited for (their next turn may be a poll away)."""
         self._known = 0
         self._deleting: dict[str, asyncio.Task[None]] = {}
         self._forgotten: set[str] = set()
@@ -203,12 +206,15 @@ class SupervisionLoop:
 
     def _on_synced(self) -> None:
         self._known = len(self._listed)
-        self._undecided = {j for j in self._listed if j in self.queue.pending}
+        self._undecided = {j for j in self._listed if j in self.queue.pending and j not in self._turned}
         self._listed = set()
+        self._turned = set()
         self._check_decided()
 
     def _decided(self, job: str) -> None:
-        if self._undecided is not None and self._undecided:
+        if self._undecided is None:
+            self._turned.add(job)
+        elif self._undecided:
             self._undecided.discard(job)
             self._check_decided()
 
