@@ -8,7 +8,8 @@ this splits its CPU). For each tree (a ``git archive`` of a commit, or ``.``), i
 interpreter, one after another and again for ``--rounds`` rounds (so the trees share the machine's
 load), the process time per body of:
 
-- ``decode``: one list page as the informer reads it (``json.loads``);
+- ``decode``: one list page as the informer reads it (``json.loads``; trees with
+  ``_kind.reader``: into the projections, each object only as far as its shape reaches);
 - ``compacted``: the informer's projection of the page as it keeps it (``_informer.compacted``;
   trees with ``_informer.Packed``: each projection packed, by one ``Packer`` per kind where the
   tree has it);
@@ -17,7 +18,8 @@ load), the process time per body of:
 - ``record``: one DispatchJob's view made and its record parsed as the store does: trees before
   this round ``compact(record_from(body))``, every record kept (the shared parts live as long as
   a record holds them); later trees ``view_of(body)`` (its record's text kept) and the record parsed
-  from that text, not kept.
+  from that text, not kept; trees with ``store.read_dispatchjobs`` decode the DispatchJob's watch
+  event with it first.
 
 Bodies: every recorded PyTorchJob and pod state in tests/unit/data/kubeflow/ (recorded from the lab),
 as pages of 100, and the DispatchJob in bench/data/dispatchjob.json (read with kubectl from
@@ -68,18 +70,23 @@ def measure(tree: Path) -> dict[str, float]:
     )
     packed = getattr(_informer, "Packed", None)
     shape = object_shape(PYTORCHJOB)
+    from dispatch._workload import _kind
+
+    reader: Any = getattr(_kind, "reader", None)  # trees with it decode a page into projections
     gc.disable()  # as during a restart (StartupCollector)
     out: dict[str, float] = {}
     recorded = bodies()
-    for name, items, proj, again in (
-        ("pod", recorded["pods"], project_pod, lambda b: project(b, POD)),
+    for name, items, proj, again, kept_shape in (
+        ("pod", recorded["pods"], project_pod, lambda b: project(b, POD), POD),
         (
             "ptj",
             recorded["pytorchjobs"],
             lambda b: project_object(shape, b),
             lambda b: project_object(shape, b),
+            shape,
         ),
     ):
+        decode = reader(kept_shape) if reader is not None else json.loads
         pages = [json.dumps({"items": items[i : i + 100]}).encode() for i in range(0, len(items), 100)]
         # As the kit packs: one Packer per kind (its first text the sample), or Packed alone before.
         packer: Any = getattr(_informer, "Packer", None)
@@ -88,7 +95,7 @@ def measure(tree: Path) -> dict[str, float]:
         for _ in range(5):
             for raw in pages:
                 start = time.process_time()
-                page = json.loads(raw)
+                page = decode(raw)
                 dec += time.process_time() - start
                 page_items = page["items"]
                 del page
@@ -107,13 +114,17 @@ def measure(tree: Path) -> dict[str, float]:
         out[f"{name}_compacted_us"] = comp / n / 5 * 1e6
         out[f"{name}_handler_us"] = hand / n / 5 * 1e6
     dispatchjob = json.loads((REPO / "bench" / "data" / "dispatchjob.json").read_text())
+    read_dispatchjobs: Any = getattr(store, "read_dispatchjobs", None)  # as the watch reads it
     jobs: list[Any] = []  # what the store keeps of every job
     compact = getattr(store, "compact", None)
     packer = getattr(_informer, "Packer", None)
     trees_store: Any = store  # its names differ from tree to tree
     pack = (trees_store.utcnow, packer()) if packer is not None else ()  # as the store packs: one sample
+    raw_job = json.dumps({"type": "ADDED", "object": dispatchjob}).encode()
     start = time.process_time()
     for _ in range(500):
+        if read_dispatchjobs is not None:
+            dispatchjob = read_dispatchjobs(raw_job)["object"]
         if compact is not None:  # the record parsed once per version, compacted and kept
             jobs.append(compact(record_from(dispatchjob)))
         else:  # the view's text kept (packed, later), the record parsed from it when a turn needs it

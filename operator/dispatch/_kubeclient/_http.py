@@ -106,8 +106,10 @@ async def request(
     body: object = None,
     content_type: str = JSON,
     request_timeout: float | None = DEFAULT_TIMEOUT,
+    decode: Callable[[bytes], Body] | None = None,
 ) -> Body:
-    """Send a request and return its decoded JSON body."""
+    """Send a request and return its decoded JSON body (by ``decode``, if given: a list page's
+    reader that keeps only a projection of its items)."""
     response = await open_request(
         api, method, path, query=query, body=body, content_type=content_type, request_timeout=request_timeout
     )
@@ -118,6 +120,8 @@ async def request(
         raise TransientBackendError(f"{method} {path}: {type(error).__name__}: {error}") from error
     if not raw:
         return {}
+    if decode is not None:
+        return decode(raw)
     decoded: Body = json.loads(raw)
     return decoded
 

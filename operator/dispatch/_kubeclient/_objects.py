@@ -24,6 +24,7 @@ import aiohttp
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
 from ._http import MERGE_PATCH, Client, KubeError, open_request, request, streamed
+from ._informer import INITIAL_EVENTS_END, STREAMED_LIST_REFUSED
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
@@ -157,12 +158,16 @@ class CustomObjects:
         version: str = VERSION,
         plural: str = PLURAL,
         field_manager: str = FIELD_MANAGER,
+        read: Callable[[bytes], Body] | None = None,
     ) -> None:
         self.api = api
         self.group = group
         self.version = version
         self.plural = plural
         self.field_manager = field_manager
+        self.read = read
+        """Decodes each watch event and list page (the record store's keeps only what it reads of a
+        DispatchJob); None: the whole JSON."""
 
     def _path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
         path = f"/apis/{self.group}/{self.version}"
@@ -253,7 +258,9 @@ class CustomObjects:
             }
             if token:
                 query["continue"] = token
-            result = await self._request("GET", self._path(namespace), query=query)  # 410: Gone
+            result = await self._request(
+                "GET", self._path(namespace), query=query, decode=self.read
+            )  # 410: Gone
             items = result.get("items") or []
             meta = result.get("metadata") or {}
             del result
@@ -269,18 +276,25 @@ class CustomObjects:
         resource_version: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int = 300,
+        initial: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """One watch request from ``resource_version``; ends when the server closes it.
 
-        Raises :class:`Gone` when ``resource_version`` is too old (list again).
+        Raises :class:`Gone` when ``resource_version`` is too old (list again). ``initial``: a
+        streamed list instead (``sendInitialEvents``, KEP-3157; ``resource_version`` unused): every
+        object as it is now, one ADDED event each, then a BOOKMARK annotated
+        ``k8s.io/initial-events-end`` (:func:`initial_events_end`), then the watch goes on. An API
+        server without streamed lists refuses it as invalid (:class:`ApiError`, 400 or 422).
         """
         query: dict[str, object] = {
             "watch": True,
             "allowWatchBookmarks": True,
             "timeoutSeconds": timeout_seconds,
-            "resourceVersion": resource_version or None,
+            "resourceVersion": None if initial else resource_version or None,
             "fieldSelector": field_selector or None,
         }
+        if initial:  # no resourceVersion: the state as of now (a consistent read)
+            query.update(sendInitialEvents=True, resourceVersionMatch="NotOlderThan")
         path = self._path(namespace)
         try:
             response = await open_request(
@@ -297,8 +311,9 @@ class CustomObjects:
             raise _error(e) from None
         try:
             async with streamed(response):
+                read = self.read or json.loads
                 async for line in _lines(response.content):
-                    event = json.loads(line)
+                    event = read(line)
                     kind = str(event.get("type", ""))
                     obj: Body = event.get("object") or {}
                     if kind == "ERROR":
@@ -313,16 +328,28 @@ class CustomObjects:
 
 
 async def _lines(content: Any) -> AsyncIterator[bytes]:
-    """Newline-delimited chunks of a streamed body, of any length (aiohttp's readline has a limit)."""
+    """Newline-delimited chunks of a streamed body, of any length (aiohttp's readline has a limit).
+
+    Each chunk is split once (a streamed list's chunks hold many lines: splitting one line off the
+    rest at a time copied the rest again for each)."""
     buffer = b""
     async for chunk in content.iter_any():
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
+        if b"\n" not in chunk:
+            buffer += chunk
+            continue
+        lines = (buffer + chunk).split(b"\n")
+        buffer = lines.pop()
+        for line in lines:
             if line.strip():
                 yield line
     if buffer.strip():
         yield buffer
+
+
+def initial_events_end(event: WatchEvent) -> bool:
+    """The BOOKMARK that ends a streamed list's initial events."""
+    annotations = (event.object.get("metadata") or {}).get("annotations") or {}
+    return event.type == "BOOKMARK" and annotations.get(INITIAL_EVENTS_END) == "true"
 
 
 async def watch_forever(
@@ -336,10 +363,38 @@ async def watch_forever(
 
     Every object of the initial list (and of each re-list) is yielded as an ADDED event;
     ``on_listed()`` is called once the consumer has taken the last of them (the cache is whole).
+    The list is a streamed one (:meth:`CustomObjects.watch` ``initial``: one request, each object
+    handed on as it arrives, read from the API server's watch cache) unless the API server refuses
+    those; then pages (:meth:`CustomObjects.pages`), each handed on before the next is asked for.
     """
     resource_version: str | None = None
+    streamed_list = True
     while True:
         try:
+            if resource_version is None and streamed_list:
+                listing = True
+                try:
+                    async for event in objects.watch(namespace, initial=True):
+                        rv = event.object.get("metadata", {}).get("resourceVersion")
+                        if listing and initial_events_end(event):
+                            listing = False
+                            if on_listed is not None:
+                                on_listed()
+                        if rv and not listing:
+                            resource_version = str(rv)
+                        if event.type != "BOOKMARK":
+                            yield event
+                except ApiError as error:
+                    if error.status not in STREAMED_LIST_REFUSED or not listing:
+                        raise
+                    log.info("%s: no streamed list here (%s); listing pages", objects.plural, error)
+                    streamed_list = False
+                if resource_version is None:
+                    if streamed_list:
+                        raise TransientBackendError(
+                            f"{objects.plural}: the watch ended before its initial events"
+                        )
+                    continue
             if resource_version is None:
                 listed = ""
                 async for items, last in objects.pages(namespace):

@@ -69,6 +69,7 @@ from .._kubeclient import (
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
 from ._classify import (
+    POD,
     Evidence,
     Verdict,
     best,
@@ -90,7 +91,7 @@ from ._classify import (
     restart_budget,
     vanished,
 )
-from ._kind import Body, Kind, Refused, Target, object_name
+from ._kind import Body, Kind, Refused, Target, object_name, reader
 from ._kueue import (
     Workloads,
     WorkloadView,
@@ -598,6 +599,7 @@ class WorkloadBackend:
                     on_relist=self._relisted,
                     project=self._project,
                     pack=self._pack_object,
+                    read=reader(self._shape),
                     what=f"{self.kind.resource.plural}{where}",
                 )
             )
@@ -609,6 +611,7 @@ class WorkloadBackend:
                     on_change=self._pod_changed,
                     project=self._project_pod,
                     pack=self._pack_pod,
+                    read=reader(POD),
                     what=f"pods{where}",
                 )
             )

@@ -1,0 +1,162 @@
+"""The kit's informers and the record store's shared watch list by a streamed list (KEP-3157's
+``sendInitialEvents``: one watch response, every object as an event from the API server's watch
+cache, then the bookmark that ends them) where the API server serves one, and by pages where it
+refuses one (issue 13). Both real: the lab's kube-apiserver v1.34, and one started here with the
+WatchList feature gate off, which refuses a streamed list as invalid as any server without it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch._kubeclient import CustomObjects, Informer, KubeClient, new_client, watch_forever
+from tests.integration.conftest import dispatch_job
+from tests.support.controlplane import ControlPlane, resolve_binaries
+from tests.support.kube import KubeCluster
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LABEL = "streamed.dispatch.dev/test"
+GUARD = 60.0
+
+
+def configmap(name: str) -> str:
+    return f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  labels:\n    {LABEL}: 'yes'\n"
+
+
+def kubectl(kubectl_bin: str, kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
+    subprocess.run(
+        [kubectl_bin, f"--kubeconfig={kubeconfig}", *args], input=stdin, text=True, check=True, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def without_watch_list(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, str]]:
+    """An API server with the WatchList feature gate off, the DispatchJob CRD installed."""
+    binaries = resolve_binaries()
+    cp = ControlPlane(
+        tmp_path_factory.mktemp("no-watch-list"),
+        binaries=binaries,
+        extra_apiserver_args=["--feature-gates=WatchList=false"],
+    )
+    with cp:
+        kubectl(binaries.kubectl, cp.kubeconfig, "apply", "-f", str(REPO / "crds"))
+        kubectl(
+            binaries.kubectl,
+            cp.kubeconfig,
+            "wait",
+            "--for=condition=Established",
+            "crd/dispatchjobs.dispatch.dev",
+            "--timeout=60s",
+        )
+        yield cp, binaries.kubectl
+
+
+@contextlib.asynccontextmanager
+async def client(kubeconfig: Path) -> AsyncIterator[KubeClient]:
+    api = await new_client(str(kubeconfig))
+    async with api:
+        yield api
+    await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
+
+
+async def informer_sees(api: KubeClient, namespace: str, add: Any) -> Informer[Any]:
+    """An informer on the namespace's labelled ConfigMaps: synced with the two there, then told of
+    a third made after."""
+    seen: list[str] = []
+    third = asyncio.Event()
+
+    def changed(old: Any, new: Any) -> None:
+        if new is not None:
+            seen.append(new["metadata"]["name"])
+            if new["metadata"]["name"] == "c":
+                third.set()
+
+    informer: Informer[Any] = Informer(
+        api,
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        label_selector=LABEL,
+        on_change=changed,
+        what="configmaps",
+    )
+    task = asyncio.create_task(informer.run())
+    try:
+        async with asyncio.timeout(GUARD):
+            await informer.synced.wait()
+        assert sorted(informer.items) == [f"{namespace}/a", f"{namespace}/b"]
+        await asyncio.to_thread(add, "c")
+        async with asyncio.timeout(GUARD):
+            await third.wait()
+        assert sorted(seen) == ["a", "b", "c"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return informer
+
+
+async def store_sees(api: KubeClient, namespace: str, add: Any) -> list[tuple[str, str]]:
+    """The shared DispatchJob watch: the two there, ``listed``, then a third made after."""
+    said: list[tuple[str, str]] = []
+    events = watch_forever(
+        CustomObjects(api), namespace, on_listed=lambda: said.append(("listed", "")), retry_delay=0.1
+    )
+    try:
+        async with asyncio.timeout(GUARD):
+            async for event in events:
+                said.append((event.type, event.object["metadata"]["name"]))
+                if len(said) == 3:
+                    await asyncio.to_thread(add, "c")
+                if ("ADDED", "c") in said:
+                    break
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    return said
+
+
+@pytest.mark.parametrize("gate", ["on", "off"])
+async def test_lists_are_streamed_where_served_and_paged_where_refused(
+    gate: str,
+    crds: KubeCluster,
+    namespace: str,
+    without_watch_list: tuple[ControlPlane, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    if gate == "on":
+        kubeconfig, kubectl_bin, ns = crds.kubeconfig, crds.kubectl_bin, namespace
+    else:
+        cp, kubectl_bin = without_watch_list
+        kubeconfig, ns = cp.kubeconfig, "default"
+
+    def add_configmap(name: str) -> None:
+        kubectl(kubectl_bin, kubeconfig, "-n", ns, "apply", "-f", "-", stdin=configmap(name))
+
+    def add_job(name: str) -> None:
+        manifest = dispatch_job(f"{gate}-{name}")
+        kubectl(kubectl_bin, kubeconfig, "-n", ns, "apply", "-f", "-", stdin=manifest)
+
+    for name in ("a", "b"):
+        add_configmap(name)
+        add_job(name)
+    async with client(kubeconfig) as api:
+        informer = await informer_sees(api, ns, add_configmap)
+        said = await store_sees(api, ns, add_job)
+    assert informer.watch_list is (gate == "on")
+    assert said == [
+        ("ADDED", f"{gate}-a"),
+        ("ADDED", f"{gate}-b"),
+        ("listed", ""),
+        ("ADDED", f"{gate}-c"),
+    ]
+    refused = [r.getMessage() for r in caplog.records if "no streamed list here" in r.getMessage()]
+    assert len(refused) == (0 if gate == "on" else 2), refused  # the informer's and the store's
