@@ -107,19 +107,22 @@ async def informer_sees(api: KubeClient, namespace: str, add: Any) -> Informer[A
 async def store_sees(api: KubeClient, namespace: str, add: Any) -> list[tuple[str, str]]:
     """The shared DispatchJob watch: the two there, ``listed``, then a third made after."""
     said: list[tuple[str, str]] = []
-    events = watch_forever(
-        CustomObjects(api), namespace, on_listed=lambda: said.append(("listed", "")), retry_delay=0.1
-    )
+    adding: list[asyncio.Task[None]] = []
+
+    def listed() -> None:  # the watch goes on reading: the third is made beside it
+        said.append(("listed", ""))
+        adding.append(asyncio.create_task(asyncio.to_thread(add, "c")))
+
+    events = watch_forever(CustomObjects(api), namespace, on_listed=listed, retry_delay=0.1)
     try:
         async with asyncio.timeout(GUARD):
             async for event in events:
                 said.append((event.type, event.object["metadata"]["name"]))
-                if len(said) == 3:
-                    await asyncio.to_thread(add, "c")
-                if ("ADDED", "c") in said:
+                if event.object["metadata"]["name"].endswith("-c"):
                     break
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+        await asyncio.gather(*adding)
     return said
 
 
