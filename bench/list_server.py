@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
 from dispatch._kubeclient import KubeClient, open_request, streamed  # noqa: E402
-from dispatch._kubeclient._informer import INITIAL_EVENTS_END  # noqa: E402
+from dispatch._kubeclient._informer import ends_initial_events  # noqa: E402
 from dispatch._kubeclient._transport import load_connection  # noqa: E402
 
 SELECTOR = "dispatch.dev/job"
@@ -87,7 +87,7 @@ async def streamed_list(api: KubeClient, path: str, selector: str | None) -> tup
             decoding += time.process_time() - start
             if event["type"] != "BOOKMARK":
                 items += 1
-            elif (event["object"]["metadata"].get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+            elif ends_initial_events(event["type"], event["object"]):
                 return items, size, decoding
 
 

@@ -35,6 +35,12 @@ def names(directory: Path, known: Container[str] | None = None) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.json") if known is None or p.stem in known)
 
 
+def states(directory: Path, resource: str) -> list[Body]:
+    """Every state of ``resource`` the recordings in ``directory`` hold, in order of recording."""
+    streams = (load(directory, name)["stream"] for name in names(directory))
+    return [e["object"] for stream in streams for e in stream if e["resource"] == resource]
+
+
 def watched(directory: Path, name: str, resource: str) -> Body:
     """A recording with only what the backend watches (the object and its pods); the events of
     other objects it holds (a JobSet's or TrainJob's child Jobs) stay out of the stream."""

@@ -16,15 +16,9 @@ from dispatch._kubeclient._informer import SAMPLE_MAX
 from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import project_object, project_pod
 from dispatch._workload._classify import object_shape
+from tests.support.recorded import states
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
-
-
-def recorded(resource: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for path in sorted(DATA.glob("*.json")):
-        out += [e["object"] for e in json.loads(path.read_text())["stream"] if e["resource"] == resource]
-    return out
 
 
 def text(body: dict[str, Any]) -> bytes:
@@ -34,9 +28,8 @@ def text(body: dict[str, Any]) -> bytes:
 @pytest.mark.parametrize("resource", ["pytorchjobs", "pods"])
 def test_every_recorded_state_reads_back_as_projected_in_a_fraction_of_its_text(resource: str) -> None:
     shape = object_shape(PYTORCHJOB)
-    projections = [
-        project_object(shape, b) if resource == "pytorchjobs" else project_pod(b) for b in recorded(resource)
-    ]
+    bodies = states(DATA, resource)
+    projections = [project_object(shape, b) if resource == "pytorchjobs" else project_pod(b) for b in bodies]
     assert len(projections) > 20
     pack = Packer()
     packed = [pack(p) for p in projections]

@@ -25,6 +25,7 @@ from dispatch._trainjob import TRAINJOB
 from dispatch._workload import project_object, project_pod
 from dispatch._workload._classify import POD, object_shape
 from dispatch._workload._kind import Kind, reader
+from tests.support.recorded import states
 
 DATA = Path(__file__).parent / "data"
 KINDS: dict[str, tuple[str, Kind]] = {
@@ -33,13 +34,6 @@ KINDS: dict[str, tuple[str, Kind]] = {
     "trainjobs.trainer.kubeflow.org": ("trainjob", TRAINJOB),
     "jobs": ("job", JOB),
 }
-
-
-def recorded(directory: str, resource: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for path in sorted((DATA / directory).glob("*.json")):
-        out += [e["object"] for e in json.loads(path.read_text())["stream"] if e["resource"] == resource]
-    return out
 
 
 def page(items: list[dict[str, Any]]) -> bytes:
@@ -56,7 +50,7 @@ def event(kind: str, obj: dict[str, Any]) -> bytes:
 def test_every_recorded_object_is_kept_as_the_whole_decode_keeps_it(resource: str) -> None:
     directory, kind = KINDS[resource]
     shape = object_shape(kind)
-    objects = recorded(directory, resource)
+    objects = states(DATA / directory, resource)
     assert objects, f"no recorded {resource}"
     read = reader(shape)
     listed = read(page(objects))
@@ -70,7 +64,7 @@ def test_every_recorded_object_is_kept_as_the_whole_decode_keeps_it(resource: st
 
 @pytest.mark.parametrize("directory", ["kubeflow", "jobset", "trainjob", "job"])
 def test_every_recorded_pod_is_kept_as_the_whole_decode_keeps_it(directory: str) -> None:
-    pods = recorded(directory, "pods")
+    pods = states(DATA / directory, "pods")
     assert pods
     listed = reader(POD)(page(pods))
     assert [project_pod(p) for p in listed["items"]] == [project_pod(p) for p in pods]
@@ -98,7 +92,7 @@ ODD = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_a_value_of_another_type_is_kept_as_the_whole_decode_keeps_it(data: st.DataObject) -> None:
-    pods = recorded("kubeflow", "pods")
+    pods = states(DATA / "kubeflow", "pods")
     pod = json.loads(json.dumps(data.draw(st.sampled_from(pods))))
     path = data.draw(
         st.sampled_from(

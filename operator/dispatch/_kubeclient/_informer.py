@@ -71,6 +71,13 @@ def resource_version(body: Body | None) -> int | None:
         return None
 
 
+def ends_initial_events(kind: object, obj: Body) -> bool:
+    """Whether a watch event (its ``type`` and ``object``) is the bookmark that ends a streamed
+    list's initial events."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return kind == "BOOKMARK" and annotations.get(INITIAL_EVENTS_END) == "true"
+
+
 _encode: Final = msgspec.json.Encoder().encode
 _decode: Final = msgspec.json.Decoder().decode
 """JSON as :class:`Packed` writes and reads it: msgspec's, several times json's speed (issue 13)."""
@@ -168,7 +175,7 @@ class Informer(Generic[Kept]):
         self.on_relist = on_relist
         self.project = project
         self.pack = pack
-        self.read = read
+        self.read: Callable[[bytes], Body] = read or json.loads
         self.store = store
         self.what = what
         self.items: dict[str, Kept] = {}
@@ -335,7 +342,7 @@ class Informer(Generic[Kept]):
                     return True
                 if not line.strip():
                     continue
-                event = self.read(line) if self.read is not None else json.loads(line)
+                event = self.read(line)
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
@@ -351,8 +358,7 @@ class Informer(Generic[Kept]):
                 if rv:
                     self.resource_version = str(rv)
                 if kind == "BOOKMARK":
-                    ended = (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true"
-                    if listed is not None and ended:
+                    if listed is not None and ends_initial_events(kind, obj):
                         self._listed(listed)
                         listed = None
                     continue

@@ -24,7 +24,7 @@ import aiohttp
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
 from ._http import MERGE_PATCH, Client, KubeError, open_request, request, streamed
-from ._informer import INITIAL_EVENTS_END, STREAMED_LIST_REFUSED
+from ._informer import STREAMED_LIST_REFUSED, ends_initial_events
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
@@ -283,8 +283,9 @@ class CustomObjects:
         Raises :class:`Gone` when ``resource_version`` is too old (list again). ``initial``: a
         streamed list instead (``sendInitialEvents``, KEP-3157; ``resource_version`` unused): every
         object as it is now, one ADDED event each, then a BOOKMARK annotated
-        ``k8s.io/initial-events-end`` (:func:`initial_events_end`), then the watch goes on. An API
-        server without streamed lists refuses it as invalid (:class:`ApiError`, 400 or 422).
+        ``k8s.io/initial-events-end`` (:func:`~._informer.ends_initial_events`), then the watch
+        goes on. An API server without streamed lists refuses it as invalid (:class:`ApiError`,
+        400 or 422).
         """
         query: dict[str, object] = {
             "watch": True,
@@ -346,12 +347,6 @@ async def _lines(content: Any) -> AsyncIterator[bytes]:
         yield buffer
 
 
-def initial_events_end(event: WatchEvent) -> bool:
-    """The BOOKMARK that ends a streamed list's initial events."""
-    annotations = (event.object.get("metadata") or {}).get("annotations") or {}
-    return event.type == "BOOKMARK" and annotations.get(INITIAL_EVENTS_END) == "true"
-
-
 async def watch_forever(
     objects: CustomObjects,
     namespace: str | None = None,
@@ -376,7 +371,7 @@ async def watch_forever(
                 try:
                     async for event in objects.watch(namespace, initial=True):
                         rv = event.object.get("metadata", {}).get("resourceVersion")
-                        if listing and initial_events_end(event):
+                        if listing and ends_initial_events(event.type, event.object):
                             listing = False
                             if on_listed is not None:
                                 on_listed()
