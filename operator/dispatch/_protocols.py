@@ -73,6 +73,20 @@ class Quiescing(Protocol):
         ...
 
 
+@runtime_checkable
+class SelfWaking(Protocol):
+    """A backend that wakes a job whenever :meth:`Backend.list` may answer differently for it: on
+    every change its watches see, and on timers of its own at the moments no event announces (a
+    clock-dependent verdict's due time, a node to look up again). The operator's loop leaves such a
+    backend's jobs out of its periodic look (every job's turn after a quiet ``poll_interval``), which
+    would otherwise cost one turn per job per interval however idle the jobs are."""
+
+    @property
+    def wakes_itself(self) -> bool:
+        """True when the promise above holds (a wrapper may forward it from what it wraps)."""
+        ...
+
+
 class Versioned(NamedTuple):
     record: Record
     version: str

@@ -265,6 +265,8 @@ class WorkQueue:
     is retried after ``retry_delays``; any other error stops the job (``errors``) unless
     ``persistent``, where it is retried too (a long-running operator never gives a job up).
     With ``forever`` the workers keep waiting for jobs when none is left (until cancelled).
+    Once the queue has been empty for ``poll_interval``, the periodic look queues every job again
+    for backends that cannot wake it; ``looked()`` narrows it to the jobs that need it.
     """
 
     def __init__(
@@ -276,8 +278,10 @@ class WorkQueue:
         retry_delays: tuple[float, ...],
         forever: bool = False,
         persistent: bool = False,
+        looked: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.handle = handle
+        self.looked = looked
         self.poll_interval = poll_interval
         self.retry_delays = retry_delays
         self.forever = forever
@@ -358,7 +362,8 @@ class WorkQueue:
                     async with asyncio.timeout(self.poll_interval):
                         await self.wake.wait()
                 except TimeoutError:
-                    for job in list(self.pending):  # a periodic look, for backends that cannot wake us
+                    # A periodic look, for backends that cannot wake us.
+                    for job in list(self.pending if self.looked is None else self.looked()):
                         self.enqueue(job)
                 continue
             self.queued.discard(job)

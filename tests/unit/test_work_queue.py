@@ -193,3 +193,66 @@ async def test_a_job_decided_before_the_first_list_is_whole_is_not_waited_for_ag
     assert loop.decided_after is None  # ns/late has had no turn yet
     loop._decided("ns/late")
     assert loop.decided_after == 2.5
+
+
+async def test_the_periodic_look_takes_only_the_jobs_it_is_told_to() -> None:
+    """``looked``: after a quiet ``poll_interval`` only those jobs are queued again; a job left out
+    has no turn but its first (and those its wake-ups bring)."""
+    turns = {"polled": 0, "woken": 0}
+    looked_twice = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        turns[job] += 1
+        if turns["polled"] == 3:
+            looked_twice.set()
+        return Turn.WAIT
+
+    queue = WorkQueue(
+        handle, poll_interval=0.02, retry_delays=(0.01,), forever=True, looked=lambda: ["polled"]
+    )
+    for job in turns:
+        queue.add(job)
+    worker = asyncio.create_task(queue.work())
+    try:
+        await asyncio.wait_for(looked_twice.wait(), 10)
+    finally:
+        worker.cancel()
+    assert turns == {"polled": 3, "woken": 1}
+
+
+async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_periodically() -> None:
+    """The loop's periodic look skips the workload kit's jobs (it wakes them itself, on its watches
+    and its own timers: :class:`~dispatch._protocols.SelfWaking`), also behind the metrics wrapper;
+    a backend that makes no such promise (the Slurm adapter polls) keeps it, until the job is let go."""
+    from typing import Any, cast
+
+    from dispatch._kube.handlers import Runtime
+    from dispatch._kube.loop import SupervisionLoop
+    from dispatch._kube.metrics import Metrics
+    from dispatch._kubeflow import KubeflowBackend
+    from dispatch._memory import MemoryBackend
+    from dispatch._protocols import Backend
+    from tests.support.recorded import RecordedApi
+
+    kit = KubeflowBackend(cast(Any, RecordedApi({"stream": [], "events": []})))
+    kit._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    metrics = Metrics()
+    loop = SupervisionLoop(Runtime(store=cast(Any, object()), backends={}))
+    backends: dict[str, Backend] = {
+        "ns/kit": kit,
+        "ns/kit-observed": metrics.observe_backend(kit),
+        "ns/polled": MemoryBackend(),
+        "ns/polled-observed": metrics.observe_backend(MemoryBackend()),
+    }
+    try:
+        for job, backend in backends.items():
+            loop._subscribe(job, backend)
+        assert sorted(loop._looked) == ["ns/polled", "ns/polled-observed"]
+        assert set(loop._unsubscribe) == set(backends)
+        loop._let_go("ns/polled")
+        assert sorted(loop._looked) == ["ns/polled-observed"]
+        assert loop.queue.looked is not None
+        assert list(loop.queue.looked()) == ["ns/polled-observed"]
+    finally:
+        for task in kit._tasks:
+            task.cancel()

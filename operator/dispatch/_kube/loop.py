@@ -9,7 +9,10 @@ packed, parsed when a turn needs it); each event wakes the job in one
 backends' shared watches wake a job too, in the queue's urgent lane: a change of a job's objects
 is where failure evidence comes from, and a recovery under way (authorize, create, record the
 canonical, release) stays urgent until it waits, its writes marked urgent for the write limit
-(:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine.
+(:func:`dispatch._kubeclient.urgent`). Observe writes and first looks are routine. Once the queue
+has been quiet for ``poll_interval``, the periodic look queues the jobs whose backend cannot wake
+them on every change (the Slurm adapter polls); the workload kit wakes its jobs itself
+(:class:`~dispatch._protocols.SelfWaking`), so an idle operator of kit jobs takes no turn at all.
 
 Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
 Lease; :meth:`stop` cancels the workers and the watch.
@@ -43,7 +46,7 @@ from .._decide import Authorize, Create, Done, RecordCanonical, Release, Wait
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, Conflict, NotFound, split_job, urgent
 from .._model import Phase
-from .._protocols import Backend
+from .._protocols import Backend, SelfWaking
 from .._supervisor import Turn, WorkQueue
 from .observed import ObservingSupervisor
 
@@ -112,6 +115,7 @@ class SupervisionLoop:
             retry_delays=RETRY_DELAYS,
             forever=True,
             persistent=True,
+            looked=lambda: self._looked,
         )
         self.supervisors: dict[str, ObservingSupervisor] = {
             name: ObservingSupervisor(
@@ -120,6 +124,11 @@ class SupervisionLoop:
             for name, backend in runtime.backends.items()
         }
         self._unsubscribe: dict[str, Callable[[], None]] = {}
+        self._looked: set[str] = set()
+        """The supervised jobs whose backend cannot wake them on every change (not
+        :class:`~dispatch._protocols.SelfWaking`): the only ones the queue's periodic look takes.
+        With 10,000 jobs of the workload kit, a look at all of them cost a turn per job every
+        ``poll_interval`` of quiet (BENCHMARKS.md, the ninth round)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = 0.0
         self._undecided: set[str] | None = None
@@ -165,6 +174,7 @@ class SupervisionLoop:
         for unsubscribe in self._unsubscribe.values():
             unsubscribe()
         self._unsubscribe.clear()
+        self._looked.clear()
 
     def abandon(self) -> None:
         """Cancel the workers at once (the Lease was lost; the process stops)."""
@@ -179,7 +189,15 @@ class SupervisionLoop:
         self._let_go(job)
         self._decided(job)
 
+    def _subscribe(self, job: str, backend: Backend) -> None:
+        """Wake ``job`` urgently on every change of its objects; a backend that cannot promise that
+        gets the job looked at periodically too."""
+        self._unsubscribe[job] = backend.subscribe(job, functools.partial(self.queue.wake_urgent, job))
+        if not (isinstance(backend, SelfWaking) and backend.wakes_itself):
+            self._looked.add(job)
+
     def _let_go(self, job: str) -> None:
+        self._looked.discard(job)
         unsubscribe = self._unsubscribe.pop(job, None)
         if unsubscribe is not None:
             unsubscribe()
@@ -288,8 +306,7 @@ class SupervisionLoop:
         if record.settled:
             return Turn.DONE
         if job not in self._unsubscribe:
-            wake = functools.partial(self.queue.wake_urgent, job)
-            self._unsubscribe[job] = backend.subscribe(job, wake)
+            self._subscribe(job, backend)
         supervisor = self.supervisors[name]
         with urgent(False):
             intent = await supervisor.prepare(job)

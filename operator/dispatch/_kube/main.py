@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
         "--poll-interval",
         type=float,
         default=5.0,
-        help="seconds between reads of a job when no watch has woken its supervisor (default: 5)",
+        help="seconds of quiet before the loop looks again at the jobs of backends that cannot wake "
+        "them on every change, such as Slurm's (default: 5)",
     )
     p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
     p.add_argument(

@@ -56,7 +56,7 @@ from .._model import (
     Record,
     State,
 )
-from .._protocols import Backend, Unsubscribe, Wake
+from .._protocols import Backend, SelfWaking, Unsubscribe, Wake
 from .._version import __version__
 from .events import EVENT_REASONS
 
@@ -380,6 +380,10 @@ class _ObservedBackend:
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
         return self._inner.subscribe(job, wake)
+
+    @property
+    def wakes_itself(self) -> bool:
+        return isinstance(self._inner, SelfWaking) and self._inner.wakes_itself
 
     async def aclose(self) -> None:
         await self._inner.aclose()

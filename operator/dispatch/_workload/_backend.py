@@ -317,6 +317,14 @@ class WorkloadBackend:
         queues = self._workloads is not None
         return caps if caps.queues is queues else caps.model_copy(update={"queues": queues})
 
+    @property
+    def wakes_itself(self) -> bool:
+        """Every change its watches see wakes the job, and so do its own timers at the moments no
+        event announces (:meth:`_wake_at`: a verdict's due time, a podless object's next look, a node
+        to look up again): the operator's loop need not look at its jobs periodically
+        (:class:`~dispatch._protocols.SelfWaking`)."""
+        return True
+
     async def prepare(self) -> None:
         """Once, at open: watch Kueue's Workloads (shared by the kit backends of this API client)
         when Kueue can queue this kind and the API server serves them."""
@@ -1054,6 +1062,10 @@ class WorkloadBackend:
                 node = pod.get("spec", {}).get("nodeName")
                 if node and await self._node_lost(node):
                     lost.add(node)
+                elif node and state.job:
+                    # Not lost yet: no event will say when it is (nodes are not watched), so look
+                    # again once the lookup has expired from the node cache.
+                    self._wake_at(f"node:{oid}", state.job, self._clock() + NODE_CACHE_SECONDS)
         verdict = classify(
             self.kind,
             body,
