@@ -109,6 +109,8 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
                     body = json.loads(await listed.read())
                 for item in body.get("items", []):
                     on_object(item, time.time())
+                if body.get("kind") == "Status":  # the resource not served yet (a CRD being set up)
+                    raise RuntimeError(f"list: {body.get('code')} {body.get('message')}")
                 rv = body["metadata"]["resourceVersion"]
             response = await list_call(
                 watch=True, resource_version=rv, allow_watch_bookmarks=True, _preload_content=False
@@ -134,7 +136,7 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            print(f"watch: {error}; again", file=sys.stderr)
+            print(f"watch: {type(error).__name__}: {error}; again", file=sys.stderr)
             await asyncio.sleep(0.2)
 
 

@@ -420,6 +420,7 @@ async def run(
 
     ``backends`` replaces the adapters the arguments would open (for embedding and tests).
     """
+    started_by = asyncio.current_task()
     leading = asyncio.Event()
     if not args.leader_elect:
         leading.set()
@@ -535,16 +536,21 @@ async def run(
 
         election = asyncio.create_task(elect(), name="dispatch-leader-election")
 
-    try:
-        await kopf.operator(
-            registry=registry,
-            settings=settings,
-            standalone=True,
-            clusterwide=namespaces is None,
-            namespaces=namespaces or (),
-            stop_flag=stop_flag,
-        )
-    finally:
+    wound_down = False
+
+    async def wind_down() -> None:
+        """Stop everything of ours and let go of the Lease, once. Called by kopf's cleanup activity:
+        kopf waits up to 5 s for every task started after it (our loop's workers, watches and
+        Lease renewals run until cancelled) before it cancels them, so a stop took 5.5 s and kept
+        the Lease from a successor for that long (BENCHMARKS.md, the tenth round); and again on
+        the way out, for a start that never reached the activities."""
+        nonlocal wound_down, supervising
+        if wound_down:
+            return
+        wound_down = True
+        # Stopped by a signal, kopf still has a task waiting for this flag (its "stop-flag
+        # waiter"), and would wait the 5 s for it too.
+        stop_flag.set()
         if health is not None:
             health.stopping = True
         leading.clear()
@@ -560,6 +566,7 @@ async def run(
             supervising.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await supervising
+            supervising = None
         if runtime.loop is not None:
             await runtime.loop.stop()
         if events is not None:
@@ -576,10 +583,34 @@ async def run(
         if health is not None:
             with contextlib.suppress(Exception):
                 await health.aclose()
+
+    @kopf.on.cleanup(registry=registry)
+    async def stopping(**_: Any) -> None:
+        await wind_down()
+        left = tasks_left(besides={started_by, asyncio.current_task()})
+        if left:  # kopf waits up to 5 s for each task it did not start, then cancels it
+            log.warning("still running after the stop: %s", ", ".join(left))
+
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            standalone=True,
+            clusterwide=namespaces is None,
+            namespaces=namespaces or (),
+            stop_flag=stop_flag,
+        )
+    finally:
+        await wind_down()
     return exit_code
 
 
 EXIT_USAGE: Final = 2
+
+
+def tasks_left(besides: set[asyncio.Task[Any] | None]) -> list[str]:
+    """The names of the tasks still running (``besides`` aside): what kopf would wait for."""
+    return sorted(t.get_name() for t in asyncio.all_tasks() if t not in besides and not t.done())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
