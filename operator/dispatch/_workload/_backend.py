@@ -1528,12 +1528,19 @@ class WorkloadBackend:
 
     async def _delete(self, namespace: str, name: str) -> None:
         try:
-            await request(
+            deleted = await request(
                 self.api, "DELETE", self._path(namespace, name), query={"propagationPolicy": "Background"}
             )
         except KubeError as error:
             if error.status != 404:
                 raise explain(error, f"delete {self._noun} {namespace}/{name}") from None
+            return
+        meta = deleted.get("metadata") or {}
+        if meta.get("deletionTimestamp") and OBJECT_FINALIZER in (meta.get("finalizers") or ()):
+            # Held by our finalizer (a stopped queued object): shown retained at once, not when the
+            # watch brings it, so the job is not recorded settled before an End lets go of it (the
+            # object would stay, its Workload with it, and Kueue admitted it again).
+            self._remember(f"{namespace}/{name}", None, deleted)
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None
