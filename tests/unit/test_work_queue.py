@@ -237,13 +237,13 @@ async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_period
     kit = KubeflowBackend(cast(Any, RecordedApi({"stream": [], "events": []})))
     kit._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     metrics = Metrics()
-    loop = SupervisionLoop(Runtime(store=cast(Any, object()), backends={}))
     backends: dict[str, Backend] = {
         "ns/kit": kit,
         "ns/kit-observed": metrics.observe_backend(kit),
         "ns/polled": MemoryBackend(),
         "ns/polled-observed": metrics.observe_backend(MemoryBackend()),
     }
+    loop = SupervisionLoop(Runtime(store=cast(Any, object()), backends=backends))
     try:
         for job, backend in backends.items():
             loop._subscribe(job, backend)

@@ -125,11 +125,15 @@ class SupervisionLoop:
         }
         self._unsubscribe: dict[str, Callable[[], None]] = {}
         self._looked: set[str] = set()
-        self._wakes_itself: dict[Backend, bool] = {}
         """The supervised jobs whose backend cannot wake them on every change (not
         :class:`~dispatch._protocols.SelfWaking`): the only ones the queue's periodic look takes.
         With 10,000 jobs of the workload kit, a look at all of them cost a turn per job every
         ``poll_interval`` of quiet (BENCHMARKS.md, the ninth round)."""
+        self._wakes_itself: dict[Backend, bool] = {
+            backend: isinstance(backend, SelfWaking) and backend.wakes_itself
+            for backend in runtime.backends.values()
+        }
+        """Asked once per backend: a runtime-checkable isinstance per job cost 4 % of a restart."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = 0.0
         self._undecided: set[str] | None = None
@@ -194,11 +198,7 @@ class SupervisionLoop:
         """Wake ``job`` urgently on every change of its objects; a backend that cannot promise that
         gets the job looked at periodically too."""
         self._unsubscribe[job] = backend.subscribe(job, functools.partial(self.queue.wake_urgent, job))
-        wakes_itself = self._wakes_itself.get(backend)
-        if wakes_itself is None:  # a runtime-checkable isinstance costs 10-25 us: once per backend
-            wakes_itself = isinstance(backend, SelfWaking) and backend.wakes_itself
-            self._wakes_itself[backend] = wakes_itself
-        if not wakes_itself:
+        if not self._wakes_itself.get(backend, False):
             self._looked.add(job)
 
     def _let_go(self, job: str) -> None:

@@ -544,7 +544,7 @@ async def run(
         Lease renewals run until cancelled) before it cancels them, so a stop took 5.5 s and kept
         the Lease from a successor for that long (BENCHMARKS.md, the tenth round); and again on
         the way out, for a start that never reached the activities."""
-        nonlocal wound_down, supervising
+        nonlocal wound_down
         if wound_down:
             return
         wound_down = True
@@ -566,7 +566,6 @@ async def run(
             supervising.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await supervising
-            supervising = None
         if runtime.loop is not None:
             await runtime.loop.stop()
         if events is not None:
