@@ -206,6 +206,58 @@ async def test_two_operators_authorize_each_submission_once(
     assert sum(steps) == 4 * len(jobs), steps
 
 
+async def test_a_preemption_while_the_operator_is_down_is_recovered_once_it_is_back(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    release_monitor: ReleaseMonitor,
+) -> None:
+    """kube-scheduler preempts the pod while no operator runs, and the training operator makes it
+    again before one starts: the operator started next finds a running pod, and only the
+    scheduler's Event says it was preempted. The job recovers under its rule all the same.
+
+    The random SIGKILL test above met this in one run of six on a loaded machine (the job sat in
+    its old state with the recreated pod running): the training operator, starved, did not see the
+    preempted pod fail before it was gone, and replaced it as a missing replica although the
+    policy is Never. Here it is not running meanwhile, which makes that order certain."""
+    job = "downtime"
+    op = operator()
+    rules = [{"on": ["preempted"], "budget": 1}]
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1, rules=rules))
+    async with asyncio.timeout(WAIT):
+        [first] = await kubeflow.wait_pods(namespace, f"{job}-1")
+    op.kill()
+    await asyncio.to_thread(op.wait_exit)
+    await kubeflow.stop_training_operator()  # restarted by the fixture's restore if this fails
+    await kubeflow.preempt(namespace, f"{job}-1")
+    async with asyncio.timeout(WAIT):
+        await kubeflow.wait_pod_gone(namespace, first["metadata"]["name"], first["metadata"]["uid"])
+    await kubeflow.start_training_operator()
+    async with asyncio.timeout(WAIT):
+        while True:  # made again by the training operator, and running
+            pods = await kubeflow.wait_pods(namespace, f"{job}-1")
+            if all(p["metadata"]["uid"] != first["metadata"]["uid"] for p in pods):
+                break
+            await asyncio.sleep(0.1)
+    op.start()
+    async with asyncio.timeout(WAIT):
+        while True:  # submission 2 released: the fence has stopped submission 1 by then
+            pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+            if any(pj["metadata"]["name"] == f"{job}-2" and released(pj) for pj in pjs):
+                break
+            await asyncio.sleep(0.2)
+    bodies = await drive_seed(crds, namespace, [job], kubeflow, [op], restart=False, preemptions=1)
+    status = bodies[job]["status"]
+    assert [h[3] for h in history(bodies[job])] == ["preempted", "none"], status.get("history")
+    assert "from its event" in status["submissions"][0]["cause"]["detail"], status["submissions"]
+    assert status["state"] == "succeeded", status
+    assert [s["n"] for s in status["submissions"]] == [1, 2]
+    release_monitor.assert_held()
+    pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
+    assert all(_ended(pj) for pj in pjs), "settled with a live object"
+
+
 async def _past_imports(op: OperatorProcess) -> None:
     """Until the process has written a line after its start marker (or died, or a minute passed)."""
     marker = f"===== start {op.starts}:"

@@ -291,6 +291,67 @@ async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_reques
     assert api.calls == reads
 
 
+def recreated_pod() -> Body:
+    """The master of team/train-1 as its controller made it again after a preemption: running,
+    nothing on it says what happened to the pod before it."""
+    return {
+        "metadata": {
+            "name": "train-1-master-0",
+            "namespace": "team",
+            "uid": "pod-2",
+            "resourceVersion": "30",
+            "labels": {
+                "dispatch.dev/job": "train",
+                "dispatch.dev/submission": "1",
+                "app.kubernetes.io/managed-by": "dispatch",
+            },
+        },
+        "spec": {"nodeName": "kwok-node-1"},
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.mark.parametrize("watched", [False, True])
+async def test_a_preemption_while_no_process_watched_is_read_from_its_event(
+    observer: list[WorkloadBackend], watched: bool
+) -> None:
+    """The operator was down while kube-scheduler preempted the pod of a restartPolicy: Never
+    PyTorchJob and the training operator made it again (it replaces a deleted pod whatever the
+    policy): the process started after it sees a running pod, and only the Event says it was
+    preempted. Seen in the crash test (SIGKILL at random moments) on the real stack. An object
+    released after this process started was watched throughout: its pods said it, not the Event."""
+    born = 1.7e9 if watched else 1.8e9  # before or after the object started (2026-12-01)
+    backend, api = kit(clock=born)
+    observer.append(backend)
+    # The Preempted watch lists first, the others a moment later (so it went on the real stack):
+    # the wake of its Event is read from the index before every Events watch has listed.
+    backend._event_informers[None].append(
+        Informer(
+            backend.api, "/api/v1/events", label_selector="", on_change=backend._event_changed, what="evicted"
+        )
+    )
+    released = pytorchjob(ended=False)
+    assert not PYTORCHJOB.in_place(released)
+    wakes: list[int] = []
+    backend.subscribe("team/train", lambda: wakes.append(1))
+    backend._object_changed(None, backend._packed(released))
+    backend._pod_changed(None, backend._packed_pod(recreated_pod()))
+    [view] = await backend.list("team/train")
+    assert view.phase is Phase.RUNNING
+    wakes.clear()
+    backend._event_changed(None, project_event(preempted("train-1-master-0")))  # the Events watch lists
+    assert wakes == [1]
+    [view] = await backend.list("team/train")
+    if watched:
+        assert view.phase is Phase.RUNNING, view
+        return
+    assert view.phase is Phase.ENDED, view
+    assert view.cause is not None
+    assert view.cause.kind is CauseKind.PREEMPTED, view
+    assert "from its event" in view.cause.detail
+    assert not [c for c in api.calls if c.endswith("/events")]  # from the index, no Events LIST
+
+
 async def test_a_mass_preemption_costs_no_events_read(observer: list[WorkloadBackend]) -> None:
     """1,000 objects ended with their pods gone, each explained by its Event from the watch."""
     backend, api = kit()

@@ -995,7 +995,11 @@ class WorkloadBackend:
         :meth:`_look_for_evidence`; the events come from the Events watches' index once they have
         listed, and an Event arriving later wakes the job and is read here without a request). A
         released object restarting pods in place is looked at once per process the same way, since
-        its controller may recreate a preempted pod by itself."""
+        its controller may recreate a preempted pod by itself. Any other object released before this
+        process watched it is read from the Events index: its controller may replace a deleted pod
+        too (the training operator does, policy Never or not, when it did not see the pod fail
+        before it was gone), so a preemption while no process watched can leave a running pod and
+        only the disruption Event (the Events watches' first list wakes the job)."""
         state = self._state(oid)
         verdict = await self._classify_cached(oid, body)
         view = verdict.view
@@ -1008,7 +1012,8 @@ class WorkloadBackend:
         started = parse_time(body.get("status", {}).get("startTime"))
         # Released before this process watched it: a pod may have been preempted and recreated
         # by the controller meanwhile (its watch saw everything since).
-        recreating = released and self.kind.in_place(body) and (started is None or started < self._born)
+        unwatched = released and (started is None or started < self._born)
+        recreating = unwatched and self.kind.in_place(body)
         podless = released and view.phase is Phase.QUEUED and not state.pods
         if podless:
             since = (
@@ -1031,10 +1036,11 @@ class WorkloadBackend:
                 self._wake_at(f"look:{oid}", view.job, self._clock() + LOOK_AGAIN_SECONDS)
             if await self._look_for_evidence(oid, body, pods_too=unexplained):
                 verdict = await self._classify_cached(oid, body)
-        elif (unexplained or podless) and not annotated and oid in self._evidence:
-            # An Event arrived since the last look (the watch woke the job): read from the index.
-            events = self._indexed_events(oid)
-            found = event_evidence(self.kind, body, events) if events else None
+        elif (unexplained or podless or unwatched) and not annotated and oid in self._evidence:
+            # An Event arrived since the last look (the watch woke the job): read from the index,
+            # whatever the other Events watches have listed yet (each Event indexed wakes the job).
+            events = builtins.list(self._evidence[oid].values())
+            found = event_evidence(self.kind, body, events)
             if found is not None and self._keep_evidence(oid, [found]):
                 verdict = await self._classify_cached(oid, body)
         return verdict
