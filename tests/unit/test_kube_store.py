@@ -10,10 +10,11 @@ VersionConflict, an observe write keeps the status) is tests/integration/test_ku
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -23,7 +24,8 @@ from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
 from dispatch._decide import Authorize
 from dispatch._errors import JobNotFound
 from dispatch._kube.store import PARSED, KubeRecordStore, view_of
-from dispatch._kubeclient import WatchEvent
+from dispatch._kubeclient import Gone, WatchEvent
+from dispatch._kubeclient._informer import INITIAL_EVENTS_END
 from dispatch._model import Record
 from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
 
@@ -220,3 +222,62 @@ async def test_a_cancel_time_from_the_clock_is_the_same_at_every_parse(store: Ku
     assert first.cancel is not None
     assert again.cancel is not None
     assert again.cancel.time == first.cancel.time == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class Relisting:
+    """A DispatchJob source whose watch expires once: a streamed list of ``first``, a 410 on the
+    watch from its resourceVersion (the API server compacted past it), a streamed list of ``then``,
+    then a watch with nothing more to say."""
+
+    plural = "dispatchjobs"
+
+    def __init__(self, first: list[dict[str, Any]], then: list[dict[str, Any]]) -> None:
+        self.lists = [first, then]
+
+    async def watch(
+        self, namespace: str | None = None, *, resource_version: str | None = None, initial: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        if initial:
+            items = self.lists.pop(0)
+            for item in items:
+                yield WatchEvent("ADDED", item)
+            end = {"resourceVersion": str(10 + len(items)), "annotations": {INITIAL_EVENTS_END: "true"}}
+            yield WatchEvent("BOOKMARK", {"metadata": end})
+            return
+        if self.lists:
+            raise Gone(410, "too old resource version")
+        await asyncio.Event().wait()
+        yield WatchEvent("BOOKMARK", {"metadata": {}})  # never reached: makes this a generator
+
+
+async def test_a_relist_after_410_drops_the_jobs_deleted_while_no_watch_ran(store: KubeRecordStore) -> None:
+    """A DispatchJob deleted while the watch's resourceVersion had expired sends no DELETED: the
+    re-list is the only sign, and without it the job stayed cached and supervised."""
+    record = step(PENDING, Authorize(submission=1))
+
+    def named(name: str) -> dict[str, Any]:
+        body = at(dispatch_job(record), 5)
+        body["metadata"]["name"] = name
+        return body
+
+    store.objects = cast(Any, Relisting([named("kept"), named("gone")], [named("kept")]))
+    events: list[tuple[str, str]] = []
+    relisted = asyncio.Event()
+
+    def on_event(kind: str, job: str, body: Any) -> None:
+        events.append((kind, job))
+        if kind == "DELETED":
+            relisted.set()
+
+    store.watch_all(on_event)
+    try:
+        await asyncio.wait_for(relisted.wait(), 10)
+    finally:
+        await store.aclose()
+    assert events == [
+        ("ADDED", "team-a/kept"),
+        ("ADDED", "team-a/gone"),
+        ("ADDED", "team-a/kept"),
+        ("DELETED", "team-a/gone"),
+    ]
+    assert sorted(store._views) == ["team-a/kept"]

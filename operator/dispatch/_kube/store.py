@@ -538,8 +538,23 @@ class KubeRecordStore:
 
     async def _watch(self, namespace: str | None) -> None:
         since = time.monotonic()
+        listing: set[str] | None = None
+        """The jobs a (re-)list has shown so far; None while watching."""
+
+        def begin() -> None:
+            nonlocal listing
+            listing = set()
 
         def listed() -> None:
+            nonlocal listing
+            seen, listing = listing, None
+            if seen is not None and namespace in self._listed:
+                # A re-list (the watch's resourceVersion expired): what was deleted meanwhile sent
+                # no DELETED, and would otherwise stay cached and supervised.
+                prefix = f"{namespace}/" if namespace else ""
+                for job in [j for j in self._views if j.startswith(prefix) and j not in seen]:
+                    ns, name = split_job(job)
+                    self._dispatch(WatchEvent("DELETED", {"metadata": {"namespace": ns, "name": name}}))
             log.info(
                 "dispatchjobs%s: %d listed in %.2fs",
                 f" in {namespace}" if namespace else "",
@@ -553,7 +568,10 @@ class KubeRecordStore:
                 for synced in self._on_synced:
                     synced()
 
-        async for event in watch_forever(self.objects, namespace, on_listed=listed):
+        async for event in watch_forever(self.objects, namespace, on_listing=begin, on_listed=listed):
+            if listing is not None:
+                meta = event.object.get("metadata") or {}
+                listing.add(job_id(meta.get("namespace", ""), meta.get("name", "")))
             self._dispatch(event)
 
     def _dispatch(self, event: WatchEvent) -> None:

@@ -352,12 +352,15 @@ async def watch_forever(
     namespace: str | None = None,
     *,
     retry_delay: float = 1.0,
+    on_listing: Callable[[], None] | None = None,
     on_listed: Callable[[], None] | None = None,
 ) -> AsyncIterator[WatchEvent]:
     """List, then watch from the list's resourceVersion, re-listing on 410 and reconnecting on errors.
 
     Every object of the initial list (and of each re-list) is yielded as an ADDED event;
-    ``on_listed()`` is called once the consumer has taken the last of them (the cache is whole).
+    ``on_listing()`` is called before a list's first object, ``on_listed()`` once the consumer has
+    taken the last of them (the cache is whole). Between the two the consumer sees exactly what
+    exists: what it knew and was not listed was deleted while no watch ran (a re-list after 410).
     The list is a streamed one (:meth:`CustomObjects.watch` ``initial``: one request, each object
     handed on as it arrives, read from the API server's watch cache) unless the API server refuses
     those; then pages (:meth:`CustomObjects.pages`), each handed on before the next is asked for.
@@ -368,6 +371,8 @@ async def watch_forever(
         try:
             if resource_version is None and streamed_list:
                 listing = True
+                if on_listing is not None:
+                    on_listing()
                 try:
                     async for event in objects.watch(namespace, initial=True):
                         rv = event.object.get("metadata", {}).get("resourceVersion")
@@ -392,6 +397,8 @@ async def watch_forever(
                     continue
             if resource_version is None:
                 listed = ""
+                if on_listing is not None:
+                    on_listing()
                 async for items, last in objects.pages(namespace):
                     items.reverse()
                     while items:  # each body let go of once it is handed on
