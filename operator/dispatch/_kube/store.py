@@ -569,15 +569,15 @@ class KubeRecordStore:
                     synced()
 
         async for event in watch_forever(self.objects, namespace, on_listing=begin, on_listed=listed):
-            if listing is not None:
-                meta = event.object.get("metadata") or {}
-                listing.add(job_id(meta.get("namespace", ""), meta.get("name", "")))
-            self._dispatch(event)
+            job = self._dispatch(event)
+            if listing is not None and job is not None:
+                listing.add(job)
 
-    def _dispatch(self, event: WatchEvent) -> None:
+    def _dispatch(self, event: WatchEvent) -> str | None:
+        """Cache the event's body and tell the listeners and subscribers; the job it is about."""
         meta = event.object.get("metadata") or {}
         if "name" not in meta or "namespace" not in meta:
-            return
+            return None
         job = job_id(meta["namespace"], meta["name"])
         if event.type == "DELETED":
             self._forget(job)
@@ -602,6 +602,7 @@ class KubeRecordStore:
                 wake()
             except Exception:  # a subscriber's bug must not stop the shared watch
                 log.exception("wake callback of job %s failed", job)
+        return job
 
     async def aclose(self) -> None:
         for task in self._watches:
