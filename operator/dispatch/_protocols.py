@@ -87,6 +87,20 @@ class SelfWaking(Protocol):
         ...
 
 
+@runtime_checkable
+class Overseeing(Protocol):
+    """A backend that sees every job's objects at once (shared watches, a shared poll), so that
+    :meth:`Backend.list` costs no request of its own, and that tells about a change of the objects
+    of a job nobody subscribed to. The operator lets go of a settled job; an object created for it
+    after it settled, by a creator that died before it could end what it made (docs/semantics.md,
+    invariant 5), would otherwise stay held until the job is deleted."""
+
+    def subscribe_others(self, wake: Callable[[str], None]) -> Unsubscribe:
+        """Call ``wake(job)`` whenever :meth:`Backend.list` may answer differently for a ``job`` that
+        has no subscriber (:meth:`Backend.subscribe`)."""
+        ...
+
+
 class Versioned(NamedTuple):
     record: Record
     version: str

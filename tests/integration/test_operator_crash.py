@@ -18,11 +18,15 @@ from typing import Any
 
 import pytest
 
+from dispatch._api import record_from
+from dispatch._kubeclient import KubeClient
+from dispatch._kubeflow import KubeflowBackend
 from tests.integration.conftest import (
     WAIT,
     OperatorProcess,
     ReleaseMonitor,
     apply,
+    await_for,
     dispatch_job,
     get_job,
     history,
@@ -256,6 +260,50 @@ async def test_a_preemption_while_the_operator_is_down_is_recovered_once_it_is_b
     release_monitor.assert_held()
     pjs = await asyncio.to_thread(pytorchjobs, crds, namespace)
     assert all(_ended(pj) for pj in pjs), "settled with a live object"
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["operator-running", "operator-down"])
+async def test_an_object_created_after_the_job_settled_is_ended(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    api: KubeClient,
+    release_monitor: ReleaseMonitor,
+    down: bool,
+) -> None:
+    """Invariant 5's exception: a supervisor decided a Create before the job settled, its create
+    landed after the settle, and it died before it could read the record again and end what it
+    made. The object is held; the operator ends it, never releases it, and writes nothing to the
+    settled record: at once while it runs (the kit's watch shows the object of a job no turn is
+    subscribed to), or at its next start (a settled job's first turn lists its objects)."""
+    job = "late"
+    op = operator()
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1))
+    bodies = await drive_seed(crds, namespace, [job], kubeflow, [op], restart=False, preemptions=0)
+    settled_status = bodies[job]["status"]
+    assert settled_status["state"] == "succeeded", settled_status
+    if down:
+        op.stop()
+    record = record_from(bodies[job])
+    creator = KubeflowBackend(api, namespaces=[namespace])  # the supervisor that died after this create
+    try:
+        late = await creator.create(record.job, 2, record.spec, record.plan)
+    finally:
+        await creator.aclose()
+    name = late.split("/", 1)[1]
+    if down:
+        op.start()
+
+    def late_gone() -> bool:
+        return name not in {pj["metadata"]["name"] for pj in pytorchjobs(crds, namespace)}
+
+    await await_for(f"the late object {late} ended", late_gone)
+    await await_for("the operator's line for that end", lambda: f"ending object {late}" in op.log())
+    assert name not in release_monitor.released.get(job, set()), "the late object was released"
+    release_monitor.assert_held()
+    after = await asyncio.to_thread(get_job, crds, namespace, job)
+    assert after["status"] == settled_status, "the settled record was written"
 
 
 async def _past_imports(op: OperatorProcess) -> None:

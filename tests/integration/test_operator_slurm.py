@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatch._api import record_from
+from dispatch._slurm import open_adapter
 from tests.integration.conftest import (
     OperatorProcess,
     apply,
@@ -141,3 +143,42 @@ async def test_seed_scenario_on_slurm_through_the_operator(
     for where, text in everything.items():
         assert slurm.token not in text, f"the Slurm token appears in the {where}"
         assert slurm.token.split(".")[-1] not in text, f"the Slurm token's signature appears in the {where}"
+
+
+async def test_a_job_held_after_the_dispatchjob_settled_is_cancelled_at_the_next_start(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    slurm: SlurmLab,
+    tmp_path: Path,
+) -> None:
+    """Invariant 5's exception on Slurm: a supervisor's create landed after the job settled and it
+    died before it could end what it made, while no operator ran. The next operator's first turn
+    of the settled job lists its Slurm jobs (from the poller's one shared listing) and cancels the
+    held one, writing nothing to the settled record."""
+    name = "late-slurm"
+    op = operator(f"--slurm-config={slurm_config(slurm, tmp_path)}")
+    manifest = yaml.safe_load(slurm_job(name))
+    manifest["spec"]["command"] = ["true"]
+    await asyncio.to_thread(apply, crds, namespace, yaml.safe_dump(manifest))
+    await await_for(
+        "settled", lambda: (get_job(crds, namespace, name).get("status") or {}).get("settled"), within=120
+    )
+    op.stop()
+    body = await asyncio.to_thread(get_job, crds, namespace, name)
+    record = record_from(body)
+    creator = open_adapter(slurm.backend_config())  # the supervisor that died after this create
+    try:
+        late = await creator.create(record.job, 2, record.spec, record.plan)
+    finally:
+        await creator.aclose()
+    assert slurm.job_state(late).get("JobState") == "PENDING", slurm.job_state(late)  # held
+    op.start()
+    await await_for(
+        f"Slurm job {late} cancelled",
+        lambda: slurm.job_state(late).get("JobState") in ("CANCELLED", None),
+        within=60,
+    )
+    await await_for("the operator's line for that end", lambda: f"ending object {late}" in op.log())
+    after = await asyncio.to_thread(get_job, crds, namespace, name)
+    assert after["status"] == body["status"], "the settled record was written"

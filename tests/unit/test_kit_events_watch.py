@@ -365,3 +365,23 @@ async def test_a_mass_preemption_costs_no_events_read(observer: list[WorkloadBac
     assert causes == {CauseKind.PREEMPTED}
     assert not [c for c in api.calls if c.endswith("/events")]
     assert len(api.calls) == len(jobs)  # one pods LIST each (the pod watch may lag), as before
+
+
+async def test_a_change_of_a_job_nobody_subscribed_to_is_told_to_the_others_hook(
+    observer: list[WorkloadBackend],
+) -> None:
+    """The operator lets go of a settled job; an object of it that appears later (created after it
+    settled) is told to ``subscribe_others``, and never a change of a job with a subscriber."""
+    backend, _ = kit()
+    observer.append(backend)
+    others: list[str] = []
+    unsubscribe = backend.subscribe_others(others.append)
+    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
+    assert others == ["team/train"]
+    wakes: list[int] = []
+    backend.subscribe("team/train", lambda: wakes.append(1))
+    backend._object_changed(None, backend._packed(pytorchjob(ended=True)))
+    assert (others, wakes) == (["team/train"], [1])
+    unsubscribe()
+    backend._object_changed(None, backend._packed(pytorchjob("train-2", ended=False)))
+    assert others == ["team/train"]

@@ -197,3 +197,36 @@ async def test_errors_back_off() -> None:
     finally:
         unsub()
         await b.aclose()
+
+
+async def test_a_change_of_a_job_nobody_subscribed_to_is_told_to_the_others_hook() -> None:
+    """A settled job is let go (no subscriber); a Slurm job of it that changes (one created after it
+    settled) is told to ``subscribe_others`` (the operator's loop), and a subscribed job is not."""
+    fake = FakeSlurm(10)
+    b = make_backend(fake, 0.05)
+    wakes: Counter[str] = Counter()
+    others: list[str] = []
+    unsubs = [b.subscribe(f"j{i}", counter(wakes, f"j{i}")) for i in range(5)]
+    unsubs.append(b.subscribe_others(others.append))
+    try:
+        await asyncio.sleep(0.3)
+        assert sorted(others) == [f"j{i}" for i in range(5, 10)]  # first seen: a change
+        others.clear()
+        wakes.clear()
+        fake.finish(3)
+        fake.finish(7)
+        for _ in range(100):
+            if others and wakes:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert others == ["j7"]
+        assert set(wakes) == {"j3"}
+        unsubs.pop()()
+        fake.finish(8)
+        await asyncio.sleep(0.3)
+        assert others == ["j7"]  # unsubscribed
+    finally:
+        for u in unsubs:
+            u()
+        await b.aclose()

@@ -256,3 +256,25 @@ async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_period
     finally:
         for task in kit._tasks:
             task.cancel()
+
+
+async def test_a_job_let_go_has_a_turn_when_its_backend_tells_of_a_change_of_its_objects() -> None:
+    """``subscribe_others``' wake (a settled job's late object): a job the watch shows and the loop let
+    go is queued again; one already queued, one being deleted or one the watch never showed is not
+    (an unknown job's turn would read it from the API server)."""
+    from typing import Any, cast
+
+    from dispatch._kube.handlers import Runtime
+    from dispatch._kube.loop import SupervisionLoop
+
+    class Known:
+        def knows(self, job: str) -> bool:
+            return job != "ns/unknown"
+
+    loop = SupervisionLoop(Runtime(store=cast(Any, Known()), backends={}))
+    loop.queue.add("ns/queued")
+    loop._forgotten.add("ns/deleting")
+    for job in ("ns/settled", "ns/queued", "ns/deleting", "ns/unknown"):
+        loop._other(job)
+    assert list(loop.queue.pending) == ["ns/queued", "ns/settled"]
+    assert list(loop.queue.lanes[1]) == ["ns/queued", "ns/settled"]  # routine: nothing urgent

@@ -42,12 +42,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
-from .._decide import Authorize, Create, Done, RecordCanonical, Release, Wait
+from .._decide import Authorize, Create, Done, End, RecordCanonical, Release, Wait, decide
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, Conflict, NotFound, split_job, urgent
-from .._model import Phase
-from .._protocols import Backend, SelfWaking
-from .._supervisor import Turn, WorkQueue
+from .._model import Phase, Record
+from .._protocols import Backend, Overseeing, SelfWaking
+from .._supervisor import Intent, Turn, WorkQueue
 from .observed import ObservingSupervisor
 
 log = logging.getLogger("dispatch.operator")
@@ -124,6 +124,7 @@ class SupervisionLoop:
             for name, backend in runtime.backends.items()
         }
         self._unsubscribe: dict[str, Callable[[], None]] = {}
+        self._unsubscribe_others: list[Callable[[], None]] = []
         self._looked: set[str] = set()
         """The supervised jobs whose backend cannot wake them on every change (not
         :class:`~dispatch._protocols.SelfWaking`): the only ones the queue's periodic look takes.
@@ -134,6 +135,9 @@ class SupervisionLoop:
             for backend in runtime.backends.values()
         }
         """Asked once per backend: a runtime-checkable isinstance per job cost 4 % of a restart."""
+        self._overseeing: dict[Backend, bool] = {
+            backend: isinstance(backend, Overseeing) for backend in runtime.backends.values()
+        }
         self._tasks: list[asyncio.Task[None]] = []
         self._started = 0.0
         self._undecided: set[str] | None = None
@@ -161,6 +165,11 @@ class SupervisionLoop:
             use_owner = getattr(backend, "use_owner", None)
             if use_owner is not None:  # the kit: its objects' ownerReference from the store, no GET each
                 use_owner(self.runtime.store.owner_reference)
+        self._unsubscribe_others = [
+            backend.subscribe_others(self._other)
+            for backend in self.runtime.backends.values()
+            if isinstance(backend, Overseeing)
+        ]
         self.runtime.store.watch_all(self._on_event, self._on_synced)
         self._tasks = [
             asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
@@ -176,9 +185,10 @@ class SupervisionLoop:
                 await task
         self._tasks = []
         self._deleting.clear()
-        for unsubscribe in self._unsubscribe.values():
+        for unsubscribe in [*self._unsubscribe.values(), *self._unsubscribe_others]:
             unsubscribe()
         self._unsubscribe.clear()
+        self._unsubscribe_others = []
         self._looked.clear()
 
     def abandon(self) -> None:
@@ -206,6 +216,14 @@ class SupervisionLoop:
         unsubscribe = self._unsubscribe.pop(job, None)
         if unsubscribe is not None:
             unsubscribe()
+
+    def _other(self, job: str) -> None:
+        """A backend saw a change of the objects of a job no turn subscribed to: a settled job (or one
+        refused) has an object again, as when a creator died between a create that landed after the
+        job settled and the end of what it made. One turn looks, if the job is one the watch shows."""
+        if job in self.queue.pending or job in self._forgotten or not self.runtime.store.knows(job):
+            return
+        self.queue.add(job)
 
     # ------------------------------------------------------------------ discovery
 
@@ -309,7 +327,7 @@ class SupervisionLoop:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
         if record.settled:
-            return Turn.DONE
+            return await self._settled(job, record, version, name)
         if job not in self._unsubscribe:
             self._subscribe(job, backend)
         supervisor = self.supervisors[name]
@@ -325,6 +343,29 @@ class SupervisionLoop:
         with urgent(recovering):
             await supervisor.perform(intent)
         return Turn.URGENT if recovering else Turn.AGAIN
+
+    async def _settled(self, job: str, record: Record, version: str, name: str) -> Turn:
+        """End an object a settled job still has (invariant 5's exception: its creator died before
+        it could end it), where listing costs no request (:class:`~dispatch._protocols.Overseeing`):
+        at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not
+        retried: the backend's next word on the job, or the next start, looks again."""
+        backend = self.runtime.backends[name]
+        if not self._overseeing[backend]:
+            return Turn.DONE
+        # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
+        lister: Backend = getattr(backend, "inner", backend)
+        try:
+            objects = tuple(await lister.list(job))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.info("job %s is settled; its objects could not be listed: %s", job, error, extra={"job": job})
+            return Turn.DONE
+        decision = decide(record, objects)
+        if not isinstance(decision.step, End):
+            return Turn.DONE
+        await self.supervisors[name].perform(Intent(record, version, objects, decision))
+        return Turn.AGAIN
 
     # ------------------------------------------------------------------ the finalizer
 

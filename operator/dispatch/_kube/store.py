@@ -332,6 +332,10 @@ class KubeRecordStore:
             view = self._views[job]
         return view
 
+    def knows(self, job: str) -> bool:
+        """True when the shared watch has shown ``job`` (its view is in the cache: no request)."""
+        return bool(self.cache and self._listeners) and job in self._fresh and job in self._views
+
     def record(self, job: str, view: JobView) -> Record:
         """The record of ``view``: the one parsed or written last for that version, else parsed from
         the view's text; raises JobNotFound when it holds none."""

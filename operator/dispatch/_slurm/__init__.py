@@ -333,6 +333,9 @@ class SlurmBackend:
     def subscribe(self, job: str, wake: Callable[[], None]) -> Callable[[], None]:
         return self.poller.subscribe(job, wake)
 
+    def subscribe_others(self, wake: Callable[[str], None]) -> Callable[[], None]:
+        return self.poller.subscribe_others(wake)
+
     async def aclose(self) -> None:
         await self.poller.aclose()
         await self.rest.aclose()

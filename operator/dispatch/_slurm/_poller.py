@@ -122,6 +122,7 @@ class Poller:
         self._overrides: dict[int, _Override] = {}
         self._dirty: dict[str, float] = {}
         self._subs: dict[str, list[Wake]] = {}
+        self._others: list[Callable[[str], None]] = []  # subscribe_others: jobs without a subscriber
 
         self._last_update: int | None = None  # the newest last_update applied
         self._usable_at: dict[int, float] = {}  # monotonic time from which list() may return a job
@@ -240,6 +241,18 @@ class Poller:
                 wakes.remove(wake)
                 if not wakes:
                     del self._subs[job]
+
+        return unsubscribe
+
+    def subscribe_others(self, wake: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``wake(job)`` when a listing changes what a job with no subscriber shows (a settled
+        job's late object). Only while the poller polls, that is while some job is subscribed: a
+        poll for nobody but settled jobs would cost slurmrestd a request per cycle forever."""
+        self._others.append(wake)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._others.remove(wake)
 
         return unsubscribe
 
@@ -488,11 +501,18 @@ class Poller:
         task.add_done_callback(self._bg.discard)
 
     def _wake(self, job: str) -> None:
-        for wake in list(self._subs.get(job, ())):
+        wakes = self._subs.get(job)
+        for wake in list(wakes) if wakes else ():
             try:
                 wake()
             except Exception:
                 log.exception("wake callback of job %s failed", job)
+        if not wakes:
+            for other in list(self._others):
+                try:
+                    other(job)
+                except Exception:
+                    log.exception("wake callback for job %s (no subscriber) failed", job)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

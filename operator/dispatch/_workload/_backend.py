@@ -281,6 +281,7 @@ class WorkloadBackend:
         self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
+        self._others: list[Callable[[str], None]] = []  # subscribe_others: the jobs without a subscriber
         self._informers: list[Informer[Packed]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
@@ -562,6 +563,17 @@ class WorkloadBackend:
 
         return unsubscribe
 
+    def subscribe_others(self, wake: Callable[[str], None]) -> Unsubscribe:
+        """Call ``wake(job)`` on a change of a job nobody subscribed to
+        (:class:`~dispatch._protocols.Overseeing`)."""
+        self._others.append(wake)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._others.remove(wake)
+
+        return unsubscribe
+
     def use_owner(self, owner: OwnerLookup | None) -> None:
         """Where the ownerReference of a job's objects comes from from now on (the operator's record
         store knows each DispatchJob's uid: no GET of the DispatchJob per create)."""
@@ -581,6 +593,7 @@ class WorkloadBackend:
             handle.cancel()
         self._timers.clear()
         self._subscribers.clear()
+        self._others.clear()
         if self._unwatch_kueue is not None:
             await self._unwatch_kueue()
             self._unwatch_kueue = self._workloads = None
@@ -941,8 +954,12 @@ class WorkloadBackend:
     def _wake(self, job: str | None) -> None:
         if job is None:
             return
-        for wake in builtins.list(self._subscribers.get(job, ())):
+        wakes = self._subscribers.get(job)
+        for wake in builtins.list(wakes) if wakes else ():
             wake()
+        if not wakes:
+            for other in builtins.list(self._others):
+                other(job)
 
     def _wake_at(self, key: str, job: str, at: float) -> None:
         """Wake ``job`` at wall-clock time ``at`` (a threshold no event will announce)."""
