@@ -289,8 +289,7 @@ class Operator:
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.proc.pid)
 
     def requests(self) -> Counter[str]:
         """The operator's own request counter (dispatch_api_requests_total) by verb and code."""
@@ -315,6 +314,12 @@ class Operator:
                 found = re.search(r"in ([0-9.]+) ?s", line)
                 return (float(found.group(1)) if found else -1.0), int(m.group(1))
         return None
+
+
+def process_cpu(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def held_lines(path: Path) -> list[str]:
@@ -809,17 +814,24 @@ class Bench:
         op = self.operator
         stopped = op.stop()
         mark = self.lab.audit_mark()
+        server = self.lab.cp.pids.get("kube-apiserver")
+        server_cpu = process_cpu(server) if server is not None else None
         op.start()
         t0 = op.started_at
         assert op.proc is not None
         self.say(f"{key}: operator pid {op.proc.pid} started from {op.tree}")
         last_change, before = time.time(), Counter[str]()
         synced: tuple[float, int] | None = None
+        cpu_at_line: dict[str, float] = {}
         while time.time() - t0 < 120 + self.n * 0.1:
             await asyncio.sleep(0.25)
             op.alive()
             synced = op.synced()
             if synced is not None:
+                # Both CPU figures at the line: the restart is CPU-bound on 2 cores (BENCHMARKS.md).
+                cpu_at_line["operator_cpu_s"] = round(op.cpu_seconds(), 2)
+                if server is not None and server_cpu is not None:
+                    cpu_at_line["apiserver_cpu_s"] = round(process_cpu(server) - server_cpu, 2)
                 break
             now = op.requests()
             if now != before:  # any request, watches too (a streamed list is one)
@@ -830,6 +842,7 @@ class Bench:
         if synced is not None:
             out["known_and_decided_s"] = synced[0]
             out["known_and_decided_jobs"] = synced[1]
+            out.update(cpu_at_line)
             out["seen_by_bench_s"] = round(time.time() - t0, 2)
             await asyncio.sleep(5)  # writes that would follow the line count too
         else:
