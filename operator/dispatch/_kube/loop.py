@@ -13,6 +13,9 @@ canonical, release) stays urgent until it waits, its writes marked urgent for th
 has been quiet for ``poll_interval``, the periodic look queues the jobs whose backend cannot wake
 them on every change (the Slurm adapter polls); the workload kit wakes its jobs itself
 (:class:`~dispatch._protocols.SelfWaking`), so an idle operator of kit jobs takes no turn at all.
+A settled job leaves the queue; a backend that sees every job's objects at once
+(:class:`~dispatch._protocols.Overseeing`) brings it back for one turn when an object of it
+changes, and that turn (the first after a start too) ends what a creator that died left held.
 
 Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls once it holds the
 Lease; :meth:`stop` cancels the workers and the watch.
@@ -350,7 +353,7 @@ class SupervisionLoop:
         at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not
         retried: the backend's next word on the job, or the next start, looks again."""
         backend = self.runtime.backends[name]
-        if not self._overseeing[backend]:
+        if not self._overseeing.get(backend, False):
             return Turn.DONE
         # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
         lister: Backend = getattr(backend, "inner", backend)
