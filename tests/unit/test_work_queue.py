@@ -278,3 +278,75 @@ async def test_a_job_let_go_has_a_turn_when_its_backend_tells_of_a_change_of_its
         loop._other(job)
     assert list(loop.queue.pending) == ["ns/queued", "ns/settled"]
     assert list(loop.queue.lanes[1]) == ["ns/queued", "ns/settled"]  # routine: nothing urgent
+
+
+async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows() -> None:
+    """``SupervisionLoop._settled``: a backend that sees every job's objects (``Overseeing``) is
+    listed, and an object left held after the job settled (its creator died) is ended, the record
+    untouched; a listing that fails lets the job go (the next wake or start looks again); a backend
+    that is not overseeing is not listed at all (a request per settled job per start)."""
+    from collections.abc import Sequence
+    from typing import Any, cast
+
+    from dispatch import Actor, ActorKind, JobSpec, MemoryBackend, ObjectView, Phase, Shape, compose
+    from dispatch._errors import TransientBackendError
+    from dispatch._kube.handlers import Runtime
+    from dispatch._kube.loop import SupervisionLoop
+
+    class Overseen(MemoryBackend):
+        lists = 0
+        failing = False
+
+        def subscribe_others(self, wake: Callable[[str], None]) -> Callable[[], None]:
+            return lambda: None
+
+        async def list(self, job: str) -> Sequence[ObjectView]:
+            self.lists += 1
+            if self.failing:
+                raise TransientBackendError("the cache is not synced")
+            return await super().list(job)
+
+    class Blind(MemoryBackend):
+        lists = 0
+
+        async def list(self, job: str) -> Sequence[ObjectView]:
+            self.lists += 1
+            return await super().list(job)
+
+    overseen = Overseen(Shape.SLURM, auto_run=True)
+    cluster = compose(overseen)
+    plan = await cluster.operator.submit(
+        JobSpec(name="done", command=("train",)), Actor(kind=ActorKind.HUMAN, id="ada"), supervised=True
+    )
+    changed = asyncio.Event()
+    overseen.subscribe(plan.job, changed.set)
+    run = asyncio.create_task(cluster.supervisor().run(plan.job))
+    async with asyncio.timeout(10):
+        while True:
+            changed.clear()
+            views = await overseen.list(plan.job)
+            if views and views[0].phase is Phase.RUNNING:
+                break
+            await changed.wait()
+        overseen.env.complete(views[0].id)
+        settled = await run
+    assert settled.settled
+    record, version = await cluster.store.get(plan.job)
+    late = await overseen.create(plan.job, 2, record.spec, record.plan)  # its creator died here
+    blind = Blind(Shape.SLURM)
+    loop = SupervisionLoop(
+        Runtime(store=cast(Any, cluster.store), backends={"overseen": overseen, "blind": blind})
+    )
+
+    overseen.failing = True
+    assert await loop._settled(plan.job, record, version, "overseen") is Turn.DONE
+    assert {v.id: v.phase for v in await MemoryBackend.list(overseen, plan.job)}[late] is Phase.HELD
+    overseen.failing = False
+    assert await loop._settled(plan.job, record, version, "overseen") is Turn.AGAIN
+    assert all(v.phase is Phase.ENDED for v in await overseen.list(plan.job))
+    assert await loop._settled(plan.job, record, version, "overseen") is Turn.DONE
+    assert await cluster.store.get(plan.job) == (record, version)  # nothing written
+
+    assert await loop._settled(plan.job, record, version, "blind") is Turn.DONE
+    assert blind.lists == 0
+    await cluster.aclose()
