@@ -75,6 +75,7 @@ from kubernetes_asyncio.client import (  # noqa: E402
 )
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
+from bench.list_server import cpu  # noqa: E402
 from bench.operator_bench import OPERATOR_USER, Timeline, dispatchjob, follow, percentile, report, wait_until  # noqa: E402
 from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.lab import HIGH_PRIORITY, Lab, node_manifest, resolve_lab_binaries  # noqa: E402
@@ -289,7 +290,7 @@ class Operator:
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
-        return process_cpu(self.proc.pid)
+        return cpu(self.proc.pid)
 
     def requests(self) -> Counter[str]:
         """The operator's own request counter (dispatch_api_requests_total) by verb and code."""
@@ -314,12 +315,6 @@ class Operator:
                 found = re.search(r"in ([0-9.]+) ?s", line)
                 return (float(found.group(1)) if found else -1.0), int(m.group(1))
         return None
-
-
-def process_cpu(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def held_lines(path: Path) -> list[str]:
@@ -815,7 +810,7 @@ class Bench:
         stopped = op.stop()
         mark = self.lab.audit_mark()
         server = self.lab.cp.pids.get("kube-apiserver")
-        server_cpu = process_cpu(server) if server is not None else None
+        server_cpu = cpu(server) if server is not None else None
         op.start()
         t0 = op.started_at
         assert op.proc is not None
@@ -831,7 +826,7 @@ class Bench:
                 # Both CPU figures at the line: the restart is CPU-bound on 2 cores (BENCHMARKS.md).
                 cpu_at_line["operator_cpu_s"] = round(op.cpu_seconds(), 2)
                 if server is not None and server_cpu is not None:
-                    cpu_at_line["apiserver_cpu_s"] = round(process_cpu(server) - server_cpu, 2)
+                    cpu_at_line["apiserver_cpu_s"] = round(cpu(server) - server_cpu, 2)
                 break
             now = op.requests()
             if now != before:  # any request, watches too (a streamed list is one)

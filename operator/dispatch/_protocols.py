@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ._model import Capabilities, JobSpec, ObjectView, Plan, Record
@@ -128,6 +129,31 @@ class RecordStore(Protocol):
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
         """Call ``wake`` whenever ``job``'s record may have changed."""
         ...
+
+
+class Others:
+    """The callbacks of :meth:`Overseeing.subscribe_others`: what each overseeing backend keeps to
+    implement it. Iterating gives a copy, so a callback may unsubscribe while it is told."""
+
+    __slots__ = ("_wakes",)
+
+    def __init__(self) -> None:
+        self._wakes: list[Callable[[str], None]] = []
+
+    def subscribe(self, wake: Callable[[str], None]) -> Unsubscribe:
+        self._wakes.append(wake)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._wakes.remove(wake)
+
+        return unsubscribe
+
+    def __iter__(self) -> Iterator[Callable[[str], None]]:
+        return iter(list(self._wakes))
+
+    def clear(self) -> None:
+        self._wakes.clear()
 
 
 class Subscribers:

@@ -138,9 +138,10 @@ class SupervisionLoop:
             for backend in runtime.backends.values()
         }
         """Asked once per backend: a runtime-checkable isinstance per job cost 4 % of a restart."""
-        self._overseeing: dict[Backend, bool] = {
-            backend: isinstance(backend, Overseeing) for backend in runtime.backends.values()
+        self._overseers: dict[str, Overseeing] = {
+            name: backend for name, backend in runtime.backends.items() if isinstance(backend, Overseeing)
         }
+        """The backends that tell of jobs no turn subscribed to, and list from a cache (asked once)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._started = 0.0
         self._undecided: set[str] | None = None
@@ -168,11 +169,7 @@ class SupervisionLoop:
             use_owner = getattr(backend, "use_owner", None)
             if use_owner is not None:  # the kit: its objects' ownerReference from the store, no GET each
                 use_owner(self.runtime.store.owner_reference)
-        self._unsubscribe_others = [
-            backend.subscribe_others(self._other)
-            for backend in self.runtime.backends.values()
-            if isinstance(backend, Overseeing)
-        ]
+        self._unsubscribe_others = [o.subscribe_others(self._other) for o in self._overseers.values()]
         self.runtime.store.watch_all(self._on_event, self._on_synced)
         self._tasks = [
             asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
@@ -352,9 +349,9 @@ class SupervisionLoop:
         it could end it), where listing costs no request (:class:`~dispatch._protocols.Overseeing`):
         at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not
         retried: the backend's next word on the job, or the next start, looks again."""
-        backend = self.runtime.backends[name]
-        if not self._overseeing.get(backend, False):
+        if name not in self._overseers:
             return Turn.DONE
+        backend = self.runtime.backends[name]
         # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
         lister: Backend = getattr(backend, "inner", backend)
         try:

@@ -334,7 +334,7 @@ class KubeRecordStore:
 
     def knows(self, job: str) -> bool:
         """True when the shared watch has shown ``job`` (its view is in the cache: no request)."""
-        return bool(self.cache and self._listeners) and job in self._fresh and job in self._views
+        return bool(self.cache and self._listeners) and job in self._fresh  # _fresh: jobs with a view
 
     def record(self, job: str, view: JobView) -> Record:
         """The record of ``view``: the one parsed or written last for that version, else parsed from

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from .._errors import TransientBackendError
 from .._model import Cause, CauseKind, ObjectView, Phase
+from .._protocols import Others
 from ._classify import classify
 from ._dialects import SlurmJob
 
@@ -122,7 +123,7 @@ class Poller:
         self._overrides: dict[int, _Override] = {}
         self._dirty: dict[str, float] = {}
         self._subs: dict[str, list[Wake]] = {}
-        self._others: list[Callable[[str], None]] = []  # subscribe_others: jobs without a subscriber
+        self._others = Others()  # subscribe_others: jobs without a subscriber
 
         self._last_update: int | None = None  # the newest last_update applied
         self._usable_at: dict[int, float] = {}  # monotonic time from which list() may return a job
@@ -248,13 +249,7 @@ class Poller:
         """Call ``wake(job)`` when a listing changes what a job with no subscriber shows (a settled
         job's late object). Only while the poller polls, that is while some job is subscribed: a
         poll for nobody but settled jobs would cost slurmrestd a request per cycle forever."""
-        self._others.append(wake)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._others.remove(wake)
-
-        return unsubscribe
+        return self._others.subscribe(wake)
 
     def _ensure_loop(self) -> None:
         if self._closed or (self._loop_task is not None and not self._loop_task.done()):
@@ -508,7 +503,7 @@ class Poller:
             except Exception:
                 log.exception("wake callback of job %s failed", job)
         if not wakes:
-            for other in list(self._others):
+            for other in self._others:
                 try:
                     other(job)
                 except Exception:

@@ -67,7 +67,7 @@ from .._kubeclient import (
     urgent,
 )
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
-from .._protocols import Unsubscribe, Wake
+from .._protocols import Others, Unsubscribe, Wake
 from ._classify import (
     POD,
     Evidence,
@@ -281,7 +281,7 @@ class WorkloadBackend:
         self._shape = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._subscribers: dict[str, list[Wake]] = {}
-        self._others: list[Callable[[str], None]] = []  # subscribe_others: the jobs without a subscriber
+        self._others = Others()  # subscribe_others: the jobs without a subscriber
         self._informers: list[Informer[Packed]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tracked: dict[str, _Tracked] = {}
@@ -566,13 +566,7 @@ class WorkloadBackend:
     def subscribe_others(self, wake: Callable[[str], None]) -> Unsubscribe:
         """Call ``wake(job)`` on a change of a job nobody subscribed to
         (:class:`~dispatch._protocols.Overseeing`)."""
-        self._others.append(wake)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._others.remove(wake)
-
-        return unsubscribe
+        return self._others.subscribe(wake)
 
     def use_owner(self, owner: OwnerLookup | None) -> None:
         """Where the ownerReference of a job's objects comes from from now on (the operator's record
@@ -958,7 +952,7 @@ class WorkloadBackend:
         for wake in builtins.list(wakes) if wakes else ():
             wake()
         if not wakes:
-            for other in builtins.list(self._others):
+            for other in self._others:
                 other(job)
 
     def _wake_at(self, key: str, job: str, at: float) -> None:
