@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from dispatch._kubeclient import CustomObjects, Informer, KubeClient, new_client, watch_forever
+from dispatch._kube.store import KubeRecordStore
+from dispatch._kubeclient import Informer, KubeClient, new_client
 from tests.integration.conftest import dispatch_job
 from tests.support.controlplane import ControlPlane, resolve_binaries
 from tests.support.kube import KubeCluster
@@ -105,23 +106,27 @@ async def informer_sees(api: KubeClient, namespace: str, add: Any) -> Informer[A
 
 
 async def store_sees(api: KubeClient, namespace: str, add: Any) -> list[tuple[str, str]]:
-    """The shared DispatchJob watch: the two there, ``listed``, then a third made after."""
+    """The record store's shared DispatchJob watch: the two there, ``synced``, then a third made after."""
     said: list[tuple[str, str]] = []
     adding: list[asyncio.Task[None]] = []
+    third = asyncio.Event()
+    store = KubeRecordStore(api, namespaces=[namespace])
 
-    def listed() -> None:  # the watch goes on reading: the third is made beside it
-        said.append(("listed", ""))
+    def told(job: str, body: Any) -> None:
+        said.append(("deleted" if body is None else "shown", job.partition("/")[2]))
+        if job.endswith("-c"):
+            third.set()
+
+    def synced() -> None:  # the watch goes on reading: the third is made beside it
+        said.append(("synced", ""))
         adding.append(asyncio.create_task(asyncio.to_thread(add, "c")))
 
-    events = watch_forever(CustomObjects(api), namespace, on_listed=listed, retry_delay=0.1)
+    store.watch_all(told, synced)
     try:
         async with asyncio.timeout(GUARD):
-            async for event in events:
-                said.append((event.type, event.object["metadata"]["name"]))
-                if event.object["metadata"]["name"].endswith("-c"):
-                    break
+            await third.wait()
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await store.aclose()
         await asyncio.gather(*adding)
     return said
 
@@ -156,10 +161,10 @@ async def test_lists_are_streamed_where_served_and_paged_where_refused(
         said = await store_sees(api, ns, add_job)
     assert informer.watch_list is (gate == "on")
     assert said == [
-        ("ADDED", f"{gate}-a"),
-        ("ADDED", f"{gate}-b"),
-        ("listed", ""),
-        ("ADDED", f"{gate}-c"),
+        ("shown", f"{gate}-a"),
+        ("shown", f"{gate}-b"),
+        ("synced", ""),
+        ("shown", f"{gate}-c"),
     ]
     refused = [r.getMessage() for r in caplog.records if "no streamed list here" in r.getMessage()]
     assert len(refused) == (0 if gate == "on" else 2), refused  # the informer's and the store's

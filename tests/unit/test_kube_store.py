@@ -10,11 +10,10 @@ VersionConflict, an observe write keeps the status) is tests/integration/test_ku
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -24,8 +23,6 @@ from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
 from dispatch._decide import Authorize
 from dispatch._errors import JobNotFound
 from dispatch._kube.store import PARSED, KubeRecordStore, view_of
-from dispatch._kubeclient import Gone, WatchEvent
-from dispatch._kubeclient._informer import INITIAL_EVENTS_END
 from dispatch._model import Record
 from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
 
@@ -44,12 +41,13 @@ def at(body: dict[str, Any], version: int, **meta: Any) -> dict[str, Any]:
 async def store() -> AsyncIterator[KubeRecordStore]:
     async with ApiClient(Configuration(host="https://127.0.0.1:9")) as api:
         store = KubeRecordStore(api, namespaces=["team-a"])
-        store._listeners.append(lambda kind, job, body: None)  # as watch_all does, without the watch
+        store._listeners.append(lambda job, body: None)  # as watch_all does, without the watch
         yield store
 
 
 def show(store: KubeRecordStore, body: dict[str, Any], kind: str = "MODIFIED") -> None:
-    store._dispatch(WatchEvent(kind, body))
+    """``body`` as the shared watch hands it on (``kind`` DELETED: deleted)."""
+    store._dispatch(body, deleted=kind == "DELETED")
 
 
 def test_a_view_keeps_what_the_loop_and_the_writes_need() -> None:
@@ -222,62 +220,3 @@ async def test_a_cancel_time_from_the_clock_is_the_same_at_every_parse(store: Ku
     assert first.cancel is not None
     assert again.cancel is not None
     assert again.cancel.time == first.cancel.time == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-class Relisting:
-    """A DispatchJob source whose watch expires once: a streamed list of ``first``, a 410 on the
-    watch from its resourceVersion (the API server compacted past it), a streamed list of ``then``,
-    then a watch with nothing more to say."""
-
-    plural = "dispatchjobs"
-
-    def __init__(self, first: list[dict[str, Any]], then: list[dict[str, Any]]) -> None:
-        self.lists = [first, then]
-
-    async def watch(
-        self, namespace: str | None = None, *, resource_version: str | None = None, initial: bool = False
-    ) -> AsyncIterator[WatchEvent]:
-        if initial:
-            items = self.lists.pop(0)
-            for item in items:
-                yield WatchEvent("ADDED", item)
-            end = {"resourceVersion": str(10 + len(items)), "annotations": {INITIAL_EVENTS_END: "true"}}
-            yield WatchEvent("BOOKMARK", {"metadata": end})
-            return
-        if self.lists:
-            raise Gone(410, "too old resource version")
-        await asyncio.Event().wait()
-        yield WatchEvent("BOOKMARK", {"metadata": {}})  # never reached: makes this a generator
-
-
-async def test_a_relist_after_410_drops_the_jobs_deleted_while_no_watch_ran(store: KubeRecordStore) -> None:
-    """A DispatchJob deleted while the watch's resourceVersion had expired sends no DELETED: the
-    re-list is the only sign, and without it the job stayed cached and supervised."""
-    record = step(PENDING, Authorize(submission=1))
-
-    def named(name: str) -> dict[str, Any]:
-        body = at(dispatch_job(record), 5)
-        body["metadata"]["name"] = name
-        return body
-
-    store.objects = cast(Any, Relisting([named("kept"), named("gone")], [named("kept")]))
-    events: list[tuple[str, str]] = []
-    relisted = asyncio.Event()
-
-    def on_event(kind: str, job: str, body: Any) -> None:
-        events.append((kind, job))
-        if kind == "DELETED":
-            relisted.set()
-
-    store.watch_all(on_event)
-    try:
-        await asyncio.wait_for(relisted.wait(), 10)
-    finally:
-        await store.aclose()
-    assert events == [
-        ("ADDED", "team-a/kept"),
-        ("ADDED", "team-a/gone"),
-        ("ADDED", "team-a/kept"),
-        ("DELETED", "team-a/gone"),
-    ]
-    assert sorted(store._views) == ["team-a/kept"]

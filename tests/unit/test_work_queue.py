@@ -187,7 +187,7 @@ async def test_a_job_decided_before_the_first_list_is_whole_is_not_waited_for_ag
     loop = SupervisionLoop(runtime, clock=clock)
     loop._started = clock()
     for job in ("ns/early", "ns/late"):
-        loop._on_event("ADDED", job, {})
+        loop._on_event(job, {})
     loop._decided("ns/early")  # its turn, before the list is whole
     loop._on_synced()
     assert loop.decided_after is None  # ns/late has had no turn yet

@@ -227,8 +227,8 @@ class SupervisionLoop:
 
     # ------------------------------------------------------------------ discovery
 
-    def _on_event(self, kind: str, job: str, body: Body) -> None:
-        if kind == "DELETED":
+    def _on_event(self, job: str, body: Body | None) -> None:
+        if body is None:  # deleted
             self._forgotten.discard(job)
             self.queue.pending.pop(job, None)  # a turn in progress finds it gone (JobNotFound)
             self._let_go(job)

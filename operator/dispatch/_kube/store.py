@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import sys
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,21 +52,20 @@ from .._kubeclient import (
     Client,
     Conflict,
     CustomObjects,
+    Informer,
     NotFound,
     Packed,
     Packer,
-    WatchEvent,
     resource_version,
     split_job,
-    watch_forever,
 )
 from .._model import Cause, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
 
-OnEvent = Callable[[str, str, Body], None]
-"""Told about every DispatchJob event of the shared watch: (ADDED|MODIFIED|DELETED, job, body)."""
+OnEvent = Callable[[str, Body | None], None]
+"""Told about every DispatchJob event of the shared watch: (job, its body; None once deleted)."""
 
 
 PARSED: Final = 64
@@ -293,7 +291,7 @@ class KubeRecordStore:
         self._pack = Packer()  # every job's record part packed against the first one's
         self._parsed: OrderedDict[str, tuple[str, Record]] = OrderedDict()
         """Job -> (version, its record): the last :data:`PARSED` records parsed or written."""
-        self.objects = CustomObjects(api, read=read_dispatchjobs)
+        self.objects = CustomObjects(api)
         self.namespaces: tuple[str | None, ...] = tuple(namespaces) if namespaces else (None,)
         self.clock = clock
         self._subscribers: dict[str, list[Wake]] = {}
@@ -541,7 +539,9 @@ class KubeRecordStore:
         ]
 
     async def _watch(self, namespace: str | None) -> None:
-        since = time.monotonic()
+        """The namespace's DispatchJobs by the kit's :class:`Informer`, keeping nothing itself (the
+        store keeps its views): a streamed list, or pages where the API server refuses one, then
+        the watch, listed again on 410 and after a break."""
         listing: set[str] | None = None
         """The jobs a (re-)list has shown so far; None while watching."""
 
@@ -549,41 +549,47 @@ class KubeRecordStore:
             nonlocal listing
             listing = set()
 
-        def listed() -> None:
+        def changed(old: Body | None, new: Body | None) -> None:
+            job = self._dispatch(new) if new is not None else self._dispatch(old, deleted=True)
+            if listing is not None and job is not None and new is not None:
+                listing.add(job)
+
+        def listed(_version: str) -> None:
             nonlocal listing
             seen, listing = listing, None
             if seen is not None and namespace in self._listed:
-                # A re-list (the watch's resourceVersion expired): what was deleted meanwhile sent
-                # no DELETED, and would otherwise stay cached and supervised.
+                # A re-list (the watch's resourceVersion expired, or it broke): what was deleted
+                # meanwhile sent no DELETED, and would otherwise stay cached and supervised.
                 prefix = f"{namespace}/" if namespace else ""
                 for job in [j for j in self._views if j.startswith(prefix) and j not in seen]:
                     ns, name = split_job(job)
-                    self._dispatch(WatchEvent("DELETED", {"metadata": {"namespace": ns, "name": name}}))
-            log.info(
-                "dispatchjobs%s: %d listed in %.2fs",
-                f" in {namespace}" if namespace else "",
-                len(self._views),
-                time.monotonic() - since,
-                extra={"listed": len(self._views)},
-            )
+                    self._dispatch({"metadata": {"namespace": ns, "name": name}}, deleted=True)
             first = len(self._listed) < len(self.namespaces)
             self._listed.add(namespace)
             if first and len(self._listed) == len(self.namespaces):
                 for synced in self._on_synced:
                     synced()
 
-        async for event in watch_forever(self.objects, namespace, on_listing=begin, on_listed=listed):
-            job = self._dispatch(event)
-            if listing is not None and job is not None:
-                listing.add(job)
+        informer: Informer[Body] = Informer(
+            self.api,
+            self.objects.path(namespace),
+            on_change=changed,
+            on_listing=begin,
+            on_relist=listed,
+            read=read_dispatchjobs,
+            store=False,
+            what=f"dispatchjobs in {namespace}" if namespace else "dispatchjobs",
+        )
+        await informer.run()
 
-    def _dispatch(self, event: WatchEvent) -> str | None:
-        """Cache the event's body and tell the listeners and subscribers; the job it is about."""
-        meta = event.object.get("metadata") or {}
-        if "name" not in meta or "namespace" not in meta:
+    def _dispatch(self, body: Body | None, *, deleted: bool = False) -> str | None:
+        """Cache the job's body (forget it when ``deleted``) and tell the listeners and subscribers;
+        the job it is about."""
+        meta = (body or {}).get("metadata") or {}
+        if body is None or "name" not in meta or "namespace" not in meta:
             return None
         job = job_id(meta["namespace"], meta["name"])
-        if event.type == "DELETED":
+        if deleted:
             self._forget(job)
         elif self.cache and (self._listeners or job in self._subscribers):
             # Keep the newest version: an event older than our own last write (the watch lags) is
@@ -591,14 +597,14 @@ class KubeRecordStore:
             known = self._views.get(job) if job in self._fresh else None
             if known is None or (
                 known.version != meta.get("resourceVersion")
-                and (resource_version(event.object) or 0) >= (_revision(known.version) or 0)
+                and (resource_version(body) or 0) >= (_revision(known.version) or 0)
             ):
-                self._remember(job, self._view_of(event.object))
+                self._remember(job, self._view_of(body))
         elif job in self._fresh and self._views[job].version != meta.get("resourceVersion"):
             self._fresh.discard(job)
         for listener in tuple(self._listeners):
             try:
-                listener(event.type, job, event.object)
+                listener(job, None if deleted else body)
             except Exception:  # a listener's bug must not stop the shared watch
                 log.exception("event listener of job %s failed", job)
         for wake in tuple(self._subscribers.get(job, ())):

@@ -2,12 +2,13 @@
 
 - client setup: :func:`new_client`, :func:`load_configuration`, :func:`client_for`,
   :func:`kubeconfig_problem` (kubeconfig, context, in-cluster), and custom-object helpers
-  (:class:`CustomObjects`, :func:`watch_forever`, :class:`ApiError` and its :class:`NotFound`,
+  (:class:`CustomObjects`, :class:`ApiError` and its :class:`NotFound`,
   :class:`Conflict`, :class:`Gone`) for the record store, the operator and the kubectl plugin;
 - raw JSON requests with dispatch's error mapping (:func:`request`, :class:`KubeError`: a
   :class:`~dispatch.BackendError`) and one shared list+watch per resource (:class:`Informer`) for
-  the workload kit: plain dicts through the client's transport (authentication, TLS, connection
-  pool), neither generated model classes nor their choice of patch content types;
+  the workload kit and the record store: plain dicts through the client's transport
+  (authentication, TLS, connection pool), neither generated model classes nor their choice of
+  patch content types;
 - the client itself (:class:`KubeClient`, from a :class:`Connection`; dispatch's own, so the
   operator never imports kubernetes_asyncio) and the :class:`Client` protocol every helper takes.
 """
@@ -46,7 +47,6 @@ from ._objects import (
     load_configuration,
     new_client,
     split_job,
-    watch_forever,
 )
 from ._transport import Connection, KubeClient
 
@@ -87,5 +87,4 @@ __all__ = [
     "split_job",
     "streamed",
     "urgent",
-    "watch_forever",
 ]

@@ -8,8 +8,10 @@ With ``project``, only ``project(body)`` of each object is kept and handed on (t
 slim projection): the whole body lives only while its event is read. With ``store=False`` nothing
 is kept at all: every body is only handed on (``on_change(None, body)`` for each one listed or
 added or modified, ``on_change(body, None)`` for a deletion), for a consumer that keeps the few it
-needs itself (the kit's disruption Events: most of a namespace's are about pods that are not its own).
-A re-list then hands on every item again and cannot tell what was deleted meanwhile.
+needs itself (the kit's disruption Events: most of a namespace's are about pods that are not its own;
+the record store's DispatchJobs, which it keeps as its own views). A re-list then hands on every item
+again; a consumer that must tell what was deleted meanwhile is told where each list begins
+(``on_listing()``) and ends (``on_relist(resource_version)``), and compares.
 With ``pack=Packer()`` (and ``project``), what is kept and handed on is each projection packed
 (:class:`Packed`: its JSON text, deflated), decoded by whoever reads it: the workload kit's cache
 of objects and pods. ``read`` decodes each list page and watch event instead of a whole JSON
@@ -157,9 +159,10 @@ class Informer(Generic[Kept]):
         api: Client,
         path: str,
         *,
-        label_selector: str,
+        label_selector: str = "",
         field_selector: str = "",
         on_change: Callable[[Kept | None, Kept | None], None],
+        on_listing: Callable[[], None] | None = None,
         on_relist: Callable[[str], None] | None = None,
         project: Callable[[Body], Body] | None = None,
         pack: Callable[[Body], Kept] | None = None,
@@ -169,10 +172,14 @@ class Informer(Generic[Kept]):
     ) -> None:
         self.api = api
         self.path = path
-        self.label_selector = label_selector
+        self.label_selector = label_selector or None
         self.field_selector = field_selector or None
         self.on_change = on_change
+        self.on_listing = on_listing
+        """Called as a list (or a streamed list) begins, before its first object is handed on."""
         self.on_relist = on_relist
+        """Called once a whole list has been handed on (every list, the first too), with its
+        resourceVersion."""
         self.project = project
         self.pack = pack
         self.read: Callable[[bytes], Body] = read or json.loads
@@ -273,6 +280,8 @@ class Informer(Generic[Kept]):
 
     def _begin(self) -> None:
         self._since, self._count = time.monotonic(), 0
+        if self.on_listing is not None:
+            self.on_listing()
 
     def _changed(self, key: str, kept: Kept) -> None:
         """One object of a list (or a streamed list's initial events): handed on if it is new or

@@ -8,13 +8,12 @@ resourceVersion that was read, and the API server answers 409 when it is stale (
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Final
@@ -24,7 +23,7 @@ import aiohttp
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
 from ._http import MERGE_PATCH, Client, KubeError, open_request, request, streamed
-from ._informer import STREAMED_LIST_REFUSED, ends_initial_events
+from ._informer import MAX_LINE
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
 
 log = logging.getLogger("dispatch.kubeapi")
@@ -158,18 +157,15 @@ class CustomObjects:
         version: str = VERSION,
         plural: str = PLURAL,
         field_manager: str = FIELD_MANAGER,
-        read: Callable[[bytes], Body] | None = None,
     ) -> None:
         self.api = api
         self.group = group
         self.version = version
         self.plural = plural
         self.field_manager = field_manager
-        self.read = read
-        """Decodes each watch event and list page (the record store's keeps only what it reads of a
-        DispatchJob); None: the whole JSON."""
 
-    def _path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        """The API path of the resource (in ``namespace``, or in all), of one object, of its subresource."""
         path = f"/apis/{self.group}/{self.version}"
         if namespace is not None:
             path += f"/namespaces/{namespace}"
@@ -187,18 +183,18 @@ class CustomObjects:
             raise _error(e) from None
 
     async def get(self, namespace: str, name: str) -> Body:
-        return await self._request("GET", self._path(namespace, name))
+        return await self._request("GET", self.path(namespace, name))
 
     async def create(self, namespace: str, body: Mapping[str, Any]) -> Body:
         return await self._request(
-            "POST", self._path(namespace), query={"fieldManager": self.field_manager}, body=dict(body)
+            "POST", self.path(namespace), query={"fieldManager": self.field_manager}, body=dict(body)
         )
 
     async def replace_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> Body:
         """PUT ``/status``; ``body.metadata.resourceVersion`` is the precondition (409 when stale)."""
         return await self._request(
             "PUT",
-            self._path(namespace, name, "status"),
+            self.path(namespace, name, "status"),
             query={"fieldManager": self.field_manager},
             body=dict(body),
         )
@@ -207,7 +203,7 @@ class CustomObjects:
         """A JSON merge patch of the object (not its status). Include metadata.resourceVersion for CAS."""
         return await self._request(
             "PATCH",
-            self._path(namespace, name),
+            self.path(namespace, name),
             query={"fieldManager": self.field_manager},
             body=dict(patch),
             content_type=MERGE_PATCH,
@@ -215,7 +211,7 @@ class CustomObjects:
 
     async def delete(self, namespace: str, name: str) -> None:
         with contextlib.suppress(NotFound):
-            await self._request("DELETE", self._path(namespace, name))
+            await self._request("DELETE", self.path(namespace, name))
 
     async def list(
         self,
@@ -258,9 +254,7 @@ class CustomObjects:
             }
             if token:
                 query["continue"] = token
-            result = await self._request(
-                "GET", self._path(namespace), query=query, decode=self.read
-            )  # 410: Gone
+            result = await self._request("GET", self.path(namespace), query=query)  # 410: Gone
             items = result.get("items") or []
             meta = result.get("metadata") or {}
             del result
@@ -276,27 +270,21 @@ class CustomObjects:
         resource_version: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int = 300,
-        initial: bool = False,
     ) -> AsyncIterator[WatchEvent]:
-        """One watch request from ``resource_version``; ends when the server closes it.
+        """One watch request from ``resource_version``; ends when the server closes it (the
+        kubectl plugin's ``watch`` of one DispatchJob; the operator's shared watch is an
+        :class:`~._informer.Informer`).
 
-        Raises :class:`Gone` when ``resource_version`` is too old (list again). ``initial``: a
-        streamed list instead (``sendInitialEvents``, KEP-3157; ``resource_version`` unused): every
-        object as it is now, one ADDED event each, then a BOOKMARK annotated
-        ``k8s.io/initial-events-end`` (:func:`~._informer.ends_initial_events`), then the watch
-        goes on. An API server without streamed lists refuses it as invalid (:class:`ApiError`,
-        400 or 422).
+        Raises :class:`Gone` when ``resource_version`` is too old (list again).
         """
         query: dict[str, object] = {
             "watch": True,
             "allowWatchBookmarks": True,
             "timeoutSeconds": timeout_seconds,
-            "resourceVersion": None if initial else resource_version or None,
+            "resourceVersion": resource_version or None,
             "fieldSelector": field_selector or None,
         }
-        if initial:  # no resourceVersion: the state as of now (a consistent read)
-            query.update(sendInitialEvents=True, resourceVersionMatch="NotOlderThan")
-        path = self._path(namespace)
+        path = self.path(namespace)
         try:
             response = await open_request(
                 self.api,
@@ -312,9 +300,10 @@ class CustomObjects:
             raise _error(e) from None
         try:
             async with streamed(response):
-                read = self.read or json.loads
-                async for line in _lines(response.content):
-                    event = read(line)
+                while line := await response.content.readline(max_line_length=MAX_LINE):
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
                     kind = str(event.get("type", ""))
                     obj: Body = event.get("object") or {}
                     if kind == "ERROR":
@@ -326,97 +315,3 @@ class CustomObjects:
                     yield WatchEvent(kind, obj)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise TransientBackendError(f"GET {path} (watch): {type(error).__name__}: {error}") from error
-
-
-async def _lines(content: Any) -> AsyncIterator[bytes]:
-    """Newline-delimited chunks of a streamed body, of any length (aiohttp's readline has a limit).
-
-    Each chunk is split once (a streamed list's chunks hold many lines: splitting one line off the
-    rest at a time copied the rest again for each)."""
-    buffer = b""
-    async for chunk in content.iter_any():
-        if b"\n" not in chunk:
-            buffer += chunk
-            continue
-        lines = (buffer + chunk).split(b"\n")
-        buffer = lines.pop()
-        for line in lines:
-            if line.strip():
-                yield line
-    if buffer.strip():
-        yield buffer
-
-
-async def watch_forever(
-    objects: CustomObjects,
-    namespace: str | None = None,
-    *,
-    retry_delay: float = 1.0,
-    on_listing: Callable[[], None] | None = None,
-    on_listed: Callable[[], None] | None = None,
-) -> AsyncIterator[WatchEvent]:
-    """List, then watch from the list's resourceVersion, re-listing on 410 and reconnecting on errors.
-
-    Every object of the initial list (and of each re-list) is yielded as an ADDED event;
-    ``on_listing()`` is called before a list's first object, ``on_listed()`` once the consumer has
-    taken the last of them (the cache is whole). Between the two the consumer sees exactly what
-    exists: what it knew and was not listed was deleted while no watch ran (a re-list after 410).
-    The list is a streamed one (:meth:`CustomObjects.watch` ``initial``: one request, each object
-    handed on as it arrives, read from the API server's watch cache) unless the API server refuses
-    those; then pages (:meth:`CustomObjects.pages`), each handed on before the next is asked for.
-    """
-    resource_version: str | None = None
-    streamed_list = True
-    while True:
-        try:
-            if resource_version is None and streamed_list:
-                listing = True
-                if on_listing is not None:
-                    on_listing()
-                try:
-                    async for event in objects.watch(namespace, initial=True):
-                        rv = event.object.get("metadata", {}).get("resourceVersion")
-                        if listing and ends_initial_events(event.type, event.object):
-                            listing = False
-                            if on_listed is not None:
-                                on_listed()
-                        if rv and not listing:
-                            resource_version = str(rv)
-                        if event.type != "BOOKMARK":
-                            yield event
-                except ApiError as error:
-                    if error.status not in STREAMED_LIST_REFUSED or not listing:
-                        raise
-                    log.info("%s: no streamed list here (%s); listing pages", objects.plural, error)
-                    streamed_list = False
-                if resource_version is None:
-                    if streamed_list:
-                        raise TransientBackendError(
-                            f"{objects.plural}: the watch ended before its initial events"
-                        )
-                    continue
-            if resource_version is None:
-                listed = ""
-                if on_listing is not None:
-                    on_listing()
-                async for items, last in objects.pages(namespace):
-                    items.reverse()
-                    while items:  # each body let go of once it is handed on
-                        yield WatchEvent("ADDED", items.pop())
-                    listed = last if last is not None else listed
-                resource_version = listed
-                if on_listed is not None:
-                    on_listed()
-            async for event in objects.watch(namespace, resource_version=resource_version):
-                rv = event.object.get("metadata", {}).get("resourceVersion")
-                if rv:
-                    resource_version = str(rv)
-                if event.type != "BOOKMARK":
-                    yield event
-        except Gone:
-            resource_version = None
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # reconnect: the API server restarted, a timeout, a reset
-            log.warning("watch on %s interrupted: %s; reconnecting", objects.plural, error)
-            await asyncio.sleep(retry_delay)
