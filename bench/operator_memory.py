@@ -206,7 +206,8 @@ def tree_for(source: Path, work: Path) -> Path:
 
 
 class MemoryBench(Bench):
-    """Bench's set-up, creation, steady state and restart (``--scale-only``), then the analysis."""
+    """Bench's set-up, creation, steady state and restart (``--scale-only``; with ``--mass`` the
+    reactions and the mass preemption too), then the analysis."""
 
     def setup(self) -> None:
         source = Path(self.args.operator_tree).resolve() if self.args.operator_tree else REPO
@@ -221,9 +222,11 @@ class MemoryBench(Bench):
         dumps = self.operator.dumps
         self.say("analysing the snapshots")
         memory: dict[str, Any] = {"frames": self.args.frames, "load": load()}
-        phases = zip(("running", "after_restart"), dumps[1:], strict=False)
+        phases = zip(("running", "after_restart", "after_mass"), dumps[1:], strict=False)
         for phase, at in phases:
             memory[phase] = analyse(dumps[0], at, self.n)
+        if len(dumps) > 3:  # --mass: what the mass preemption added, per preempted job
+            memory["mass_over_restart"] = analyse(dumps[2], dumps[3], min(self.args.preempt, self.n))
         empty = json.loads(dumps[0].with_suffix(".json").read_text())
         if "rss" in self.result and "tracemalloc_overhead_bytes" in empty:
             # The empty operator's RSS was read while it was traced; the running one's was not.
@@ -238,10 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser()  # operator_scale's options and defaults; the phases after the restart do not run
     options.description = __doc__
     options.add_argument("--frames", type=int, default=16, help="frames per trace (0: no tracing)")
+    options.add_argument(
+        "--mass",
+        action="store_true",
+        help="go on through the reactions and the mass preemption: a snapshot after it too (after_mass,"
+        " and mass_over_restart per preempted job)",
+    )
     args = options.parse_args(argv)
     if args.jobs % args.slots:
         options.error("--jobs must be a multiple of --slots (every node full)")
-    args.no_peer = args.scale_only = True
+    args.no_peer = True
+    args.scale_only = not args.mass
     return run(MemoryBench(args))
 
 

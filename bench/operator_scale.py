@@ -288,6 +288,12 @@ class Operator:
                 return round(int(line.split()[1]) / 1024, 1)
         raise RuntimeError("no VmRSS")
 
+    def sockets(self) -> int:
+        """The operator's open sockets (its API connections, the metrics and webhook listeners)."""
+        assert self.proc is not None
+        fds = Path(f"/proc/{self.proc.pid}/fd")
+        return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
     def cpu_seconds(self) -> float:
         assert self.proc is not None
         return cpu(self.proc.pid)
@@ -1013,6 +1019,12 @@ class Bench:
         self.say(f"mass preemption: {self.result['mass_preemption']}")
         await self.delete_hogs(core, NAMESPACE)
         self.cordon(self.nodes, False)
+        # The client's connections opened for the burst close once idle (aiohttp's keep-alive, 15 s):
+        # what RSS gives back then, and how many sockets stay.
+        await self.quiet(30)
+        quiet = {"rss_after_quiet_mib": op.rss_mib(), "sockets_after_quiet": op.sockets()}
+        self.result["mass_preemption"].update(quiet)
+        self.say(f"after the mass preemption, quiet: {quiet}")
 
     async def peer(self, core: CoreV1Api) -> None:
         w = self.world

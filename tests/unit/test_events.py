@@ -25,7 +25,7 @@ from dispatch._constants import (
     REPORTING_CONTROLLER,
 )
 from dispatch._decide import End, Step
-from dispatch._kube.events import EVENT_REASONS, EventRecorder, event_body
+from dispatch._kube.events import EVENT_REASONS, MAX_PENDING, MAX_SENDING, EventRecorder, event_body
 from dispatch._kube.listeners import Fanout
 from dispatch._model import Record
 from tests.support.observe import wait_for
@@ -238,6 +238,31 @@ async def test_posting_never_blocks_and_is_bounded() -> None:
     gate.set()
     await recorder.drain()
     assert calls == 2
+
+
+async def test_at_most_max_sending_events_are_posted_at_once() -> None:
+    """Each post in flight holds a TLS connection the client keeps while requests keep coming
+    (MAX_SENDING's docstring): a burst of Events waits for a sender instead of opening more."""
+    gate = asyncio.Event()
+    sending = most = 0
+
+    async def slow(namespace: str, body: dict[str, Any]) -> None:
+        nonlocal sending, most
+        sending += 1
+        most = max(most, sending)
+        await gate.wait()
+        sending -= 1
+
+    recorder = EventRecorder(slow, max_sending=3)
+    for _ in range(10):
+        recorder.emit(JOB, "Normal", REASON_SUCCEEDED, "Test", "x")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert (sending, recorder.dropped) == (3, 0)  # the other seven wait, none dropped
+    gate.set()
+    await recorder.drain()
+    assert (most, recorder.failed) == (3, 0)
+    assert MAX_SENDING < MAX_PENDING
 
 
 async def test_post_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,7 +15,8 @@ Types are ``Normal`` or ``Warning`` only; reasons are the CamelCase constants of
 :mod:`dispatch._constants`; ``reportingController`` is ``dispatch.dev/dispatch-operator``.
 
 Posting never blocks the supervisor: each Event is posted by a background task, at most
-``max_pending`` at a time (more are dropped and logged); errors are logged, never raised. Messages
+``max_pending`` pending (more are dropped and logged) and at most ``max_sending`` of them sending
+at once (:data:`MAX_SENDING`); errors are logged, never raised. Messages
 are redacted (:func:`dispatch._kube.logs.redact`) and cut to the API's 1 kB.
 
 An Event is never the only trace of a transition: the record's history and the conditions hold every
@@ -81,6 +82,13 @@ UidOf = Callable[[str, str], Awaitable[str | None]]
 
 MAX_NOTE: Final = 1024
 MAX_PENDING: Final = 256
+MAX_SENDING: Final = 4
+"""Events posted at once. Each post in flight holds a TLS connection, with asyncio's 256 KiB read
+buffer and OpenSSL's, and the client keeps a connection in its pool while requests keep coming
+(aiohttp reuses them in turn). Unbounded, Events took their share of the write limit's burst of
+100 tokens at the start of a mass preemption, a connection each: 82 sockets one second into a mass
+preemption of 1,000, 74 with four senders (BENCHMARKS.md, thirteenth round). Four send more than
+the write limit lets Events have."""
 
 
 EVENT_REASONS: Final = frozenset(
@@ -251,6 +259,7 @@ class EventRecorder:
         uid_of: UidOf | None = None,
         instance: str | None = None,
         max_pending: int = MAX_PENDING,
+        max_sending: int = MAX_SENDING,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_dropped: Callable[[str], None] | None = None,
     ) -> None:
@@ -259,6 +268,7 @@ class EventRecorder:
         self._uid_of = uid_of
         self.instance = instance or default_instance()
         self.max_pending = max_pending
+        self._sending = asyncio.Semaphore(max_sending)
         self._clock = clock
         self._uids: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -375,15 +385,23 @@ class EventRecorder:
 
     async def _send(self, job: str, type: str, reason: str, action: str, note: str, now: datetime) -> None:
         try:
-            uid = self._uids.get(job)
-            if uid is None and self._uid_of is not None:
-                uid = await self._uid_of(*split_job(job))
-                if uid is not None:
-                    self._uids[job] = uid
-            body = event_body(
-                job, uid, type=type, reason=reason, action=action, note=note, instance=self.instance, now=now
-            )
-            await self._post(body["metadata"]["namespace"], body)
+            async with self._sending:
+                uid = self._uids.get(job)
+                if uid is None and self._uid_of is not None:
+                    uid = await self._uid_of(*split_job(job))
+                    if uid is not None:
+                        self._uids[job] = uid
+                body = event_body(
+                    job,
+                    uid,
+                    type=type,
+                    reason=reason,
+                    action=action,
+                    note=note,
+                    instance=self.instance,
+                    now=now,
+                )
+                await self._post(body["metadata"]["namespace"], body)
         except asyncio.CancelledError:
             raise
         except Exception as error:

@@ -1,0 +1,44 @@
+"""The operator gives blocks of 128 KiB and more back to the system once freed
+(``give_back_large_blocks``): each TLS connection's 256 KiB read buffer, which glibc otherwise
+takes from its heap once its mmap threshold has risen, and the heap keeps. Each case runs in a
+fresh interpreter, whose allocator state no other test has touched; ``mallinfo2`` (glibc 2.33+)
+says how many bytes are mapped blocks of their own (``hblkhd``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import ctypes, sys
+from dispatch._kube.main import give_back_large_blocks
+
+FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in FIELDS.split()]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+block = bytearray(4 << 20)
+del block  # freed: glibc raises its threshold past 4 MiB (the dynamic threshold)
+if sys.argv[1] == "given":
+    give_back_large_blocks()
+libc.malloc_trim(0)  # the heap's free top given back: the next block cannot come from it
+before = libc.mallinfo2().hblkhd
+buffer = bytearray(256 * 1024)  # what asyncio's SSLProtocol allocates per connection
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def mapped(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_connection_buffer_is_mapped_by_itself_and_so_given_back() -> None:
+    assert mapped("given") >= 256 * 1024
+    assert mapped("default") == 0  # without it, from the heap, which keeps it
