@@ -222,7 +222,7 @@ class MemoryBench(Bench):
         dumps = self.operator.dumps
         self.say("analysing the snapshots")
         memory: dict[str, Any] = {"frames": self.args.frames, "load": load()}
-        phases = zip(("running", "after_restart", "after_mass"), dumps[1:], strict=False)
+        phases = zip(("running", "after_restart", "after_mass", "after_quiet"), dumps[1:], strict=False)
         for phase, at in phases:
             memory[phase] = analyse(dumps[0], at, self.n)
         if len(dumps) > 3:  # --mass: what the mass preemption added, per preempted job
@@ -244,8 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.add_argument(
         "--mass",
         action="store_true",
-        help="go on through the reactions and the mass preemption: a snapshot after it too (after_mass,"
-        " and mass_over_restart per preempted job)",
+        help="go on through the reactions and the mass preemption: snapshots after it and once quiet too"
+        " (after_mass, after_quiet, and mass_over_restart per preempted job)",
     )
     args = options.parse_args(argv)
     if args.jobs % args.slots:

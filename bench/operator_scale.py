@@ -1013,7 +1013,7 @@ class Bench:
             "requests_per_recovery": round(delta["requests"] / len(v), 2),
             "conflicts_409": delta["conflicts_409"],
             "cpu_ms_per_recovery": round((op.cpu_seconds() - cpu) * 1000 / len(v), 1),
-            "rss_after_mib": op.rss_mib(),  # the memory target holds after the busiest phase too
+            "rss_after_mib": op.rss_mib(),  # the memory target is read after the busiest phase too
             "load": load(),
         }
         self.say(f"mass preemption: {self.result['mass_preemption']}")

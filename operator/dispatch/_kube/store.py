@@ -550,7 +550,10 @@ class KubeRecordStore:
             listing = set()
 
         def changed(old: Body | None, new: Body | None) -> None:
-            job = self._dispatch(new) if new is not None else self._dispatch(old, deleted=True)
+            body = new if new is not None else old  # the Informer keeps nothing: one is never None
+            if body is None:
+                return
+            job = self._dispatch(body, deleted=new is None)
             if listing is not None and job is not None and new is not None:
                 listing.add(job)
 
@@ -582,11 +585,11 @@ class KubeRecordStore:
         )
         await informer.run()
 
-    def _dispatch(self, body: Body | None, *, deleted: bool = False) -> str | None:
+    def _dispatch(self, body: Body, *, deleted: bool = False) -> str | None:
         """Cache the job's body (forget it when ``deleted``) and tell the listeners and subscribers;
         the job it is about."""
-        meta = (body or {}).get("metadata") or {}
-        if body is None or "name" not in meta or "namespace" not in meta:
+        meta = body.get("metadata") or {}
+        if "name" not in meta or "namespace" not in meta:
             return None
         job = job_id(meta["namespace"], meta["name"])
         if deleted:
