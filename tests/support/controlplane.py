@@ -254,6 +254,19 @@ def _issue(
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
+def loopback_tls(directory: Path, ca_name: str) -> tuple[ssl.SSLContext, Path]:
+    """For a test's own TLS server on 127.0.0.1: its context (a certificate from a new CA, files
+    in ``directory``) and the CA's file, which a client trusts."""
+    ca_key, ca_cert = _make_ca(ca_name)
+    key, cert = _issue(ca_key, ca_cert, common_name="localhost", server=True, ips=["127.0.0.1"])
+    (directory / "tls.crt").write_bytes(_cert_pem(cert))
+    (directory / "tls.key").write_bytes(_key_pem(key))
+    (directory / "ca.crt").write_bytes(_cert_pem(ca_cert))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(directory / "tls.crt", directory / "tls.key")
+    return context, directory / "ca.crt"
+
+
 def _load_ca(pki: Path, stem: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = serialization.load_pem_private_key((pki / f"{stem}.key").read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):

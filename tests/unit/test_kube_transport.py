@@ -4,6 +4,7 @@ local HTTP server (headers, token rotation, query, body)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -18,8 +19,13 @@ import yaml
 from aiohttp import web
 
 from dispatch import ConfigError
-from dispatch._kubeclient import open_request, request
-from dispatch._kubeclient._transport import Connection, KubeClient, load_in_cluster, load_kubeconfig
+from dispatch._kubeclient import _transport, open_request, request
+from dispatch._kubeclient._transport import (
+    Connection,
+    KubeClient,
+    load_in_cluster,
+    load_kubeconfig,
+)
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +266,44 @@ async def test_requests_carry_the_user_agent_token_query_and_body(
     assert req.headers["Authorization"] == "Bearer tok"
     assert req.headers["Content-Type"] == "application/merge-patch+json"
     assert bodies[0] == b'{"spec": {"n": 1}}'
+
+
+async def test_requests_share_a_bounded_pool_that_watches_do_not_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests other than watches use at most REQUEST_CONNECTIONS connections at once, and
+    watches, each holding its connection for as long as it lasts, have their own: more watches
+    than that still leave every request a connection (an operator watching many namespaces)."""
+    limit = 8
+    monkeypatch.setattr(_transport, "REQUEST_CONNECTIONS", limit)
+    in_flight = most = 0
+    peers: set[object] = set()
+    release = asyncio.Event()
+
+    async def handle(req: web.Request) -> web.StreamResponse:
+        nonlocal in_flight, most
+        if req.query.get("watch") == "true":
+            response = web.StreamResponse()
+            await response.prepare(req)  # the headers go; the body never ends until the test does
+            await release.wait()
+            return response
+        assert req.transport is not None
+        peers.add(req.transport.get_extra_info("peername"))
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return web.json_response({"ok": True})
+
+    async with serving(handle) as host, KubeClient(Connection(host=host)) as client:
+        async with asyncio.timeout(20):  # sharing one bounded pool, a watch or a request would wait
+            watches = [
+                await open_request(client, "GET", "/w", query={"watch": True}) for _ in range(limit + 4)
+            ]
+            got = await asyncio.gather(*(request(client, "GET", f"/r/{i}") for i in range(limit * 3)))
+        release.set()
+        for watch in watches:
+            watch.close()
+    assert got == [{"ok": True}] * (limit * 3)
+    assert most == limit
+    assert len(peers) == limit  # connections reused, never more opened

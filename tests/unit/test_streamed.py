@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from dispatch._kubeclient import Body, Connection, CustomObjects, Informer, KubeClient, request, streamed
-from tests.support.controlplane import _cert_pem, _issue, _key_pem, _make_ca
+from tests.support.controlplane import loopback_tls
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 EVENT = b'{"type":"ADDED","object":{"metadata":{"namespace":"ns","name":"a","resourceVersion":"2"}}}\n'
@@ -33,13 +33,7 @@ LIST = json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()
 def _silent_watch_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """A port that answers lists (keeping the connection) and gives a watch its head and first
     event, then silence (no read: the client's close_notify stays unanswered); and the CA file."""
-    ca_key, ca_cert = _make_ca("watch-test-ca")
-    key, cert = _issue(ca_key, ca_cert, common_name="localhost", server=True, ips=["127.0.0.1"])
-    (tmp_path / "tls.crt").write_bytes(_cert_pem(cert))
-    (tmp_path / "tls.key").write_bytes(_key_pem(key))
-    (tmp_path / "ca.crt").write_bytes(_cert_pem(ca_cert))
-    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server_ctx, ca = loopback_tls(tmp_path, "watch-test-ca")
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)  # accept() wakes to see ``done`` (a close from here would not wake it)
     done = threading.Event()
@@ -76,7 +70,7 @@ def _silent_watch_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        yield listener.getsockname()[1], tmp_path / "ca.crt"
+        yield listener.getsockname()[1], ca
     finally:
         done.set()
         thread.join(10)
@@ -102,9 +96,11 @@ async def _cancel_mid_watch(
 
 
 def _client_sockets(client: KubeClient) -> list[socket.socket]:
-    connector = client.session().connector
-    assert isinstance(connector, aiohttp.TCPConnector)
-    protocols = [*connector._acquired, *(p for conns in connector._conns.values() for p, _ in conns)]
+    protocols = []
+    for watch in (False, True):
+        connector = client.session(watch=watch).connector
+        assert isinstance(connector, aiohttp.TCPConnector)
+        protocols += [*connector._acquired, *(p for conns in connector._conns.values() for p, _ in conns)]
     return [p.transport.get_extra_info("socket") for p in protocols if p.transport is not None]
 
 

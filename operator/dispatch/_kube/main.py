@@ -30,6 +30,7 @@ import os
 import re
 import signal
 import sys
+from asyncio import sslproto
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -622,14 +623,32 @@ def give_back_large_blocks() -> None:
     """Blocks of 128 KiB and more that the heap's free top cannot hold get their own mapping,
     returned to the system once freed.
 
-    Each TLS connection to the API server holds asyncio's 256 KiB read buffer. glibc maps such a
-    block by itself at first, but raises its threshold when one is freed, and later ones grow the
-    heap, which keeps what they leave. A mass preemption opens about 70 connections at once (the
-    write limit's burst: the kit's stops, the workers' writes), closed once idle: at 1,000 jobs
-    the operator stayed at 94.7 MiB after it, quiet, and with the threshold fixed came back to
-    81.4 MiB (BENCHMARKS.md, thirteenth round). Not glibc (musl, another system): nothing."""
+    glibc maps such a block by itself at first, but raises its threshold when one is freed, and
+    later ones grow the heap, which keeps what they leave. With asyncio's 256 KiB TLS read buffers,
+    at 1,000 jobs the operator stayed at 94.7 MiB after a mass preemption, quiet, and with the
+    threshold fixed came back to 81.4 MiB (BENCHMARKS.md, thirteenth round). TLS reads are now
+    smaller than the threshold (:func:`read_tls_in_smaller_pieces`): each one mapped by itself
+    took three times the CPU of the read. Not glibc (musl, another system): nothing."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+TLS_READ_SIZE: Final = 64 * 1024
+"""What asyncio reads from a TLS connection at once: a TLS record is at most 16 KiB."""
+
+
+def read_tls_in_smaller_pieces() -> None:
+    """Each TLS connection's read buffer is :data:`TLS_READ_SIZE` instead of asyncio's 256 KiB.
+
+    asyncio's ``SSLProtocol`` allocates its ``max_size`` for every connection and holds it while
+    the connection is open; a mass preemption's writes keep about 70 open (``REQUEST_CONNECTIONS``):
+    about 18 MiB, most of the burst's cost. Each read also allocates ``max_size`` for what it reads
+    (``ssl``'s ``read(n)``), which at 256 KiB is over :data:`MMAP_THRESHOLD`: a mapping of its own
+    for every read, three times the CPU of reading (BENCHMARKS.md, fourteenth round). The API
+    server's TLS records are 16 KiB at most, so 64 KiB reads lose nothing. Only where asyncio has
+    the attribute."""
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_SIZE:
+        sslproto.SSLProtocol.max_size = TLS_READ_SIZE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -647,6 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     _configure_logging(args.log_format, args.log_level)
     give_back_large_blocks()
+    read_tls_in_smaller_pieces()
     try:
         return asyncio.run(run(args))
     except KeyboardInterrupt:

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from .. import _registry
 from .._decide import Authorize, RecordRestarts, Step
+from .._kubeclient import is_watch
 from .._model import (
     FAILURE_CAUSES,
     Capabilities,
@@ -103,7 +104,7 @@ def classify(method: str, url: str, query: Any = None) -> tuple[str, str]:
     if len(rest) >= 3:
         resource = f"{rest[0]}/{rest[2]}"
     pairs = query.items() if isinstance(query, dict) else (query or ())
-    watching = any(k == "watch" and str(v).lower() in ("true", "1") for k, v in pairs) or "watch=true" in url
+    watching = is_watch(pairs) or "watch=true" in url
     method = method.upper()
     if method == "GET":
         verb = "watch" if watching else "get" if named else "list"

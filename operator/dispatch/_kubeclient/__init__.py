@@ -48,7 +48,7 @@ from ._objects import (
     new_client,
     split_job,
 )
-from ._transport import Connection, KubeClient
+from ._transport import Connection, KubeClient, is_watch
 
 __all__ = [
     "DEFAULT_WRITE_BURST",
@@ -75,6 +75,7 @@ __all__ = [
     "WriteLimiter",
     "client_for",
     "is_urgent",
+    "is_watch",
     "job_id",
     "key_of",
     "kubeconfig_problem",

@@ -26,7 +26,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -38,8 +38,12 @@ from .._errors import ConfigError
 
 IN_CLUSTER_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_KUBECONFIG: Final = "~/.kube/config"
-POOL_SIZE: Final = 100
-"""Parallel connections to the API server: kubernetes_asyncio's default, kept."""
+REQUEST_CONNECTIONS: Final = 100
+"""Parallel connections for every request but watches (kubernetes_asyncio's default, kept); more
+requests wait for one of them. 16 bounded a mass preemption's sockets at 29 instead of 70, but
+with no write limit its last release came 4.5 s after its last failure instead of 0.37 s
+(BENCHMARKS.md, fourteenth round): on a small control plane the writes in flight are what keeps
+up with kube-scheduler. The memory of each is bounded instead (``dispatch._kube.main``)."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,7 @@ class _Rest:
         data: bytes | str | None = None
         if body is not None:
             data = body if isinstance(body, bytes | str) else json.dumps(body)
-        session = self._client.session()
+        session = self._client.session(watch=is_watch(query_params or ()))
         server_hostname = self._client.connection.tls_server_name
         return await session.request(
             method.upper(),
@@ -307,23 +311,32 @@ class _Rest:
         )
 
 
+def is_watch(query_params: Iterable[tuple[str, object]]) -> bool:
+    """Whether a request's query asks for a watch (``watch=true``)."""
+    return any(k == "watch" and str(v).lower() in ("true", "1") for k, v in query_params)
+
+
 class KubeClient:
-    """One aiohttp session (a pool of :data:`POOL_SIZE` TLS connections) to one API server."""
+    """Two aiohttp sessions to one API server: one for watches, each holding its connection as long
+    as it lasts, and one of :data:`REQUEST_CONNECTIONS` connections for every other request (a
+    bounded pool shared with the watches would let watches take every connection)."""
 
     def __init__(self, connection: Connection, *, user_agent: str = "dispatch") -> None:
         self.connection = connection
         self.user_agent = user_agent
         self.rest_client = _Rest(self)
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self, *, watch: bool = False) -> aiohttp.ClientSession:
         """Made at the first request, inside the running event loop (aiohttp requires one)."""
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=POOL_SIZE, ssl=self.connection.ssl_context())
+        session = self._sessions.get(watch)
+        if session is None or session.closed:
+            limit = 0 if watch else REQUEST_CONNECTIONS  # 0: no limit
+            connector = aiohttp.TCPConnector(limit=limit, ssl=self.connection.ssl_context())
             # trust_env=False: with it, aiohttp looks up ~/.netrc in a thread for every request
             # (5.6% of the busy loop in py-spy); no proxy variables are read either.
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        return self._session
+            session = self._sessions[watch] = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return session
 
     async def call_api(
         self,
@@ -353,9 +366,9 @@ class KubeClient:
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            await session.close()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -368,6 +381,7 @@ __all__ = [
     "Connection",
     "KubeClient",
     "in_cluster_available",
+    "is_watch",
     "kubeconfig_paths",
     "load_connection",
     "load_in_cluster",
