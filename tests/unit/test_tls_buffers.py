@@ -68,4 +68,4 @@ async def test_a_connection_holds_64_kib_to_read_instead_of_256(
     read_tls_in_smaller_pieces()
     smaller = await held_per_connection(tmp_path)
     assert default >= 2 * 256 * 1024  # each end's buffer
-    assert smaller <= 2 * TLS_READ_SIZE + 16 * 1024
+    assert smaller <= 2 * TLS_READ_SIZE + 32 * 1024  # each end's buffer, and a little besides
