@@ -350,3 +350,58 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     assert await loop._settled(plan.job, record, version, "blind") is Turn.DONE
     assert blind.lists == 0
     await cluster.aclose()
+
+
+async def idle(queue: WorkQueue, workers: int) -> list[asyncio.Task[None]]:
+    """``workers`` workers started on ``queue``, returned once every one of them waits."""
+    tasks = [asyncio.create_task(queue.work()) for _ in range(workers)]
+    for _ in range(100):  # each worker starts waiting on its first step
+        await asyncio.sleep(0)
+    assert len(queue.waiting) == workers
+    return tasks
+
+
+async def test_a_queued_job_wakes_one_idle_worker_not_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waking every idle worker for each job cost a reaction 4 % of its CPU (BENCHMARKS.md)."""
+    done = asyncio.Event()
+
+    async def handle(job: str) -> Turn:
+        done.set()
+        return Turn.WAIT
+
+    queue = WorkQueue(handle, poll_interval=60, retry_delays=(0.01,), forever=True)
+    workers = await idle(queue, 8)
+    looks = 0
+    take = queue._next
+
+    def counted() -> str | None:
+        nonlocal looks
+        looks += 1
+        return take()
+
+    monkeypatch.setattr(queue, "_next", counted)
+    try:
+        queue.add("job")
+        await asyncio.wait_for(done.wait(), 10)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert looks == 2  # one worker: the job, then nothing left
+        assert len(queue.waiting) == 8
+    finally:
+        for worker in workers:
+            worker.cancel()
+
+
+async def test_idle_workers_leave_no_waits_behind_as_polls_go_by() -> None:
+    queue = WorkQueue(_never, poll_interval=0.005, retry_delays=(0.01,), forever=True, looked=list)
+    workers = await idle(queue, 4)
+    try:
+        await asyncio.sleep(0.2)  # about 40 periodic looks each
+        assert len(queue.waiting) <= 4
+    finally:
+        for worker in workers:
+            worker.cancel()
+
+
+async def _never(job: str) -> Turn:
+    raise AssertionError(f"no job was queued, yet {job} had a turn")
