@@ -97,8 +97,8 @@ async def _cancel_mid_watch(
 
 def _client_sockets(client: KubeClient) -> list[socket.socket]:
     protocols = []
-    for watch in (False, True):
-        connector = client.session(watch=watch).connector
+    for session in client._sessions.values():  # the watches' and the requests', whichever exist
+        connector = session.connector
         assert isinstance(connector, aiohttp.TCPConnector)
         protocols += [*connector._acquired, *(p for conns in connector._conns.values() for p, _ in conns)]
     return [p.transport.get_extra_info("socket") for p in protocols if p.transport is not None]

@@ -83,9 +83,9 @@ UidOf = Callable[[str, str], Awaitable[str | None]]
 MAX_NOTE: Final = 1024
 MAX_PENDING: Final = 256
 MAX_SENDING: Final = 4
-"""Events posted at once. Each post in flight holds a TLS connection, with asyncio's 256 KiB read
-buffer and OpenSSL's, and the client keeps a connection in its pool while requests keep coming
-(aiohttp reuses them in turn). Unbounded, Events took their share of the write limit's burst of
+"""Events posted at once. Each post in flight holds a TLS connection, with asyncio's read buffer
+and OpenSSL's, and the client keeps a connection in its pool while requests keep coming (aiohttp
+reuses them in turn). Unbounded, Events took their share of the write limit's burst of
 100 tokens at the start of a mass preemption, a connection each: 82 sockets one second into a mass
 preemption of 1,000, 74-77 with four senders (BENCHMARKS.md, thirteenth round). Four send more than
 the write limit lets Events have."""
