@@ -1326,7 +1326,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--operator-flags",
         default="",
-        help="more flags for the operator, e.g. '--write-qps=0' (no write limit: its own capacity)",
+        help="more flags for the operator, e.g. '--write-qps=50' (Kueue's write limit; the default, "
+        "auto, sets none on the lab, whose API server has Priority and Fairness)",
     )
     parser.add_argument(
         "--training-operator-flags",
@@ -1336,7 +1337,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kcm-flags",
         default="--kube-api-qps=50 --kube-api-burst=100",
-        help="kube-controller-manager's client flags (the peer; default: the operator's write limit)",
+        help="kube-controller-manager's client flags (the peer; default: Kueue's 50/100, which the "
+        "operator's --write-qps auto sets where the API server has no Priority and Fairness)",
     )
     parser.add_argument(
         "--hold",

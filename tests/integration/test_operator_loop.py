@@ -92,6 +92,8 @@ async def test_a_job_runs_without_a_get_of_its_dispatchjob(
     gets = samples(metrics, "dispatch_api_requests_total", verb="get", resource="dispatchjobs")
     assert gets == 0.0, f"the operator read the DispatchJob {gets:g} times"
     assert samples(metrics, "dispatch_api_requests_total", verb="create", resource="pytorchjobs") == 1.0
+    # --write-qps auto: the real API server has Priority and Fairness, so no client-side limit
+    assert "dispatch_write_limit_qps 0.0" in metrics
 
 
 async def test_a_stopped_operator_leaves_kopf_nothing_to_wait_for_and_lets_go_of_the_lease(

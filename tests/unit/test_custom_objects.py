@@ -24,7 +24,7 @@ from dispatch._kubeclient import (
     client_for,
 )
 from dispatch._kubeclient._transport import Connection
-from tests.unit.test_kube_transport import serving
+from tests.support.local_http import serving
 
 BASE = "/apis/dispatch.dev/v1alpha1"
 Seen = list[tuple[str, str, dict[str, str], str, Any]]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from dispatch._kubeclient._transport import (
     load_in_cluster,
     load_kubeconfig,
 )
+from tests.support.local_http import serving
 
 
 @pytest.fixture(scope="module")
@@ -219,22 +219,6 @@ async def server() -> AsyncIterator[tuple[str, list[web.Request], list[bytes]]]:
 
     async with serving(handle) as host:
         yield host, seen, bodies
-
-
-@contextlib.asynccontextmanager
-async def serving(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
-    """A real local HTTP server answering every path with ``handle``; yields its base URL."""
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 async def test_requests_carry_the_user_agent_token_query_and_body(

@@ -26,9 +26,9 @@ from dispatch._kube.store import KubeRecordStore
 from dispatch._kubeclient import client_for
 from dispatch._kubeclient._informer import INITIAL_EVENTS_END
 from dispatch._kubeclient._transport import Connection
+from tests.support.local_http import serving
 from tests.unit.test_argocd_health import PENDING, dispatch_job, step
 from tests.unit.test_kube_store import at
-from tests.unit.test_kube_transport import serving
 
 Body = dict[str, Any]
 PATH = "/apis/dispatch.dev/v1alpha1/namespaces/team-a/dispatchjobs"

@@ -1,14 +1,30 @@
 """The operator's write limit (dispatch._kubeclient.WriteLimiter): a token bucket whose urgent lane
-(recoveries) is served before its routine lane, and which only writes pass through."""
+(recoveries) is served before its routine lane, and which only writes pass through; and how
+``--write-qps auto`` chooses it, asking a local HTTP server for the answers a real API server cannot
+be made to give (an error; the real ones, with and without Priority and Fairness, are
+tests/integration/test_write_limit.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 
-from dispatch._kubeclient import WriteLimiter, is_urgent, limit_writes, urgent
+from dispatch._kubeclient import (
+    DEFAULT_WRITE_QPS,
+    FAIRNESS_HEADER,
+    Connection,
+    KubeClient,
+    WriteLimiter,
+    is_urgent,
+    limit_writes,
+    urgent,
+)
+from tests.support.local_http import serving
 
 
 async def test_the_burst_passes_at_once_then_writes_wait() -> None:
@@ -93,11 +109,63 @@ async def test_only_writes_other_than_the_leases_take_a_token() -> None:
     assert len(api.rest_client.sent) == 6
 
 
-def test_the_flags_default_to_kueues_limit_and_refuse_what_cannot_work() -> None:
-    from dispatch._kube.main import ArgumentError, check_arguments, parser
+def test_the_flags_default_to_auto_and_refuse_what_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatch._kube.main import WRITE_QPS_AUTO, ArgumentError, check_arguments, parser
 
     args = parser().parse_args([])
-    assert (args.write_qps, args.write_burst) == (50.0, 100)
+    assert (args.write_qps, args.write_burst) == (WRITE_QPS_AUTO, 100)
+    assert parser().parse_args(["--write-qps=Auto"]).write_qps == WRITE_QPS_AUTO
+    assert parser().parse_args(["--write-qps=20"]).write_qps == 20.0
     for argv, flag in ((["--write-qps=-1"], "--write-qps"), (["--write-burst=0"], "--write-burst")):
         with pytest.raises(ArgumentError, match=flag):
             check_arguments(parser().parse_args(argv))
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(["--write-qps=fast"])
+    assert exit_.value.code == 2
+    assert "--write-qps" in capsys.readouterr().err
+
+
+@contextlib.asynccontextmanager
+async def answering(headers: dict[str, str], status: int = 200) -> AsyncIterator[tuple[str, list[str]]]:
+    seen: list[str] = []
+
+    async def handle(req: web.Request) -> web.Response:
+        seen.append(f"{req.method} {req.path}")
+        return web.json_response({"major": "1"}, status=status, headers=headers)
+
+    async with serving(handle) as host:
+        yield host, seen
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "qps"),
+    [
+        ({FAIRNESS_HEADER: "7c19cac1"}, 200, 0.0),  # Priority and Fairness: no client-side limit
+        ({}, 200, DEFAULT_WRITE_QPS),  # a server without it: Kueue's limit
+        ({FAIRNESS_HEADER: "7c19cac1"}, 503, DEFAULT_WRITE_QPS),  # no answer to go by: the limit
+        ({}, 403, DEFAULT_WRITE_QPS),
+    ],
+)
+async def test_auto_asks_the_api_server_whether_it_sheds_load_itself(
+    headers: dict[str, str], status: int, qps: float
+) -> None:
+    from dispatch._kube.main import WRITE_QPS_AUTO, choose_write_limit
+
+    async with (
+        answering(headers, status) as (host, seen),
+        KubeClient(Connection(host=host)) as client,
+    ):
+        assert await choose_write_limit(client, WRITE_QPS_AUTO) == qps
+    assert seen == ["GET /version"]
+
+
+async def test_a_number_is_the_users_choice_and_asks_nothing() -> None:
+    from dispatch._kube.main import choose_write_limit
+
+    async with (
+        answering({FAIRNESS_HEADER: "x"}) as (host, seen),
+        KubeClient(Connection(host=host)) as client,
+    ):
+        assert await choose_write_limit(client, 20.0) == 20.0
+        assert await choose_write_limit(client, 0.0) == 0.0
+    assert seen == []

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import inspect
 import ipaddress
 import logging
@@ -41,16 +40,18 @@ import yaml
 from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
 from .._decide import Step
-from .._errors import ConfigError
+from .._errors import BackendError, ConfigError
 from .._kubeclient import (
     DEFAULT_WRITE_BURST,
     DEFAULT_WRITE_QPS,
+    Client,
     Connection,
     WriteLimiter,
     client_for,
     kubeconfig_problem,
     limit_writes,
     load_configuration,
+    server_sheds_load,
 )
 from .._model import Record
 from .._protocols import Backend
@@ -96,6 +97,56 @@ class CrashAfter:
 
     def errored(self, job: str, step: Step, error: Exception) -> None:
         pass
+
+
+WRITE_QPS_AUTO: Final = "auto"
+
+
+def _write_qps(text: str) -> float | str:
+    """``--write-qps``: a number of writes per second, or ``auto``."""
+    if text.strip().lower() == WRITE_QPS_AUTO:
+        return WRITE_QPS_AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: writes per second (a number, 0: no limit) or {WRITE_QPS_AUTO}"
+        ) from None
+
+
+async def choose_write_limit(api: Client, write_qps: float | str) -> float:
+    """The client-side write limit in writes per second (0: none) for ``--write-qps``.
+
+    A number is what the user chose. ``auto`` asks the API server: one with API Priority and
+    Fairness queues and sheds load itself, so no limit, as controller-runtime's clients do since
+    v0.21 on SIG API Machinery's advice; a limit on top of it makes a mass preemption of 1,000
+    wait 80 s for tokens while the server idles (BENCHMARKS.md, fifteenth round). Without it (or
+    when it cannot say), Kueue's client default. The loop still bounds what is in flight: its
+    workers and the request pool.
+    """
+    if write_qps != WRITE_QPS_AUTO:
+        return float(write_qps)
+    try:
+        sheds = await server_sheds_load(api)
+    except BackendError as error:
+        log.warning(
+            "writes: limited to %g/s (Kueue's default): could not ask the API server whether it "
+            "has Priority and Fairness (%s)",
+            DEFAULT_WRITE_QPS,
+            error,
+        )
+        return DEFAULT_WRITE_QPS
+    if sheds:
+        log.info(
+            "writes: no client-side limit: the API server has Priority and Fairness and sheds "
+            "load itself (--write-qps N sets one)"
+        )
+        return 0.0
+    log.info(
+        "writes: limited to %g/s (Kueue's default): the API server has no Priority and Fairness",
+        DEFAULT_WRITE_QPS,
+    )
+    return DEFAULT_WRITE_QPS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -150,16 +201,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
     p.add_argument(
         "--write-qps",
-        type=float,
-        default=DEFAULT_WRITE_QPS,
-        help="the operator's API writes per second, after the burst; recoveries first "
-        f"(default: {DEFAULT_WRITE_QPS:g}, Kueue's; 0: no limit)",
+        type=_write_qps,
+        default=WRITE_QPS_AUTO,
+        help="the operator's API writes per second, after the burst; recoveries first; 0: no limit. "
+        f"{WRITE_QPS_AUTO} (the default): none where the API server has Priority and Fairness, "
+        f"which protects it, else {DEFAULT_WRITE_QPS:g} (Kueue's)",
     )
     p.add_argument(
         "--write-burst",
         type=int,
         default=DEFAULT_WRITE_BURST,
-        help="writes the operator may send at once before --write-qps applies "
+        help="writes the operator may send at once before the write limit applies "
         f"(default: {DEFAULT_WRITE_BURST})",
     )
     p.add_argument(
@@ -393,8 +445,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ArgumentError("--webhook-managed needs --webhook-port: no webhook server would serve it")
     if args.poll_interval <= 0:
         raise ArgumentError(f"--poll-interval {args.poll_interval:g}: must be more than 0 seconds")
-    if args.write_qps < 0:
-        raise ArgumentError(f"--write-qps {args.write_qps:g}: writes per second, 0 (no limit) or more")
+    if args.write_qps != WRITE_QPS_AUTO and args.write_qps < 0:
+        raise ArgumentError(
+            f"--write-qps {args.write_qps:g}: writes per second, 0 (no limit) or more, or {WRITE_QPS_AUTO}"
+        )
     if args.write_burst < 1:
         raise ArgumentError(f"--write-burst {args.write_burst}: at least 1 write")
     if args.workers < 1:
@@ -443,8 +497,11 @@ async def run(
     api = client_for(connection)
     if metrics is not None:
         metrics.instrument(api)  # every request of the store, the adapters, events and the elector
-    if args.write_qps > 0:  # kopf writes nothing: the finalizer is the loop's too
-        limit_writes(api, WriteLimiter(args.write_qps, args.write_burst))
+    qps = await choose_write_limit(api, args.write_qps)
+    if qps > 0:  # kopf writes nothing: the finalizer is the loop's too
+        limit_writes(api, WriteLimiter(qps, args.write_burst))
+    if metrics is not None:
+        metrics.write_limit.set(qps)
     namespaces: list[str] | None = list(args.namespace) or None
     store = KubeRecordStore(api, namespaces=namespaces)
     if backends is None:
@@ -614,25 +671,6 @@ def tasks_left(besides: set[asyncio.Task[Any] | None]) -> list[str]:
     return sorted(t.get_name() for t in asyncio.all_tasks() if t not in besides and not t.done())
 
 
-M_MMAP_THRESHOLD: Final = -3
-"""glibc's ``mallopt`` parameter (malloc.h)."""
-MMAP_THRESHOLD: Final = 128 * 1024
-
-
-def give_back_large_blocks() -> None:
-    """Blocks of 128 KiB and more that the heap's free top cannot hold get their own mapping,
-    returned to the system once freed.
-
-    glibc maps such a block by itself at first, but raises its threshold when one is freed, and
-    later ones grow the heap, which keeps what they leave. With asyncio's 256 KiB TLS read buffers,
-    at 1,000 jobs the operator stayed at 94.7 MiB after a mass preemption, quiet, and with the
-    threshold fixed came back to 81.4 MiB (BENCHMARKS.md, thirteenth round). TLS reads are now
-    smaller than the threshold (:func:`read_tls_in_smaller_pieces`): each one mapped by itself
-    took three times the CPU of the read. Not glibc (musl, another system): nothing."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
 TLS_READ_SIZE: Final = 64 * 1024
 """What asyncio reads from a TLS connection at once: a TLS record is at most 16 KiB."""
 
@@ -642,11 +680,9 @@ def read_tls_in_smaller_pieces() -> None:
 
     asyncio's ``SSLProtocol`` allocates its ``max_size`` for every connection and holds it while
     the connection is open; a mass preemption's writes keep about 70 open (``REQUEST_CONNECTIONS``):
-    about 18 MiB, most of the burst's cost. Each read also allocates ``max_size`` for what it reads
-    (``ssl``'s ``read(n)``), which at 256 KiB is over :data:`MMAP_THRESHOLD`: a mapping of its own
-    for every read, three times the CPU of reading (BENCHMARKS.md, fourteenth round). The API
-    server's TLS records are 16 KiB at most, so 64 KiB reads lose nothing. Only where asyncio has
-    the attribute."""
+    about 18 MiB, most of the burst's cost (BENCHMARKS.md, fourteenth round). Each read also
+    allocates ``max_size`` for what it reads (``ssl``'s ``read(n)``). The API server's TLS records
+    are 16 KiB at most, so 64 KiB reads lose nothing. Only where asyncio has the attribute."""
     if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_SIZE:
         sslproto.SSLProtocol.max_size = TLS_READ_SIZE
 
@@ -665,7 +701,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{p.prog}: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.log_format, args.log_level)
-    give_back_large_blocks()
     read_tls_in_smaller_pieces()
     try:
         return asyncio.run(run(args))

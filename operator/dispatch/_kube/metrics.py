@@ -18,6 +18,8 @@
 ``dispatch_startup_jobs``                              jobs the first DispatchJob list after start held
 ``dispatch_startup_decided_seconds``                   start -> every one of them decided once (planned,
                                                        refused, waiting or settled); unset until then
+``dispatch_write_limit_qps``                           the client-side limit on writes per second
+                                                       (``--write-qps``, ``auto`` resolved at start); 0: none
 ``dispatch_build_info{version}``                       always 1
 =====================================================  =======================================================
 
@@ -177,6 +179,11 @@ class Metrics:
         self.startup_decided = Gauge(
             "dispatch_startup_decided_seconds",
             "Seconds from the supervision loop's start until every job of its first list was decided once.",
+            registry=r,
+        )
+        self.write_limit = Gauge(
+            "dispatch_write_limit_qps",
+            "The client-side limit on the operator's API writes per second; 0: none.",
             registry=r,
         )
         self.build_info = Gauge("dispatch_build_info", "Build information.", ["version"], registry=r)

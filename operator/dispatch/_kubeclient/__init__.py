@@ -18,6 +18,7 @@ from __future__ import annotations
 from ._http import (
     DEFAULT_WRITE_BURST,
     DEFAULT_WRITE_QPS,
+    FAIRNESS_HEADER,
     JSON,
     JSON_PATCH,
     MERGE_PATCH,
@@ -29,6 +30,7 @@ from ._http import (
     limit_writes,
     open_request,
     request,
+    server_sheds_load,
     streamed,
     urgent,
 )
@@ -53,6 +55,7 @@ from ._transport import Connection, KubeClient, is_watch
 __all__ = [
     "DEFAULT_WRITE_BURST",
     "DEFAULT_WRITE_QPS",
+    "FAIRNESS_HEADER",
     "FIELD_MANAGER",
     "JSON",
     "JSON_PATCH",
@@ -85,6 +88,7 @@ __all__ = [
     "open_request",
     "request",
     "resource_version",
+    "server_sheds_load",
     "split_job",
     "streamed",
     "urgent",

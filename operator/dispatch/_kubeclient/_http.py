@@ -172,7 +172,28 @@ UNLIMITED_PATHS: Final = ("/leases/",)
 and stop the operator, which would help nobody)."""
 DEFAULT_WRITE_QPS: Final = 50.0
 DEFAULT_WRITE_BURST: Final = 100
-"""Kueue's defaults for its controller's client (``clientConnection.qps``/``burst``)."""
+"""Kueue's defaults for its controller's client (``clientConnection.qps``/``burst``): the limit
+where the API server has no Priority and Fairness of its own (:func:`server_sheds_load`)."""
+FAIRNESS_HEADER: Final = "X-Kubernetes-PF-FlowSchema-UID"
+"""Named in every answer of an API server whose Priority and Fairness classified the request
+(k8s.io/apiserver's filter sets it, exempt requests included)."""
+
+
+async def server_sheds_load(api: Client) -> bool:
+    """Whether the API server protects itself by API Priority and Fairness (on by default since
+    Kubernetes 1.20, GA in 1.29): it queues each client's requests in its own flows, bounded by
+    seats, and answers 429 when a queue is full, which a client retries like any transient error.
+
+    Where it does, a client-side token bucket only delays the requests the server would have
+    served: SIG API Machinery advises turning it off, and controller-runtime does since v0.21.
+    One GET of ``/version`` (readable by every authenticated user) and a look at its headers.
+    Raises :class:`~dispatch.TransientBackendError` when the server does not answer.
+    """
+    response = await open_request(api, "GET", "/version")
+    async with streamed(response):
+        await response.read()
+    return FAIRNESS_HEADER in response.headers
+
 
 _URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("dispatch_write_urgent", default=False)
 
@@ -295,6 +316,7 @@ def limit_writes(api: Client, limiter: WriteLimiter) -> Client:
 __all__ = [
     "DEFAULT_WRITE_BURST",
     "DEFAULT_WRITE_QPS",
+    "FAIRNESS_HEADER",
     "JSON",
     "JSON_PATCH",
     "MERGE_PATCH",
@@ -306,6 +328,7 @@ __all__ = [
     "limit_writes",
     "open_request",
     "request",
+    "server_sheds_load",
     "streamed",
     "urgent",
 ]
