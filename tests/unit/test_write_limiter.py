@@ -119,10 +119,11 @@ def test_the_flags_default_to_auto_and_refuse_what_cannot_work(capsys: pytest.Ca
     for argv, flag in ((["--write-qps=-1"], "--write-qps"), (["--write-burst=0"], "--write-burst")):
         with pytest.raises(ArgumentError, match=flag):
             check_arguments(parser().parse_args(argv))
-    with pytest.raises(SystemExit) as exit_:
-        parser().parse_args(["--write-qps=fast"])
-    assert exit_.value.code == 2
-    assert "--write-qps" in capsys.readouterr().err
+    for word in ("fast", "nan", "inf"):
+        with pytest.raises(SystemExit) as exit_:
+            parser().parse_args([f"--write-qps={word}"])
+        assert exit_.value.code == 2
+        assert "--write-qps" in capsys.readouterr().err
 
 
 @contextlib.asynccontextmanager

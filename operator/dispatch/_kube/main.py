@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import ipaddress
 import logging
+import math
 import os
 import re
 import signal
@@ -107,11 +108,14 @@ def _write_qps(text: str) -> float | str:
     if text.strip().lower() == WRITE_QPS_AUTO:
         return WRITE_QPS_AUTO
     try:
-        return float(text)
+        qps = float(text)
     except ValueError:
+        qps = math.nan
+    if not math.isfinite(qps):
         raise argparse.ArgumentTypeError(
             f"{text!r}: writes per second (a number, 0: no limit) or {WRITE_QPS_AUTO}"
-        ) from None
+        )
+    return qps
 
 
 async def choose_write_limit(api: Client, write_qps: float | str) -> float:
