@@ -25,7 +25,9 @@ are applied with kubectl. One run, in order:
    so under the same load; the ratio of the medians;
 5. mass preemption: every node but ``preempt / slots`` cordoned, one pod of PriorityClass
    lab-high per such node that needs the whole node; kube-scheduler preempts every job pod there
-   (``--preempt`` in all); time until every preempted job's next submission is released;
+   (``--preempt`` in all); time until every preempted job's next submission is released, by this
+   process's watches and by the API server's own clock (``server_clock``: the audit log's times of
+   kube-scheduler's deletes and the operator's release patches; the watches lag under the burst);
 0. first, the peer: as many batch/v1 Jobs (podFailurePolicy: Ignore on DisruptionTarget) on nodes
    of the same shape (tainted for them alone), preempted the same way; time until every preempted
    Job has its replacement pod; then its Jobs are deleted;
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import json
 import os
@@ -349,6 +352,47 @@ def writes_summary(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
         kinds[f"{e['verb']} {ref.get('resource', '?')}{sub}"] += 1
         codes[int((e.get("responseStatus") or {}).get("code") or 0)] += 1
     return {"total": sum(kinds.values()), "by_kind": dict(sorted(kinds.items())), "codes": dict(codes)}
+
+
+SCHEDULER_USER = "system:kube-scheduler"
+POD_OF = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
+"""A training-operator pod's name: its PyTorchJob's, then the replica type and index."""
+
+
+def audit_time(event: dict[str, Any]) -> float:
+    """When the API server finished answering (``stageTimestamp``, microseconds), as epoch seconds."""
+    return dt.datetime.fromisoformat(str(event["stageTimestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+def server_clock(
+    events: Iterable[dict[str, Any]], victims: Iterable[str], next_of: Callable[[str], str | None]
+) -> dict[str, Any]:
+    """The mass preemption on the API server's own clock (its audit log): from kube-scheduler's
+    first write on each victim's pod (the ``DisruptionTarget`` condition it patches in before it
+    deletes the pod: the failure visible on the API server; a running pod gets no other write from
+    it) to the operator's first patch of the victim's next PyTorchJob (the release: it is created
+    held). This process's watches see both later than the API server wrote them, and its pod watch,
+    the busier, lags more while a thousand pods go: without a write limit that lag is larger than
+    the recovery itself (a negative median by the watches' clock)."""
+    deleted: dict[str, float] = {}
+    released: dict[str, float] = {}
+    for e in events:
+        ref, user = e.get("objectRef") or {}, (e.get("user") or {}).get("username")
+        if user == SCHEDULER_USER and ref.get("resource") == "pods":
+            match = POD_OF.match(ref.get("name") or "")
+            if match:
+                deleted.setdefault(match["job"], audit_time(e))
+        elif user == OPERATOR_USER and e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
+            released.setdefault(ref.get("name") or "", audit_time(e))
+    pairs = [(deleted[v], released[n]) for v in victims if v in deleted and (n := next_of(v)) in released]
+    if not pairs:
+        return {}
+    return {
+        "victims_timed": len(pairs),
+        "failure_to_released_ms": stats([(r - d) * 1000 for d, r in pairs]),
+        "first_to_last_failure_s": round(max(d for d, _ in pairs) - min(d for d, _ in pairs), 2),
+        "last_failure_to_all_released_s": round(max(r for _, r in pairs) - max(d for d, _ in pairs), 2),
+    }
 
 
 def peer_job(name: str) -> dict[str, Any]:
@@ -1028,6 +1072,7 @@ class Bench:
             "cpu_ms_per_recovery": round((op.cpu_seconds() - cpu) * 1000 / len(v), 1),
             "rss_after_mib": op.rss_mib(),  # the memory target is read after the busiest phase too
             **peaks,
+            "server_clock": server_clock(self.lab.audit_writes(mark), v, w.next_of),
             "load": load(),
         }
         self.say(f"mass preemption: {self.result['mass_preemption']}")
@@ -1117,9 +1162,8 @@ class Bench:
         mass = self.result.get("mass_preemption", {})
         if mass:
             best = min(out["1_at_a_time_s"], out["8_at_a_time_s"])
-            out["ratio_mass_preemption_tail_to_floor"] = round(
-                mass["last_failure_to_all_released_s"] / best, 2
-            )
+            tail = (mass.get("server_clock") or mass)["last_failure_to_all_released_s"]
+            out["ratio_mass_preemption_tail_to_floor"] = round(tail / best, 2)
             out["ratio_mass_preemption_total_to_floor"] = round(
                 mass["hogs_start_to_all_released_s"] / best, 2
             )
