@@ -111,6 +111,10 @@ MAX_EARLY_EVENTS: Final = 2_000
 NODE_CACHE_SECONDS: Final = 10.0
 EVENTS_CACHE_SECONDS: Final = 2.0
 LOOK_AGAIN_SECONDS: Final = 3.0
+EARLY_EVENT_CAUSES: Final = frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST})
+"""What an Event may say of a watched object that runs before its pods say it (a disruption: the
+scheduler's Preempted, the kubelet's Evicted, the taint manager's eviction). A controller's Event
+that it cannot create pods ends only an object with no pod at all (``PODLESS_AFTER_SECONDS``)."""
 PODLESS_AFTER_SECONDS: Final = 2.0
 STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -1026,6 +1030,7 @@ class WorkloadBackend:
         unwatched = released and (started is None or started < self._born)
         recreating = unwatched and self.kind.in_place(body)
         podless = released and view.phase is Phase.QUEUED and not state.pods
+        running_once = released and not self.kind.in_place(body)
         if podless:
             since = (
                 started or state.released_at or parse_time(body.get("metadata", {}).get("creationTimestamp"))
@@ -1047,11 +1052,20 @@ class WorkloadBackend:
                 self._wake_at(f"look:{oid}", view.job, self._clock() + LOOK_AGAIN_SECONDS)
             if await self._look_for_evidence(oid, body, pods_too=unexplained):
                 verdict = await self._classify_cached(oid, body)
-        elif (unexplained or podless or unwatched) and not annotated and oid in self._evidence:
+        elif (
+            (unexplained or podless or unwatched or running_once) and not annotated and oid in self._evidence
+        ):
             # An Event arrived since the last look (the watch woke the job): read from the index,
             # whatever the other Events watches have listed yet (each Event indexed wakes the job).
+            # For a released object whose pods run once (no restart in place) too: the scheduler's
+            # Preempted Event comes on a watch of a few Events, while the pod watch carries every
+            # pod's every status and lags it by 5-15 s in a mass preemption (BENCHMARKS.md,
+            # fifteenth round); the pod's own word would end it the same way, later.
             events = builtins.list(self._evidence[oid].values())
             found = event_evidence(self.kind, body, events)
+            early = not (unexplained or podless or unwatched)
+            if found is not None and early and found.cause.kind not in EARLY_EVENT_CAUSES:
+                found = None  # its pods speak for its launch: only a disruption is read early
             if found is not None and self._keep_evidence(oid, [found]):
                 verdict = await self._classify_cached(oid, body)
         return verdict
