@@ -187,7 +187,8 @@ async def server_sheds_load(api: Client) -> bool:
     Where it does, a client-side token bucket only delays the requests the server would have
     served: SIG API Machinery advises turning it off, and controller-runtime does since v0.21.
     One GET of ``/version`` (readable by every authenticated user) and a look at its headers.
-    Raises :class:`~dispatch.TransientBackendError` when the server does not answer.
+    Raises :class:`~dispatch.BackendError` (:class:`~dispatch.TransientBackendError` when the
+    server does not answer).
     """
     response = await open_request(api, "GET", "/version")
     async with streamed(response):
