@@ -27,7 +27,8 @@ are applied with kubectl. One run, in order:
    lab-high per such node that needs the whole node; kube-scheduler preempts every job pod there
    (``--preempt`` in all); time until every preempted job's next submission is released, by this
    process's watches and by the API server's own clock (``server_clock``: the audit log's times of
-   kube-scheduler's deletes and the operator's release patches; the watches lag under the burst);
+   kube-scheduler's first write on each victim's pod and of the operator's release patches; the
+   watches lag under the burst);
 0. first, the peer: as many batch/v1 Jobs (podFailurePolicy: Ignore on DisruptionTarget) on nodes
    of the same shape (tainted for them alone), preempted the same way; time until every preempted
    Job has its replacement pod; then its Jobs are deleted;
@@ -374,24 +375,24 @@ def server_clock(
     held). This process's watches see both later than the API server wrote them, and its pod watch,
     the busier, lags more while a thousand pods go: without a write limit that lag is larger than
     the recovery itself (a negative median by the watches' clock)."""
-    deleted: dict[str, float] = {}
+    failed: dict[str, float] = {}
     released: dict[str, float] = {}
     for e in events:
         ref, user = e.get("objectRef") or {}, (e.get("user") or {}).get("username")
         if user == SCHEDULER_USER and ref.get("resource") == "pods":
             match = POD_OF.match(ref.get("name") or "")
             if match:
-                deleted.setdefault(match["job"], audit_time(e))
+                failed.setdefault(match["job"], audit_time(e))
         elif user == OPERATOR_USER and e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
             released.setdefault(ref.get("name") or "", audit_time(e))
-    pairs = [(deleted[v], released[n]) for v in victims if v in deleted and (n := next_of(v)) in released]
+    pairs = [(failed[v], released[n]) for v in victims if v in failed and (n := next_of(v)) in released]
     if not pairs:
         return {}
     return {
         "victims_timed": len(pairs),
-        "failure_to_released_ms": stats([(r - d) * 1000 for d, r in pairs]),
-        "first_to_last_failure_s": round(max(d for d, _ in pairs) - min(d for d, _ in pairs), 2),
-        "last_failure_to_all_released_s": round(max(r for _, r in pairs) - max(d for d, _ in pairs), 2),
+        "failure_to_released_ms": stats([(r - f) * 1000 for f, r in pairs]),
+        "first_to_last_failure_s": round(max(f for f, _ in pairs) - min(f for f, _ in pairs), 2),
+        "last_failure_to_all_released_s": round(max(r for _, r in pairs) - max(f for f, _ in pairs), 2),
     }
 
 

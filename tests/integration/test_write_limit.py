@@ -14,7 +14,6 @@ import pytest
 from dispatch._kube.main import WRITE_QPS_AUTO, choose_write_limit
 from dispatch._kubeclient import DEFAULT_WRITE_QPS, KubeClient, new_client, server_sheds_load
 from tests.support.controlplane import ControlPlane, resolve_binaries
-from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +29,7 @@ def without_fairness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contr
         yield cp
 
 
-async def test_the_lab_sheds_load_itself_so_auto_sets_no_limit(api: KubeClient, crds: KubeCluster) -> None:
+async def test_the_lab_sheds_load_itself_so_auto_sets_no_limit(api: KubeClient) -> None:
     assert await server_sheds_load(api)
     assert await choose_write_limit(api, WRITE_QPS_AUTO) == 0.0
 

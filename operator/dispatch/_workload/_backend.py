@@ -1040,6 +1040,8 @@ class WorkloadBackend:
                 podless = False  # the controller is still creating its pods
                 if view.job:
                     self._wake_at(f"look:{oid}", view.job, due)
+        # Objects for which whatever an Event says counts (podless as settled just above):
+        any_event = unexplained or podless or unwatched
         annotated = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ENDED)
         now = time.monotonic()
         if (unexplained or recreating or podless) and not annotated and state.looked <= now:
@@ -1052,9 +1054,7 @@ class WorkloadBackend:
                 self._wake_at(f"look:{oid}", view.job, self._clock() + LOOK_AGAIN_SECONDS)
             if await self._look_for_evidence(oid, body, pods_too=unexplained):
                 verdict = await self._classify_cached(oid, body)
-        elif (
-            (unexplained or podless or unwatched or running_once) and not annotated and oid in self._evidence
-        ):
+        elif (any_event or running_once) and not annotated and oid in self._evidence:
             # An Event arrived since the last look (the watch woke the job): read from the index,
             # whatever the other Events watches have listed yet (each Event indexed wakes the job).
             # For a released object whose pods run once (no restart in place) too: the scheduler's
@@ -1063,8 +1063,7 @@ class WorkloadBackend:
             # fifteenth round); the pod's own word would end it the same way, later.
             events = builtins.list(self._evidence[oid].values())
             found = event_evidence(self.kind, body, events)
-            early = not (unexplained or podless or unwatched)
-            if found is not None and early and found.cause.kind not in EARLY_EVENT_CAUSES:
+            if found is not None and not any_event and found.cause.kind not in EARLY_EVENT_CAUSES:
                 found = None  # its pods speak for its launch: only a disruption is read early
             if found is not None and self._keep_evidence(oid, [found]):
                 verdict = await self._classify_cached(oid, body)
