@@ -111,10 +111,13 @@ MAX_EARLY_EVENTS: Final = 2_000
 NODE_CACHE_SECONDS: Final = 10.0
 EVENTS_CACHE_SECONDS: Final = 2.0
 LOOK_AGAIN_SECONDS: Final = 3.0
-EARLY_EVENT_CAUSES: Final = frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST})
-"""What an Event may say of a watched object that runs before its pods say it (a disruption: the
-scheduler's Preempted, the kubelet's Evicted, the taint manager's eviction). A controller's Event
-that it cannot create pods ends only an object with no pod at all (``PODLESS_AFTER_SECONDS``)."""
+EARLY_EVENT_CAUSES: Final = frozenset({CauseKind.PREEMPTED})
+"""What an Event may say of a watched object that runs before its pods say it: a disruption that
+only ever hits a live pod (the scheduler's Preempted, the kubelet's Evicted). Not the taint
+manager's eviction: it deletes a node's terminated pods too, so its Event can follow an
+out-of-memory or an exit the pod watch has not delivered yet (the pods' word comes first then). A
+controller's Event that it cannot create pods ends only an object with no pod at all
+(``PODLESS_AFTER_SECONDS``)."""
 PODLESS_AFTER_SECONDS: Final = 2.0
 STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -1064,7 +1067,7 @@ class WorkloadBackend:
             events = builtins.list(self._evidence[oid].values())
             found = event_evidence(self.kind, body, events)
             if found is not None and not any_event and found.cause.kind not in EARLY_EVENT_CAUSES:
-                found = None  # its pods speak for its launch: only a disruption is read early
+                found = None  # its pods speak first: only a disruption of a live pod is read early
             if found is not None and self._keep_evidence(oid, [found]):
                 verdict = await self._classify_cached(oid, body)
         return verdict
