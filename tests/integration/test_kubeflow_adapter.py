@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._workload._release import release_ops
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster
-from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
+from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, WEBHOOK_NAME, Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -579,6 +579,62 @@ async def test_release_stops_the_older_objects_of_the_job_first(
         i for i, (name, suspended, _) in enumerate(order) if name == "fence-2" and not suspended
     )
     assert stopped_at < released_at, order
+
+
+@contextlib.contextmanager
+def webhook_ignored(cluster: KubeCluster) -> Iterator[None]:
+    """The training operator's validating webhook with ``failurePolicy: Ignore`` meanwhile."""
+
+    def policy(value: str) -> None:
+        ops = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": value}]
+        cluster.kubectl(
+            "patch", "validatingwebhookconfiguration", WEBHOOK_NAME, "--type=json", f"-p={json.dumps(ops)}"
+        )
+
+    policy("Ignore")
+    try:
+        yield
+    finally:
+        policy("Fail")
+
+
+async def test_pods_a_stopped_objects_controller_leaves_running_are_deleted_by_dispatch(
+    kube_cluster: KubeCluster, namespace: str, api: ApiClient, kubeflow: Kubeflow
+) -> None:
+    """The training operator deletes a suspended PyTorchJob's pods; while it is down they run on,
+    and ``pod_cleanup_after`` a stop dispatch deletes them itself, each by name (a DELETE by label
+    selector scans every pod of the namespace on the API server)."""
+    backend = KubeflowBackend(api, stop_ended=False, pod_cleanup_after=1.0)
+    deletes: list[str] = []
+    real = backend.api.call_api
+
+    async def spy(path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "DELETE" and "/pods" in path:
+            deletes.append(path)
+        return await real(path, method, *args, **kwargs)
+
+    backend.api.call_api = spy  # type: ignore[method-assign,assignment]
+    try:
+        job = await create_owner(kube_cluster, namespace, "left")
+        spec = spec_of("left", nodes=2)
+        plan = make_plan(job, spec, CAPABILITIES, supervised=True)
+        first = await backend.create(job, 1, spec, plan)
+        await backend.release(first)
+        await until(backend, job, phase_is(first, Phase.RUNNING))
+        pods = await kubeflow.wait_pods(namespace, "left-1", 2)
+        second = await backend.create(job, 2, spec, plan)
+        # A stuck controller: stopped (the fixture's restore starts it again), its webhook ignored
+        # meanwhile (the API server would refuse every write on a PyTorchJob without it).
+        await kubeflow.stop_training_operator()
+        with webhook_ignored(kube_cluster):
+            await backend.release(second)  # stops submission 1 first: nobody deletes its pods but us
+            await eventually(lambda: none_running_or_all_deleting(api, first))
+        names = sorted(p["metadata"]["name"] for p in pods)
+        assert sorted(path.rsplit("/", 1)[-1] for path in deletes) == names, deletes
+        assert all(path.startswith(f"/api/v1/namespaces/{namespace}/pods/") for path in deletes), deletes
+    finally:
+        await backend.aclose()
+        vars(api).pop("call_api", None)  # the spy goes: the class's method again
 
 
 async def test_a_stop_before_a_resubmission_is_off_the_path_until_settling(

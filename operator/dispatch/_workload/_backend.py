@@ -1470,6 +1470,10 @@ class WorkloadBackend:
         self._timers[key] = asyncio.get_running_loop().call_later(self.pod_cleanup_after, fire)
 
     async def _cleanup_pods(self, oid: str) -> None:
+        """Each pod the watch still shows running is deleted by name: a pod already gone answers
+        404 at no cost, where a DELETE by label selector makes the API server scan every pod of the
+        namespace (at 10,000 jobs, a mass preemption's lagging pod watch sent hundreds of those and
+        they answered 504: BENCHMARKS.md, sixteenth round)."""
         tracked = self._tracked.get(oid)
         alive = [
             p
@@ -1479,12 +1483,15 @@ class WorkloadBackend:
         ]
         if not alive:
             return
-        namespace, name = split_id(oid, "object")
         self._log.info("%d pod(s) of stopped %s still run: deleting them", len(alive), oid)
-        try:
-            await self._delete_pods(namespace, name, self._current(oid))
-        except BackendError as error:
-            self._log.warning("delete the pods of stopped %s: %s", oid, error)
+        for pod in alive:
+            meta = pod.get("metadata", {})
+            path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+            try:
+                await request(self.api, "DELETE", path)
+            except KubeError as error:
+                if error.status != 404:
+                    self._log.warning("delete pod %s of stopped %s: %s", meta.get("name"), oid, error)
 
     def _check_stop(self, oid: str) -> None:
         """From the watches: start a stop as soon as the evidence arrives, for the jobs someone in
