@@ -374,25 +374,46 @@ def server_clock(
     it) to the operator's first patch of the victim's next PyTorchJob (the release: it is created
     held). This process's watches see both later than the API server wrote them, and its pod watch,
     the busier, lags more while a thousand pods go: without a write limit that lag is larger than
-    the recovery itself (a negative median by the watches' clock)."""
+    the recovery itself (a negative median by the watches' clock).
+
+    Split at the operator's first patch of the victim's own PyTorchJob after the failure (the
+    stop): the failure -> the stop is how soon the operator learns of it, the stop -> the release
+    how long its writes for the next submission take. And the latency of the operator's writes in
+    that window (received -> answered): where the API server is the bottleneck, it grows."""
     failed: dict[str, float] = {}
-    released: dict[str, float] = {}
+    patched: dict[str, list[float]] = defaultdict(list)
+    writes: list[tuple[float, float]] = []
     for e in events:
         ref, user = e.get("objectRef") or {}, (e.get("user") or {}).get("username")
         if user == SCHEDULER_USER and ref.get("resource") == "pods":
             match = POD_OF.match(ref.get("name") or "")
             if match:
                 failed.setdefault(match["job"], audit_time(e))
-        elif user == OPERATOR_USER and e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
-            released.setdefault(ref.get("name") or "", audit_time(e))
-    pairs = [(failed[v], released[n]) for v in victims if v in failed and (n := next_of(v)) in released]
+        elif user == OPERATOR_USER:
+            received = e.get("requestReceivedTimestamp")
+            if received:
+                writes.append((audit_time({"stageTimestamp": received}), audit_time(e)))
+            if e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
+                patched[ref.get("name") or ""].append(audit_time(e))
+    released = {name: times[0] for name, times in patched.items()}
+    pairs = [(v, failed[v], released[n]) for v in victims if v in failed and (n := next_of(v)) in released]
     if not pairs:
         return {}
+    stops = [
+        (f, stop, r)
+        for v, f, r in pairs
+        if (stop := next((t for t in patched.get(v, ()) if t >= f), None)) is not None and stop <= r
+    ]
+    start, end = min(f for _, f, _ in pairs), max(r for _, _, r in pairs)
+    latency = [(done - got) * 1000 for got, done in writes if start <= got <= end]
     return {
         "victims_timed": len(pairs),
-        "failure_to_released_ms": stats([(r - f) * 1000 for f, r in pairs]),
-        "first_to_last_failure_s": round(max(f for f, _ in pairs) - min(f for f, _ in pairs), 2),
-        "last_failure_to_all_released_s": round(max(r for _, r in pairs) - max(f for f, _ in pairs), 2),
+        "failure_to_released_ms": stats([(r - f) * 1000 for _, f, r in pairs]),
+        "failure_to_stop_ms": stats([(stop - f) * 1000 for f, stop, _ in stops]),
+        "stop_to_released_ms": stats([(r - stop) * 1000 for _, stop, r in stops]),
+        "operator_write_latency_ms": stats(latency),
+        "first_to_last_failure_s": round(max(f for _, f, _ in pairs) - min(f for _, f, _ in pairs), 2),
+        "last_failure_to_all_released_s": round(max(r for _, _, r in pairs) - max(f for _, f, _ in pairs), 2),
     }
 
 
