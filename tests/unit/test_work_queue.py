@@ -127,14 +127,14 @@ async def test_a_bug_stops_one_job_in_run_all_and_is_retried_by_the_operator(per
 
 
 async def test_the_operator_loop_runs_as_many_workers_as_its_flag_says() -> None:
-    """``--workers``: 32 by default, at least 1, and exactly that many workers take turns."""
+    """``--workers``: 64 by default, at least 1, and exactly that many workers take turns."""
     from typing import Any, cast
 
     from dispatch._kube.handlers import Runtime
     from dispatch._kube.loop import DEFAULT_WORKERS
     from dispatch._kube.main import ArgumentError, check_arguments, parser
 
-    assert parser().parse_args([]).workers == DEFAULT_WORKERS == 32
+    assert parser().parse_args([]).workers == DEFAULT_WORKERS == 64
     for bad in ("0", "-1"):
         with pytest.raises(ArgumentError, match="--workers"):
             check_arguments(parser().parse_args([f"--workers={bad}"]))

@@ -58,7 +58,11 @@ log = logging.getLogger("dispatch.operator")
 RECOVERY_STEPS: Final = (Authorize, Create, RecordCanonical, Release)
 """Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-DEFAULT_WORKERS: Final = 32
+DEFAULT_WORKERS: Final = 64
+"""Turns at once. A recovery is five writes in a row; when a thousand jobs are preempted at once they
+queue for the workers. At 10,000 jobs on the test cluster 64 gave the shortest tail (5.2 s after
+the last preemption, against 17.6 s with 32 and 11.9 s with 128, where the API server's latency
+doubled); under the request pool's 100 connections (BENCHMARKS.md, sixteenth round)."""
 END_POLL: Final = 0.5
 STARTUP_GC_PAUSE: Final = 300.0
 """The longest the cyclic collector stays paused after a start (:class:`StartupCollector`)."""
