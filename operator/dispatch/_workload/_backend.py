@@ -1489,8 +1489,8 @@ class WorkloadBackend:
             path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
             try:
                 await request(self.api, "DELETE", path)
-            except KubeError as error:
-                if error.status != 404:
+            except BackendError as error:  # a 5xx or a dropped connection too: logged, not retried
+                if not (isinstance(error, KubeError) and error.status == 404):
                     self._log.warning("delete pod %s of stopped %s: %s", meta.get("name"), oid, error)
 
     def _check_stop(self, oid: str) -> None:
