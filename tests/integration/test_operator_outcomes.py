@@ -121,9 +121,9 @@ async def test_oom_and_node_loss_are_told_apart_from_preemption(
     await kubeflow.oom(namespace, await running_pj(crds, namespace, "oom", 1, kubeflow))
     oom = await settled(crds, namespace, "oom")
     # Node loss through the real taint eviction (kube-controller-manager), one job at a time: the
-    # scheduler may put two jobs' pods on one node (CI saw it), and the taint evicts every pod of
-    # that node, the terminated one of "oom" too (its record, settled, stays as it is). The taint is
-    # lifted once the job has seen it, so that the next submissions have every node.
+    # scheduler may put two jobs' pods on one node (what a CI timeout fits), and the taint evicts
+    # every pod of that node, the terminated one of "oom" too (its record, settled, stays as it
+    # is). The taint is lifted once the job has seen it, so the next submissions have every node.
     node_rule = [{"on": ["node-lost"], "budget": 1}]
     for job, rules in (("lost", preempt_only), ("survivor", node_rule)):
         await asyncio.to_thread(apply, crds, namespace, dispatch_job(job, nodes=1, rules=rules))
