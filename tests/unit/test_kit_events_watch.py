@@ -376,8 +376,8 @@ async def test_an_event_that_can_follow_another_end_does_not_end_a_watched_objec
     """Read early, an Event may only say a disruption of a live pod. The training operator's
     FailedCreatePod ends an object with no pod at all (after ``PODLESS_AFTER_SECONDS``), never one
     whose pod runs; the taint manager deletes a node's terminated pods too, so its Event may follow
-    an out-of-memory the pod watch has not delivered yet (seen in CI: the pod of a job told
-    out-of-memory shared the tainted node)."""
+    an out-of-memory the pod watch has not delivered yet (two jobs' pods on one tainted node, as in
+    the OOM-and-node-loss integration test, make it possible)."""
     backend, _ = kit(clock=1.7e9)  # this process watched the object from its release
     observer.append(backend)
     backend.subscribe("team/train", lambda: None)
