@@ -360,9 +360,10 @@ POD_OF = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
 """A training-operator pod's name: its PyTorchJob's, then the replica type and index."""
 
 
-def audit_time(event: dict[str, Any]) -> float:
-    """When the API server finished answering (``stageTimestamp``, microseconds), as epoch seconds."""
-    return dt.datetime.fromisoformat(str(event["stageTimestamp"]).replace("Z", "+00:00")).timestamp()
+def audit_time(event: dict[str, Any], stage: str = "stageTimestamp") -> float:
+    """When the API server finished answering (``stageTimestamp``, microseconds; or another of the
+    event's times, ``requestReceivedTimestamp``), as epoch seconds."""
+    return dt.datetime.fromisoformat(str(event[stage]).replace("Z", "+00:00")).timestamp()
 
 
 def server_clock(
@@ -390,9 +391,8 @@ def server_clock(
             if match:
                 failed.setdefault(match["job"], audit_time(e))
         elif user == OPERATOR_USER:
-            received = e.get("requestReceivedTimestamp")
-            if received:
-                writes.append((audit_time({"stageTimestamp": received}), audit_time(e)))
+            if e.get("requestReceivedTimestamp"):
+                writes.append((audit_time(e, "requestReceivedTimestamp"), audit_time(e)))
             if e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
                 patched[ref.get("name") or ""].append(audit_time(e))
     released = {name: times[0] for name, times in patched.items()}

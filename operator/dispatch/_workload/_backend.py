@@ -1486,12 +1486,10 @@ class WorkloadBackend:
         self._log.info("%d pod(s) of stopped %s still run: deleting them", len(alive), oid)
         for pod in alive:
             meta = pod.get("metadata", {})
-            path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
             try:
-                await request(self.api, "DELETE", path)
+                await self._delete_pod(meta.get("namespace", ""), meta.get("name", ""))
             except BackendError as error:  # a 5xx or a dropped connection too: logged, not retried
-                if not (isinstance(error, KubeError) and error.status == 404):
-                    self._log.warning("delete pod %s of stopped %s: %s", meta.get("name"), oid, error)
+                self._log.warning("delete pod %s of stopped %s: %s", meta.get("name"), oid, error)
 
     def _check_stop(self, oid: str) -> None:
         """From the watches: start a stop as soon as the evidence arrives, for the jobs someone in
@@ -1581,6 +1579,13 @@ class WorkloadBackend:
             # watch brings it, so the job is not recorded settled before an End lets go of it (the
             # object would stay, its Workload with it, and Kueue admitted it again).
             self._remember(f"{namespace}/{name}", None, deleted)
+
+    async def _delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except KubeError as error:
+            if error.status != 404:
+                raise explain(error, f"delete pod {namespace}/{name}") from None
 
     async def _delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
         owner = owner_of(body) if body is not None else None
