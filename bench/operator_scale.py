@@ -31,7 +31,8 @@ are applied with kubectl. One run, in order:
    watches lag under the burst);
 0. first, the peer: as many batch/v1 Jobs (podFailurePolicy: Ignore on DisruptionTarget) on nodes
    of the same shape (tainted for them alone), preempted the same way; time until every preempted
-   Job has its replacement pod; then its Jobs are deleted;
+   Job has its replacement pod, by the watches and by the API server's clock
+   (``peer_server_clock``); then its Jobs are deleted; the ratios to it at the end;
 7. the floor: the operator stopped, as many status writes (merge patches on DispatchJobs' status
    in a namespace no operator watches), one at a time and 8 at a time.
 
@@ -152,6 +153,7 @@ class World(Timeline):
         self.peer_pod_seen: dict[str, float] = {}
         self.peer_pod_failed: dict[str, float] = {}
         self.peer_pod_phase: dict[str, str] = {}
+        self.peer_pod_name: dict[str, str] = {}
 
     def _ended(self, name: str) -> bool:
         body = self.ptj_body[name]
@@ -221,6 +223,7 @@ class World(Timeline):
         if uid not in self.peer_pod_seen:
             self.peer_pod_seen[uid] = now
             self.peer_pods[job].append(uid)
+            self.peer_pod_name[uid] = meta["name"]
         self.peer_pod_phase[uid] = (obj.get("status") or {}).get("phase") or ""
         if disrupted(obj):
             self.peer_pod_failed.setdefault(uid, now)
@@ -414,6 +417,48 @@ def server_clock(
         "operator_write_latency_ms": stats(latency),
         "first_to_last_failure_s": round(max(f for _, f, _ in pairs) - min(f for _, f, _ in pairs), 2),
         "last_failure_to_all_released_s": round(max(r for _, _, r in pairs) - max(f for _, f, _ in pairs), 2),
+    }
+
+
+JOB_CONTROLLER_USER = "system:serviceaccount:kube-system:job-controller"
+
+
+def peer_server_clock(events: Iterable[dict[str, Any]], victims: Iterable[str]) -> dict[str, Any]:
+    """The peer's replacements on the API server's clock, as :func:`server_clock` times dispatch's:
+    from kube-scheduler's first status patch on each victim pod (its ``DisruptionTarget``) to the
+    Job controller's creates of the replacement pods. Those creates name no pod in the audit log
+    (the controller uses ``generateName``, and the name is given after the request is audited), so
+    the tail is exact and the per-Job figure pairs the k-th failure with the k-th create: the
+    same distribution where the controller replaces in the order it learns, a bound otherwise.
+    ``victims``: the preempted pods' names (kube-scheduler also patches the status of the hogs and
+    of replacements it cannot place yet)."""
+    named = set(victims)
+    failed: dict[str, float] = {}
+    created: list[float] = []
+    for e in events:
+        ref, user = e.get("objectRef") or {}, (e.get("user") or {}).get("username")
+        if ref.get("namespace") != PEER_NAMESPACE or ref.get("resource") != "pods":
+            continue
+        if user == SCHEDULER_USER and e.get("verb") == "patch" and ref.get("name") in named:
+            failed.setdefault(ref.get("name") or "", audit_time(e))
+        elif (
+            user == JOB_CONTROLLER_USER
+            and e.get("verb") == "create"
+            and not ref.get("subresource")
+            and (e.get("responseStatus") or {}).get("code") == 201
+        ):
+            created.append(audit_time(e))
+    if not failed or not created:
+        return {}
+    failures, creates = sorted(failed.values()), sorted(t for t in created if t >= min(failed.values()))
+    return {
+        "victims_timed": len(failures),
+        "replacements_created": len(creates),
+        "failure_to_replacement_ms_paired_in_order": stats(
+            [(c - f) * 1000 for f, c in zip(failures, creates, strict=False)]
+        ),
+        "first_to_last_failure_s": round(failures[-1] - failures[0], 2),
+        "last_failure_to_all_replaced_s": round(creates[-1] - failures[-1], 2) if creates else None,
     }
 
 
@@ -1118,6 +1163,7 @@ class Bench:
         await w.until(running, f"{self.m} peer pods Running", 1800 + self.m * 2.0)
         self.say("peer Jobs running")
         await asyncio.sleep(3)
+        mark = self.lab.audit_mark()
         t0 = time.time()
         await self.create_all(
             core,
@@ -1147,6 +1193,10 @@ class Bench:
             "hogs_start_to_all_replaced_s": round(done - t0, 1),
             "last_failure_to_all_replaced_s": round(done - max(failures), 2),
             "failure_to_replacement_ms": stats(per_job),
+            "server_clock": peer_server_clock(
+                self.lab.audit_writes(mark, namespace=PEER_NAMESPACE),
+                (w.peer_pod_name[uid] for uid in v.values()),
+            ),
             "load": load(),
         }
         self.say(f"peer: {self.result['peer']}")
@@ -1331,6 +1381,22 @@ class Bench:
                             2,
                         ),
                     }
+                    mp_clock, peer_clock = mp.get("server_clock") or {}, peer.get("server_clock") or {}
+                    if mp_clock.get("last_failure_to_all_released_s") and peer_clock.get(
+                        "last_failure_to_all_replaced_s"
+                    ):
+                        # the same spans on the API server's clock for both: the watches lag in a
+                        # burst (the bench's own by seconds, so that per job they can go negative)
+                        self.result["ratio_to_peer"]["tail_server_clock"] = round(
+                            mp_clock["last_failure_to_all_released_s"]
+                            / peer_clock["last_failure_to_all_replaced_s"],
+                            2,
+                        )
+                        self.result["ratio_to_peer"]["per_job_median_server_clock"] = round(
+                            mp_clock["failure_to_released_ms"]["median"]
+                            / peer_clock["failure_to_replacement_ms_paired_in_order"]["median"],
+                            2,
+                        )
             finally:
                 for t in watches:
                     t.cancel()
