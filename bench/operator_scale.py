@@ -369,6 +369,65 @@ def audit_time(event: dict[str, Any], stage: str = "stageTimestamp") -> float:
     return dt.datetime.fromisoformat(str(event[stage]).replace("Z", "+00:00")).timestamp()
 
 
+def scheduler_failures(events: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Each PyTorchJob's failure on the API server's clock: kube-scheduler's first write on its pod
+    after the audit mark (the ``DisruptionTarget`` it patches in before it deletes the pod)."""
+    failed: dict[str, float] = {}
+    for e in events:
+        ref = e.get("objectRef") or {}
+        if (e.get("user") or {}).get("username") == SCHEDULER_USER and ref.get("resource") == "pods":
+            match = POD_OF.match(ref.get("name") or "")
+            if match:
+                failed.setdefault(match["job"], audit_time(e))
+    return failed
+
+
+class WatchProbe:
+    """``kubectl get pods --watch`` beside the burst: when a Go client of the API server's own make
+    is told of each pod's ``DisruptionTarget``, against when the API server wrote it (the audit
+    log). It tells the API server's watch lag from the lag of dispatch's (or this bench's) own
+    processing: the operator cannot stop a preempted object before its watch says so."""
+
+    TEMPLATE = '{.metadata.name}{" "}{.status.conditions[?(@.type=="DisruptionTarget")].status}{"\\n"}'
+
+    def __init__(self, kubectl: Sequence[str], namespace: str) -> None:
+        self.argv = [*kubectl, "get", "pods", "-n", namespace, "--watch-only", f"-o=jsonpath={self.TEMPLATE}"]
+        self.seen: dict[str, float] = {}
+        self.lines = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        async for raw in self._proc.stdout:
+            now = time.time()
+            self.lines += 1
+            name, _, disrupted = raw.decode().strip().partition(" ")
+            match = POD_OF.match(name)
+            if match and disrupted == "True":
+                self.seen.setdefault(match["job"], now)
+
+    async def stop(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            await self._proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    def lag(self, failed: dict[str, float], victims: Iterable[str]) -> dict[str, Any]:
+        """API server -> kubectl, per victim, in ms."""
+        lags = [(self.seen[v] - failed[v]) * 1000 for v in victims if v in self.seen and v in failed]
+        return {"lines": self.lines, "victims_seen": len(lags), "apiserver_to_kubectl_ms": stats(lags)}
+
+
 def server_clock(
     events: Iterable[dict[str, Any]], victims: Iterable[str], next_of: Callable[[str], str | None]
 ) -> dict[str, Any]:
@@ -384,16 +443,13 @@ def server_clock(
     stop): the failure -> the stop is how soon the operator learns of it, the stop -> the release
     how long its writes for the next submission take. And the latency of the operator's writes in
     that window (received -> answered): where the API server is the bottleneck, it grows."""
-    failed: dict[str, float] = {}
+    events = list(events)
+    failed = scheduler_failures(events)
     patched: dict[str, list[float]] = defaultdict(list)
     writes: list[tuple[float, float]] = []
     for e in events:
         ref, user = e.get("objectRef") or {}, (e.get("user") or {}).get("username")
-        if user == SCHEDULER_USER and ref.get("resource") == "pods":
-            match = POD_OF.match(ref.get("name") or "")
-            if match:
-                failed.setdefault(match["job"], audit_time(e))
-        elif user == OPERATOR_USER:
+        if user == OPERATOR_USER:
             if e.get("requestReceivedTimestamp"):
                 writes.append((audit_time(e, "requestReceivedTimestamp"), audit_time(e)))
             if e.get("verb") == "patch" and ref.get("resource") == "pytorchjobs":
@@ -1095,6 +1151,10 @@ class Bench:
                 peaks["sockets_peak"] = max(peaks["sockets_peak"], op.sockets())
 
         sampler = asyncio.create_task(sample())
+        probe = WatchProbe(self.kubectl, NAMESPACE) if self.args.watch_probe else None
+        if probe is not None:
+            await probe.start()
+            await asyncio.sleep(1)  # its list is taken before the burst (--watch-only prints no list)
         try:
             t0 = time.time()
             await self.create_all(
@@ -1114,6 +1174,8 @@ class Bench:
             await asyncio.sleep(2)
         finally:
             sampler.cancel()
+            if probe is not None:
+                await probe.stop()
         v = victims()
         writes = [
             e
@@ -1139,7 +1201,8 @@ class Bench:
             "cpu_ms_per_recovery": round((op.cpu_seconds() - cpu) * 1000 / len(v), 1),
             "rss_after_mib": op.rss_mib(),  # the memory target is read after the busiest phase too
             **peaks,
-            "server_clock": server_clock(self.lab.audit_writes(mark), v, w.next_of),
+            "server_clock": server_clock(audited := self.lab.audit_writes(mark), v, w.next_of),
+            **({"watch_probe": probe.lag(scheduler_failures(audited), v)} if probe is not None else {}),
             "load": load(),
         }
         self.say(f"mass preemption: {self.result['mass_preemption']}")
@@ -1430,6 +1493,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-events", action="store_true", help="run the operator without Kubernetes Events")
     parser.add_argument("--no-peer", action="store_true", help="skip the batch/v1 Job peer")
     parser.add_argument("--no-mass", action="store_true", help="skip the mass preemption")
+    parser.add_argument(
+        "--watch-probe",
+        action="store_true",
+        help="in the mass preemption, time kubectl's pod watch against the audit log (the API server's lag)",
+    )
     parser.add_argument(
         "--backlog",
         action="store_true",
