@@ -1434,15 +1434,17 @@ class Bench:
                 await self.floor(custom)
                 if "peer" in self.result and "mass_preemption" in self.result:
                     mp, peer = self.result["mass_preemption"], self.result["peer"]
+                    mine, theirs = (
+                        mp["failure_to_released_ms"]["median"],
+                        peer["failure_to_replacement_ms"]["median"],
+                    )
                     self.result["ratio_to_peer"] = {
                         "total": round(
                             mp["hogs_start_to_all_released_s"] / peer["hogs_start_to_all_replaced_s"], 2
                         ),
-                        "per_job_median": round(
-                            mp["failure_to_released_ms"]["median"]
-                            / peer["failure_to_replacement_ms"]["median"],
-                            2,
-                        ),
+                        # by the bench's watches, which may hear of a failure after its recovery:
+                        # no ratio of a negative span (the server clock's below is the one to read)
+                        "per_job_median": round(mine / theirs, 2) if mine > 0 and theirs > 0 else None,
                     }
                     mp_clock, peer_clock = mp.get("server_clock") or {}, peer.get("server_clock") or {}
                     if mp_clock.get("last_failure_to_all_released_s") and peer_clock.get(
