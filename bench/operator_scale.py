@@ -389,19 +389,51 @@ class WatchProbe:
     processing: the operator cannot stop a preempted object before its watch says so."""
 
     TEMPLATE = '{.metadata.name}{" "}{.status.conditions[?(@.type=="DisruptionTarget")].status}{"\\n"}'
+    CACHE_RV = re.compile(r'^apiserver_watch_cache_resource_version\{group="",resource="pods"\} (\S+)$', re.M)
+    ETCD_REV = re.compile(r"^etcd_debugging_mvcc_current_revision (\S+)$", re.M)
+    SLOW = re.compile(r"^etcd_debugging_mvcc_slow_watcher_total (\S+)$", re.M)
 
-    def __init__(self, kubectl: Sequence[str], namespace: str) -> None:
+    def __init__(self, kubectl: Sequence[str], namespace: str, etcd_url: str = "") -> None:
+        self.kubectl = list(kubectl)
         self.argv = [*kubectl, "get", "pods", "-n", namespace, "--watch-only", f"-o=jsonpath={self.TEMPLATE}"]
+        self.etcd_url = etcd_url
         self.seen: dict[str, float] = {}
         self.lines = 0
+        self.samples: list[tuple[float, float, float, float]] = []
+        """(time, etcd's revision, the API server's pods watch cache revision, etcd's slow watchers)."""
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
         )
         self._reader = asyncio.create_task(self._read())
+        if self.etcd_url:
+            self._sampler = asyncio.create_task(self._sample())
+
+    def _revisions(self) -> tuple[float, float, float, float] | None:
+        """etcd's current revision, then the pods watch cache's: where the pods' events wait between
+        etcd and every client. Each /metrics page read once (blocking: run in a thread)."""
+        with urllib.request.urlopen(f"{self.etcd_url}/metrics", timeout=5) as r:
+            etcd = r.read().decode()
+        now = time.time()
+        apiserver = subprocess.run(
+            [*self.kubectl, "get", "--raw", "/metrics"], capture_output=True, check=True, timeout=10
+        ).stdout.decode()
+        rev, cache, slow = self.ETCD_REV.search(etcd), self.CACHE_RV.search(apiserver), self.SLOW.search(etcd)
+        if rev is None or cache is None:
+            return None
+        return now, float(rev[1]), float(cache[1]), float(slow[1]) if slow is not None else 0.0
+
+    async def _sample(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                sample = await asyncio.to_thread(self._revisions)
+                if sample is not None:
+                    self.samples.append(sample)
+            await asyncio.sleep(2)
 
     async def _read(self) -> None:
         assert self._proc is not None
@@ -415,6 +447,10 @@ class WatchProbe:
                 self.seen.setdefault(match["job"], now)
 
     async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
         if self._proc is not None and self._proc.returncode is None:
             self._proc.terminate()
             await self._proc.wait()
@@ -425,7 +461,31 @@ class WatchProbe:
     def lag(self, failed: dict[str, float], victims: Iterable[str]) -> dict[str, Any]:
         """API server -> kubectl, per victim, in ms."""
         lags = [(self.seen[v] - failed[v]) * 1000 for v in victims if v in self.seen and v in failed]
-        return {"lines": self.lines, "victims_seen": len(lags), "apiserver_to_kubectl_ms": stats(lags)}
+        return {
+            "lines": self.lines,
+            "victims_seen": len(lags),
+            "apiserver_to_kubectl_ms": stats(lags),
+            **self.cache_lag(),
+        }
+
+    def cache_lag(self) -> dict[str, Any]:
+        """How far the API server's pods watch cache was behind etcd at each sample: in revisions,
+        and in seconds since etcd had passed the cache's revision (2 s resolution). The cache's
+        revision moves only with pod events, so this reads true only while pods are written all
+        the time, as in the burst; at a quiet moment it grows with other kinds' writes."""
+        if not self.samples:
+            return {}
+        behind, seconds = [], []
+        for t, rev, cache, _ in self.samples:
+            behind.append(rev - cache)
+            passed = next((ts for ts, r, _, _ in self.samples if r > cache), t)
+            seconds.append(max(t - passed, 0.0))
+        return {
+            "cache_samples": len(self.samples),
+            "pods_cache_behind_etcd_revisions_max": max(behind),
+            "pods_cache_behind_etcd_s_max": round(max(seconds), 1),
+            "etcd_slow_watchers_max": max(sample[3] for sample in self.samples),
+        }
 
 
 def server_clock(
@@ -1151,7 +1211,7 @@ class Bench:
                 peaks["sockets_peak"] = max(peaks["sockets_peak"], op.sockets())
 
         sampler = asyncio.create_task(sample())
-        probe = WatchProbe(self.kubectl, NAMESPACE) if self.args.watch_probe else None
+        probe = WatchProbe(self.kubectl, NAMESPACE, self.lab.cp.etcd_url) if self.args.watch_probe else None
         if probe is not None:
             await probe.start()
             await asyncio.sleep(1)  # its list is taken before the burst (--watch-only prints no list)
