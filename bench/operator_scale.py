@@ -564,9 +564,10 @@ def peer_server_clock(events: Iterable[dict[str, Any]], victims: Iterable[str]) 
             and (e.get("responseStatus") or {}).get("code") == 201
         ):
             created.append(audit_time(e))
-    if not failed or not created:
+    failures = sorted(failed.values())
+    creates = sorted(t for t in created if failures and t >= failures[0])
+    if not creates:
         return {}
-    failures, creates = sorted(failed.values()), sorted(t for t in created if t >= min(failed.values()))
     return {
         "victims_timed": len(failures),
         "replacements_created": len(creates),
@@ -574,7 +575,7 @@ def peer_server_clock(events: Iterable[dict[str, Any]], victims: Iterable[str]) 
             [(c - f) * 1000 for f, c in zip(failures, creates, strict=False)]
         ),
         "first_to_last_failure_s": round(failures[-1] - failures[0], 2),
-        "last_failure_to_all_replaced_s": round(creates[-1] - failures[-1], 2) if creates else None,
+        "last_failure_to_all_replaced_s": round(creates[-1] - failures[-1], 2),
     }
 
 
