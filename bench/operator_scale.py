@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -395,7 +395,18 @@ class WatchProbe:
 
     def __init__(self, kubectl: Sequence[str], namespace: str, etcd_url: str = "") -> None:
         self.kubectl = list(kubectl)
-        self.argv = [*kubectl, "get", "pods", "-n", namespace, "--watch-only", f"-o=jsonpath={self.TEMPLATE}"]
+        # -v=6 logs each request once its answer's headers are in: the watch's tells when the list
+        # kubectl takes first is over, so the probe's figures never include kubectl's own start-up.
+        self.argv = [
+            *kubectl,
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "--watch-only",
+            f"-o=jsonpath={self.TEMPLATE}",
+            "-v=6",
+        ]
         self.etcd_url = etcd_url
         self.seen: dict[str, float] = {}
         self.lines = 0
@@ -404,14 +415,40 @@ class WatchProbe:
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._log: asyncio.Task[None] | None = None
+        self._watching = asyncio.Event()
+        self._last_log: deque[str] = deque(maxlen=3)
+        self.list_seconds = 0.0
+        """From kubectl's start to its watch's answer: its list of every pod of the namespace."""
 
-    async def start(self) -> None:
+    async def start(self, wait_s: float = 300.0) -> None:
+        """Start kubectl and return once its watch has begun (its list taken), before the burst."""
+        t0 = time.monotonic()
         self._proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         self._reader = asyncio.create_task(self._read())
+        self._log = asyncio.create_task(self._read_log())
+        watching = asyncio.create_task(self._watching.wait())
+        await asyncio.wait({watching, self._log}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        if not self._watching.is_set():  # kubectl ended (its log closed) or took too long
+            watching.cancel()
+            await self.stop()
+            tail = " | ".join(self._last_log)
+            raise RuntimeError(f"kubectl's pod watch had not begun within {wait_s:.0f} s: {tail}")
+        self.list_seconds = time.monotonic() - t0
         if self.etcd_url:
             self._sampler = asyncio.create_task(self._sample())
+
+    async def _read_log(self) -> None:
+        """Drain kubectl's log (a full pipe would stop it) and mark its watch's first answer."""
+        assert self._proc is not None
+        assert self._proc.stderr is not None
+        async for raw in self._proc.stderr:
+            line = raw.decode(errors="replace").strip()
+            self._last_log.append(line)
+            if "watch=true" in line:
+                self._watching.set()
 
     def _revisions(self) -> tuple[float, float, float, float] | None:
         """etcd's current revision, then the pods watch cache's: where the pods' events wait between
@@ -454,15 +491,17 @@ class WatchProbe:
         if self._proc is not None and self._proc.returncode is None:
             self._proc.terminate()
             await self._proc.wait()
-        if self._reader is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for task in (self._reader, self._log):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def lag(self, failed: dict[str, float], victims: Iterable[str]) -> dict[str, Any]:
         """API server -> kubectl, per victim, in ms."""
         lags = [(self.seen[v] - failed[v]) * 1000 for v in victims if v in self.seen and v in failed]
         return {
             "lines": self.lines,
+            "kubectl_list_seconds": round(self.list_seconds, 2),
             "victims_seen": len(lags),
             "apiserver_to_kubectl_ms": stats(lags),
             **self.cache_lag(),
@@ -1214,8 +1253,7 @@ class Bench:
         sampler = asyncio.create_task(sample())
         probe = WatchProbe(self.kubectl, NAMESPACE, self.lab.cp.etcd_url) if self.args.watch_probe else None
         if probe is not None:
-            await probe.start()
-            await asyncio.sleep(1)  # its list is taken before the burst (--watch-only prints no list)
+            await probe.start()  # returns once its list is taken (--watch-only prints no list)
         try:
             t0 = time.time()
             await self.create_all(
