@@ -125,7 +125,9 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
                             continue
                         now = time.time()
                         event = json.loads(line)
-                        if event["type"] == "ERROR":
+                        # An ERROR event, or a Status in place of the stream (410 Gone after the API
+                        # server restarted: its cache begins after our resourceVersion): list again.
+                        if event.get("type", "ERROR") == "ERROR":
                             rv = None
                             break
                         rv = event["object"]["metadata"]["resourceVersion"]

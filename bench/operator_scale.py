@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -682,6 +683,9 @@ class Bench:
         self.slots: int = args.slots
         self.work = Path(tempfile.mkdtemp(prefix="dispatch-scale-"))
         self.lab = Lab(self.work / "lab", nodes=0, start_timeout=300)
+        if args.apiserver_profile is not None:
+            # The lab runs it with --profiling=false (tests/support/controlplane.py); the last flag wins.
+            self.lab.cp.extra_apiserver_args.append("--profiling=true")
         self.world = World()
         self.result: dict[str, Any] = {"jobs": self.n, "preempt": self.m, "slots_per_node": self.slots}
         self.custom: CustomObjectsApi | None = None
@@ -1088,6 +1092,9 @@ class Bench:
         t0 = op.started_at
         assert op.proc is not None
         self.say(f"{key}: operator pid {op.proc.pid} started from {op.tree}")
+        profile = None
+        if self.args.apiserver_profile is not None:
+            profile = asyncio.create_task(asyncio.to_thread(self.apiserver_profile, key))
         last_change, before = time.time(), Counter[str]()
         synced: tuple[float, int] | None = None
         cpu_at_line: dict[str, float] = {}
@@ -1129,8 +1136,33 @@ class Bench:
         )
         out["load"] = load()
         out["operator_tree"] = str(op.tree)
+        if profile is not None:
+            out["apiserver_profile"] = await profile
         self.result[key] = out
         self.say(f"{key}: {out}")
+
+    def apiserver_profile(self, key: str) -> str:
+        """--apiserver-profile: kube-apiserver's CPU profile over the restart's first seconds (its
+        pprof endpoint), saved as ``<key>.pprof`` with ``go tool pprof -top``'s text beside it: where
+        its CPU for the restart's lists goes, which varies twofold from one restart to the next."""
+        directory, seconds = self.args.apiserver_profile, self.args.apiserver_profile_seconds
+        directory.mkdir(parents=True, exist_ok=True)
+        url = f"{self.lab.server}/debug/pprof/profile?seconds={seconds}"
+        ctx = self.lab.cp.admin_ssl_context()
+        with urllib.request.urlopen(url, timeout=seconds + 60, context=ctx) as resp:
+            data = resp.read()
+        path = directory / f"{key}.pprof"
+        path.write_bytes(data)
+        go = shutil.which("go")
+        if go is not None:
+            top = subprocess.run(
+                [go, "tool", "pprof", "-top", "-nodecount=60", str(path)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            (directory / f"{key}.top.txt").write_text(top.stdout + top.stderr)
+        return str(path)
 
     async def hold(self, path: Path, first: int) -> None:
         """Keep the lab and restart the operator from each tree named in ``path``, a line at a time
@@ -1148,6 +1180,12 @@ class Bench:
             line, done = lines[done], done + 1
             if line == "end":
                 return
+            if line.startswith("apiserver "):
+                binary = line.split(None, 1)[1]
+                self.say(f"holding: kube-apiserver replaced by {binary}")
+                await asyncio.to_thread(self.lab.cp.replace_apiserver, binary)
+                self.say("holding: kube-apiserver ready")
+                continue
             self.operator.tree = Path(line)  # absolute, as --restart-trees are made
             await self.restart(f"restart_{i}")
             i += 1
@@ -1646,7 +1684,21 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="after the restarts, keep the lab and restart from each source tree added to FILE (a line"
-        " each; a line 'end' goes on to the next phase)",
+        " each; a line 'end' goes on to the next phase; 'apiserver BINARY' replaces the lab's"
+        " kube-apiserver by another build, same flags and etcd)",
+    )
+    parser.add_argument(
+        "--apiserver-profile",
+        type=Path,
+        metavar="DIR",
+        help="start the lab's kube-apiserver with profiling on and save its CPU profile over each"
+        " restart in DIR (<restart>.pprof, and go tool pprof -top's text beside it)",
+    )
+    parser.add_argument(
+        "--apiserver-profile-seconds",
+        type=int,
+        default=15,
+        help="--apiserver-profile: seconds of each profile, from the operator's start",
     )
     parser.add_argument("--appliers", type=int, default=8, help="kubectl processes applying the DispatchJobs")
     parser.add_argument("--keep", action="store_true", help="leave the lab's directory (logs) in place")

@@ -3,6 +3,7 @@
 cache, then the bookmark that ends them) where the API server serves one, and by pages where it
 refuses one (issue 13). Both real: the lab's kube-apiserver v1.34, and one started here with the
 WatchList feature gate off, which refuses a streamed list as invalid as any server without it does.
+And such a watch goes on across a restart of the API server (a control plane's rolling upgrade).
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ async def client(kubeconfig: Path) -> AsyncIterator[KubeClient]:
     await asyncio.sleep(0.1)  # TLS transports close on the next turns of the loop
 
 
+def configmap_informer(api: KubeClient, namespace: str, on_change: Any) -> Informer[Any]:
+    """A shared watch of the namespace's labelled ConfigMaps."""
+    return Informer(
+        api,
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        label_selector=LABEL,
+        on_change=on_change,
+        what="configmaps",
+    )
+
+
 async def informer_sees(api: KubeClient, namespace: str, add: Any) -> Informer[Any]:
     """An informer on the namespace's labelled ConfigMaps: synced with the two there, then told of
     a third made after."""
@@ -82,13 +94,7 @@ async def informer_sees(api: KubeClient, namespace: str, add: Any) -> Informer[A
             if new["metadata"]["name"] == "c":
                 third.set()
 
-    informer: Informer[Any] = Informer(
-        api,
-        f"/api/v1/namespaces/{namespace}/configmaps",
-        label_selector=LABEL,
-        on_change=changed,
-        what="configmaps",
-    )
+    informer = configmap_informer(api, namespace, changed)
     task = asyncio.create_task(informer.run())
     try:
         async with asyncio.timeout(GUARD):
@@ -168,3 +174,58 @@ async def test_lists_are_streamed_where_served_and_paged_where_refused(
     ]
     refused = [r.getMessage() for r in caplog.records if "no streamed list here" in r.getMessage()]
     assert len(refused) == (0 if gate == "on" else 2), refused  # the informer's and the store's
+
+
+@pytest.fixture
+def control_plane(tmp_path: Path) -> Iterator[tuple[ControlPlane, str]]:
+    """An API server of its own, to be restarted."""
+    binaries = resolve_binaries()
+    with ControlPlane(tmp_path / "cp", binaries=binaries) as cp:
+        yield cp, binaries.kubectl
+
+
+async def test_a_shared_watch_goes_on_across_a_restart_of_the_api_server(
+    control_plane: tuple[ControlPlane, str],
+) -> None:
+    """The real kube-apiserver stopped and started again on the same etcd
+    (``ControlPlane.replace_apiserver``, also how the scale bench puts another build of it under one
+    lab): every stream breaks, and the informer must come back by itself and hear what changed."""
+    cp, kubectl_bin = control_plane
+
+    def add(name: str) -> None:
+        kubectl(kubectl_bin, cp.kubeconfig, "-n", "default", "apply", "-f", "-", stdin=configmap(name))
+
+    for name in ("a", "b"):
+        await asyncio.to_thread(add, name)
+    heard: list[tuple[str, str]] = []
+    changed = asyncio.Event()
+
+    def on_change(old: Any, new: Any) -> None:
+        body = new if new is not None else old
+        heard.append(("deleted" if new is None else "shown", body["metadata"]["name"]))
+        changed.set()
+
+    async with client(cp.kubeconfig) as api:
+        informer = configmap_informer(api, "default", on_change)
+        task = asyncio.create_task(informer.run())
+        try:
+            async with asyncio.timeout(GUARD):
+                await informer.synced.wait()
+            pid = cp.pids["kube-apiserver"]
+            await asyncio.to_thread(cp.replace_apiserver, resolve_binaries().kube_apiserver)
+            assert cp.pids["kube-apiserver"] != pid  # really another process
+            await asyncio.to_thread(add, "c")
+            await asyncio.to_thread(
+                kubectl, kubectl_bin, cp.kubeconfig, "-n", "default", "delete", "configmap", "a"
+            )
+            async with asyncio.timeout(GUARD):
+                while sorted(informer.items) != ["default/b", "default/c"]:
+                    changed.clear()
+                    await changed.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert heard[:2] == [("shown", "a"), ("shown", "b")]
+    assert ("shown", "c") in heard[2:], heard
+    assert ("deleted", "a") in heard[2:], heard

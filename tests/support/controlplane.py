@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import yaml
 from cryptography import x509
@@ -456,6 +456,25 @@ class ControlPlane:
     @property
     def pids(self) -> dict[str, int]:
         return {p.name: p.pid for p in self._procs}
+
+    def replace_apiserver(self, binary: str) -> None:
+        """Stop kube-apiserver and start ``binary`` in its place with the same flags, port and etcd:
+        one lab, two builds of the API server (bench/operator_scale.py's ``--hold``). Every client's
+        watches break and list again, as in a real API server's rolling restart."""
+        with self._lock:
+            i, old = next((i, p) for i, p in enumerate(self._procs) if p.name == "kube-apiserver")
+            if old.popen is None:
+                raise ControlPlaneError("kube-apiserver was not started by this process")
+            args = [str(a) for a in cast(Sequence[str], old.popen.args)][1:]
+            _terminate(old.pid, old.binary, old.popen)
+            del self._procs[i]
+            new = self._spawn("kube-apiserver", binary, args, detach=False)
+            self._procs.remove(new)
+            self._procs.insert(i, new)
+            self._write_state()
+        self._wait_http(
+            new, f"{self.server}/readyz", self._admin_ssl_context(), time.monotonic() + self.start_timeout
+        )
 
     # ---- identities ----------------------------------------------------------------
 
