@@ -125,8 +125,8 @@ async def follow(list_call: Any, on_object: Any, on_deleted: Any = None) -> None
                             continue
                         now = time.time()
                         event = json.loads(line)
-                        # An ERROR event, or a Status in place of the stream (410 Gone after the API
-                        # server restarted: its cache begins after our resourceVersion): list again.
+                        # An ERROR event, or a Status in place of the stream (a restarted API server
+                        # refusing the resumed resourceVersion): list again.
                         if event.get("type", "ERROR") == "ERROR":
                             rv = None
                             break

@@ -1144,7 +1144,7 @@ class Bench:
     def apiserver_profile(self, key: str) -> str:
         """--apiserver-profile: kube-apiserver's CPU profile over the restart's first seconds (its
         pprof endpoint), saved as ``<key>.pprof`` with ``go tool pprof -top``'s text beside it: where
-        its CPU for the restart's lists goes, which varies twofold from one restart to the next."""
+        its CPU for the restart's lists goes, which varies from one restart to the next."""
         directory, seconds = self.args.apiserver_profile, self.args.apiserver_profile_seconds
         directory.mkdir(parents=True, exist_ok=True)
         url = f"{self.lab.server}/debug/pprof/profile?seconds={seconds}"
