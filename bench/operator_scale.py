@@ -1141,6 +1141,19 @@ class Bench:
         self.result[key] = out
         self.say(f"{key}: {out}")
 
+    async def settle(self, below: float, most: float = 1200.0) -> None:
+        """--settle-load: wait until the one-minute load is under ``below`` (at most ``most`` s).
+        Right after a preload of 10,000 the lab is busy for minutes with what the preload left to
+        the others (kube-controller-manager's Endpoints and EndpointSlices for every Service the
+        training operator made); what runs then measures that as much as the operator."""
+        t0 = time.monotonic()
+        while load() >= below and time.monotonic() - t0 < most:
+            if self.operator is not None:
+                self.operator.alive()  # an operator that died meanwhile stops the run here
+            await asyncio.sleep(5)
+        self.result["settled"] = {"waited_s": round(time.monotonic() - t0, 1), "load": load()}
+        self.say(f"settled: {self.result['settled']}")
+
     def apiserver_profile(self, key: str) -> str:
         """--apiserver-profile: kube-apiserver's CPU profile over the restart's first seconds (its
         pprof endpoint), saved as ``<key>.pprof`` with ``go tool pprof -top``'s text beside it: where
@@ -1554,6 +1567,8 @@ class Bench:
                     await self.peer(core)  # first: its pods are gone before the operator's run
                 await (self.preloaded(api) if self.args.preload else self.creation())
                 await self.steady()
+                if self.args.settle_load is not None:
+                    await self.settle(self.args.settle_load)
                 await self.restart()
                 for i, tree in enumerate(self.args.restart_trees or (), start=1):
                     # The same cluster restarted by another tree (before/after on the same objects).
@@ -1686,6 +1701,13 @@ def parser() -> argparse.ArgumentParser:
         help="after the restarts, keep the lab and restart from each source tree added to FILE (a line"
         " each; a line 'end' goes on to the next phase; 'apiserver BINARY' replaces the lab's"
         " kube-apiserver by another build, same flags and etcd)",
+    )
+    parser.add_argument(
+        "--settle-load",
+        type=float,
+        metavar="LOAD",
+        help="before the restart and the timed phases, wait (at most 20 min) until the one-minute"
+        " load is under LOAD: the lab settled after a preload",
     )
     parser.add_argument(
         "--apiserver-profile",
