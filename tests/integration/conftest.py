@@ -34,14 +34,19 @@ WAIT = 90.0
 """How long a test waits for something to happen before it fails (never asserted as a duration)."""
 
 
-@pytest.fixture(scope="session")
-def crds(kube_cluster: KubeCluster) -> KubeCluster:
+def install_crds(cluster: KubeCluster) -> KubeCluster:
     """The DispatchJob CRD (the committed, generated file), established, next to Kubeflow's
     PyTorchJob CRD (installed with the real training operator: by the lab, or on an existing
     cluster by whoever installed Kubeflow)."""
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
-    kube_cluster.wait_established("dispatchjobs.dispatch.dev", "pytorchjobs.kubeflow.org")
-    return kube_cluster
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
+    cluster.wait_established("dispatchjobs.dispatch.dev", "pytorchjobs.kubeflow.org")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def crds(kube_cluster: KubeCluster) -> KubeCluster:
+    """The session's cluster with :func:`install_crds`."""
+    return install_crds(kube_cluster)
 
 
 # ---- the operator as a process ------------------------------------------------------------------

@@ -13,18 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import (
-    DISPATCH_CRD,
     OperatorProcess,
     apply,
     await_for,
     dispatch_job,
     free_port,
+    install_crds,
 )
 from tests.integration.test_operator_ha import samples
 from tests.integration.test_webhook_operator import scrape
-from tests.support.controlplane import resolve_binaries
-from tests.support.kube import KubeCluster
-from tests.support.lab import Kubeflow, Lab
+from tests.support.kube import KubeCluster, lab_cluster
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
 
@@ -37,24 +36,10 @@ WRITES = ("create", "update", "patch", "delete")
 def own_lab(tmp_path: Path) -> Iterator[KubeCluster]:
     """A lab for this test alone (the session's is shared by every other test): its API server is
     restarted here."""
-    binaries = resolve_binaries()
-    lab = Lab(tmp_path / "lab", nodes=2)
-    lab.cp.binaries = binaries
-    try:
-        lab.start()
-        cluster = KubeCluster(
-            kubeconfig=lab.kubeconfig,
-            kubectl_bin=binaries.kubectl,
-            workdir=tmp_path,
-            control_plane=lab.cp,
-            lab=lab,
-        )
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(DISPATCH_CRD))
-        cluster.wait_established("dispatchjobs.dispatch.dev", "pytorchjobs.kubeflow.org")
+    with lab_cluster(tmp_path, nodes=2) as cluster:
+        install_crds(cluster)
         cluster.kubectl("create", "namespace", NAMESPACE)
         yield cluster
-    finally:
-        lab.stop()
 
 
 async def test_the_operator_goes_on_across_a_restart_of_the_api_server(
@@ -62,6 +47,7 @@ async def test_the_operator_goes_on_across_a_restart_of_the_api_server(
 ) -> None:
     cluster, lab = own_lab, own_lab.lab
     assert lab is not None
+    assert lab.cp.binaries is not None
     port = free_port()
     op = OperatorProcess(
         kubeconfig=cluster.kubeconfig,
@@ -94,7 +80,7 @@ async def test_the_operator_goes_on_across_a_restart_of_the_api_server(
         before = await state()
         listed = op.log().count(f"dispatchjobs in {NAMESPACE}: 2 listed")
         pid = lab.cp.pids["kube-apiserver"]
-        await asyncio.to_thread(lab.cp.replace_apiserver, resolve_binaries().kube_apiserver)
+        await asyncio.to_thread(lab.cp.replace_apiserver, lab.cp.binaries.kube_apiserver)
         assert lab.cp.pids["kube-apiserver"] != pid
 
         def listed_again() -> bool:

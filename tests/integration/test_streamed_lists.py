@@ -191,6 +191,7 @@ async def test_a_shared_watch_goes_on_across_a_restart_of_the_api_server(
     (``ControlPlane.replace_apiserver``, also how the scale bench puts another build of it under one
     lab): every stream breaks, and the informer must come back by itself and hear what changed."""
     cp, kubectl_bin = control_plane
+    assert cp.binaries is not None
 
     def add(name: str) -> None:
         kubectl(kubectl_bin, cp.kubeconfig, "-n", "default", "apply", "-f", "-", stdin=configmap(name))
@@ -212,7 +213,7 @@ async def test_a_shared_watch_goes_on_across_a_restart_of_the_api_server(
             async with asyncio.timeout(GUARD):
                 await informer.synced.wait()
             pid = cp.pids["kube-apiserver"]
-            await asyncio.to_thread(cp.replace_apiserver, resolve_binaries().kube_apiserver)
+            await asyncio.to_thread(cp.replace_apiserver, cp.binaries.kube_apiserver)
             assert cp.pids["kube-apiserver"] != pid  # really another process
             await asyncio.to_thread(add, "c")
             await asyncio.to_thread(

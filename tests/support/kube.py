@@ -35,6 +35,7 @@ and skips the test with an explanation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -212,19 +213,15 @@ def _kubectl_for_external() -> str:
         return found
 
 
-@pytest.fixture(scope="session")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """A Kubernetes API for the whole session (the private lab, or DISPATCH_E2E_KUBECONFIG)."""
-    workdir = tmp_path_factory.mktemp("kube")
-    external = os.environ.get(E2E_KUBECONFIG_ENV)
-    if external:
-        yield KubeCluster(kubeconfig=Path(external), kubectl_bin=_kubectl_for_external(), workdir=workdir)
-        return
+@contextlib.contextmanager
+def lab_cluster(workdir: Path, **lab_args: Any) -> Iterator[KubeCluster]:
+    """A private lab (tests.support.lab) in ``workdir``, started, as a :class:`KubeCluster`;
+    stopped on exit. No binaries or a lab that does not start fails the test without a traceback."""
     try:
         binaries = resolve_binaries()
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
-    running = Lab(workdir / "lab")
+    running = Lab(workdir / "lab", **lab_args)
     running.cp.binaries = binaries
     try:
         try:
@@ -241,6 +238,18 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
         )
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """A Kubernetes API for the whole session (the private lab, or DISPATCH_E2E_KUBECONFIG)."""
+    workdir = tmp_path_factory.mktemp("kube")
+    external = os.environ.get(E2E_KUBECONFIG_ENV)
+    if external:
+        yield KubeCluster(kubeconfig=Path(external), kubectl_bin=_kubectl_for_external(), workdir=workdir)
+        return
+    with lab_cluster(workdir) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")
