@@ -321,6 +321,19 @@ class Operator:
                 out[f"{labels.get('verb')} {labels.get('code')}"] += int(value)
         return out
 
+    def events_dropped(self) -> int:
+        """The operator's ``dispatch_events_dropped_total``, summed over its reasons."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("dispatch_events_dropped_total{")
+        )
+
     def synced(self) -> tuple[float, int] | None:
         """(seconds after start, jobs) from the operator's own line, if it wrote one."""
         for line in self.log.read_text(errors="replace").splitlines():
@@ -1292,6 +1305,7 @@ class Bench:
         self.cordon([n for n in self.nodes if n not in victims_nodes], True)
         before = set(w.failed)
         mark, req, cpu = self.lab.audit_mark(), op.requests(), op.cpu_seconds()
+        dropped = op.events_dropped()
         peaks = {"rss_peak_mib": op.rss_mib(), "sockets_peak": op.sockets()}
 
         async def sample() -> None:
@@ -1356,6 +1370,9 @@ class Bench:
             "load": load(),
         }
         self.say(f"mass preemption: {self.result['mass_preemption']}")
+        events = await self.events_after(mark, done, len(v), dropped)
+        self.result["mass_preemption"]["events"] = events
+        self.say(f"the mass preemption's Events: {events}")
         await self.delete_hogs(core, NAMESPACE)
         self.cordon(self.nodes, False)
         # The client's connections opened for the burst close once idle (aiohttp's keep-alive, 15 s):
@@ -1364,6 +1381,31 @@ class Bench:
         quiet = {"rss_after_quiet_mib": op.rss_mib(), "sockets_after_quiet": op.sockets()}
         self.result["mass_preemption"].update(quiet)
         self.say(f"after the mass preemption, quiet: {quiet}")
+
+    async def events_after(self, mark: int, done: float, recoveries: int, dropped: int) -> dict[str, Any]:
+        """The operator's Events since ``mark`` once it has stopped posting them (no new one for 5 s,
+        120 s at most): per recovery, how many came after every job was released (``done``), the
+        last one's delay after ``done``, and how many it dropped."""
+        op = self.operator
+        assert op is not None
+        posted: list[float] = []
+        deadline = time.time() + 120
+        while True:
+            posted = [
+                audit_time(e)
+                for e in self.lab.audit_writes(mark, user=OPERATOR_USER, resource="events")
+                if e.get("verb") == "create"
+            ]
+            if time.time() > deadline or (posted and time.time() - max(posted) > 5):
+                break
+            await asyncio.sleep(2)
+        after = [t for t in posted if t > done]
+        return {
+            "per_recovery": round(len(posted) / max(recoveries, 1), 2),
+            "after_all_released_per_recovery": round(len(after) / max(recoveries, 1), 2),
+            "last_after_all_released_s": round(max(after) - done, 1) if after else 0.0,
+            "dropped": op.events_dropped() - dropped,
+        }
 
     async def peer(self, core: CoreV1Api) -> None:
         w = self.world

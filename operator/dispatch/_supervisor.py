@@ -346,6 +346,11 @@ class WorkQueue:
             self.queued_at = time.monotonic()  # no running loop needed: add() may come before it
             self._wake(1)
 
+    def recovering(self) -> bool:
+        """Whether a job waits in the urgent lane (woken by failure evidence, or a recovery under
+        way) for a worker: what the operator holds its Events back for."""
+        return any(job in self.queued for job in self.lanes[0])
+
     def finish(self, job: str) -> None:
         self.pending.pop(job, None)
         self.failures.pop(job, None)

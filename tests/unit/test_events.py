@@ -351,3 +351,84 @@ async def test_a_hold_outside_dispatch_is_a_warning_naming_the_holder() -> None:
     assert held["type"] == "Warning"
     assert held["note"] == note
     assert REASON_HELD_OUTSIDE in EVENT_REASONS  # its drops are counted under its own reason
+
+
+async def test_events_wait_while_recoveries_do_and_trickle_out_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recoveries before Events even without a write limit: while recoveries wait for a worker,
+    queued Events are held (one posted per HELD_INTERVAL, so none stalls), none is dropped, and
+    each keeps the time it happened, not the time it was posted."""
+    from datetime import UTC, datetime, timedelta
+
+    from dispatch._kube import events as events_module
+
+    monkeypatch.setattr(events_module, "HELD_INTERVAL", 0.2)
+    monkeypatch.setattr(events_module, "HELD_POLL", 0.01)
+    post = Collect()
+    start = datetime(2026, 12, 6, 4, 0, tzinfo=UTC)
+    ticks = iter(range(100))
+    recorder = EventRecorder(post, max_pending=10, clock=lambda: start + timedelta(seconds=next(ticks)))
+    recovering = True
+    recorder.hold_while(lambda: recovering)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for i in range(10):
+        recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", f"recovery {i}")
+    await asyncio.sleep(0.5)
+    trickled = len(post.posted)
+    elapsed = loop.time() - began
+    assert 1 <= trickled <= 2 + elapsed / 0.2  # the first at once, then one per interval
+    assert recorder.pending == 10 - trickled
+    recovering = False
+    await recorder.drain()
+    notes = [body["note"] for _, body in post.posted]
+    assert notes == [f"recovery {i}" for i in range(10)]  # all of them, in order
+    assert (recorder.dropped, recorder.failed, recorder.pending) == (0, 0, 0)
+    assert post.posted[9][1]["eventTime"] == "2026-12-06T04:00:09.000000Z"
+
+
+async def test_an_event_queued_as_the_last_sender_finishes_is_still_posted() -> None:
+    """The sender leaves at once when it finds nothing queued, not in its done callback: an Event
+    queued in between would otherwise wait for the next Event to be posted."""
+    post = Collect()
+    recorder: EventRecorder
+
+    async def first(namespace: str, body: dict[str, Any]) -> None:
+        await post(namespace, body)
+        if len(post.posted) == 1:  # runs after this sender's last look, before its done callback
+            asyncio.get_running_loop().call_soon(
+                recorder.emit, JOB, "Normal", REASON_SUCCEEDED, "Succeed", "second"
+            )
+
+    recorder = EventRecorder(first)
+    recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", "first")
+    await recorder.drain()
+    assert [body["note"] for _, body in post.posted] == ["first", "second"]
+
+
+async def test_the_operator_stopping_posts_held_events_and_counts_what_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dispatch._kube import events as events_module
+
+    monkeypatch.setattr(events_module, "HELD_INTERVAL", 3600.0)
+    monkeypatch.setattr(events_module, "HELD_POLL", 0.01)
+    post = Collect()
+    recorder = EventRecorder(post)
+    recorder.hold_while(lambda: True)  # recoveries waiting for ever: only the first trickles out
+    for i in range(3):
+        recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", f"recovery {i}")
+    await recorder.aclose()  # held no more
+    assert (len(post.posted), recorder.dropped) == (3, 0)
+
+    gate = asyncio.Event()
+
+    async def stuck(namespace: str, body: dict[str, Any]) -> None:
+        await gate.wait()
+
+    stuck_recorder = EventRecorder(stuck, max_sending=1)
+    for i in range(3):
+        stuck_recorder.emit(JOB, "Normal", REASON_RECOVERING, "Resubmit", f"recovery {i}")
+    await stuck_recorder.aclose(grace=0.1)
+    assert (stuck_recorder.dropped, stuck_recorder.pending) == (3, 0)  # one cut off sending, two queued

@@ -405,3 +405,69 @@ async def test_idle_workers_leave_no_waits_behind_as_polls_go_by() -> None:
 
 async def _never(job: str) -> Turn:
     raise AssertionError(f"no job was queued, yet {job} had a turn")
+
+
+async def test_recovering_means_an_urgent_job_waits_for_a_worker() -> None:
+    queue = WorkQueue(_never, poll_interval=60, retry_delays=(0.01,))
+    queue.add("ns/routine")
+    assert not queue.recovering()  # a first look or a poll is routine
+    queue.wake_urgent("ns/routine")
+    assert queue.recovering()
+    assert queue._next() == "ns/routine"  # a worker takes it: no longer waiting
+    assert not queue.recovering()
+    queue.add("ns/gone", urgent=True)
+    await queue.remove("ns/gone")  # removed while it waited
+    assert not queue.recovering()
+
+
+async def test_the_loop_holds_its_events_back_while_recoveries_wait_for_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever the write limit, a mass preemption's Events wait for its recoveries: the loop
+    points its recorder at the urgent lane while it runs, and lets go when it stops."""
+    from typing import Any, cast
+
+    from dispatch._kube import events as events_module
+    from dispatch._kube.events import EventRecorder
+    from dispatch._kube.handlers import Runtime
+
+    monkeypatch.setattr(events_module, "HELD_INTERVAL", 3600.0)  # nothing trickles but the first
+    monkeypatch.setattr(events_module, "HELD_POLL", 0.01)
+    posted: list[str] = []
+
+    async def post(namespace: str, body: dict[str, Any]) -> None:
+        posted.append(body["note"])
+
+    class Store:
+        def watch_all(self, on_event: object, on_synced: object) -> None:
+            pass
+
+    recorder = EventRecorder(post)
+    runtime = Runtime(store=cast(Any, Store()), backends={}, events=recorder, workers=1)
+    loop = runtime.start_loop()
+    try:
+        queue = loop.queue
+        for _ in range(100):  # until the worker is idle, waiting for a wake
+            if queue.waiting:
+                break
+            await asyncio.sleep(0)
+        assert queue.waiting
+        # A recovery waiting for a worker (as if the worker were busy): queued without a wake.
+        queue.pending["ns/a"] = None
+        queue.queued.add("ns/a")
+        queue.lanes[0].append("ns/a")
+        for note in ("first", "held"):
+            recorder.emit("ns/b", "Normal", "Recovering", "Resubmit", note)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert posted == ["first"]  # one trickles out, the other waits
+        queue.queued.discard("ns/a")  # a worker took it
+        await recorder.drain()
+        assert posted == ["first", "held"]
+        queue.queued.add("ns/a")  # waiting again as the loop stops
+    finally:
+        await loop.stop()
+    recorder.emit("ns/b", "Normal", "Recovering", "Resubmit", "after")
+    async with asyncio.timeout(5):  # held for an hour if the stopped loop still held it
+        await recorder.drain()
+    assert posted[-1] == "after"

@@ -14,10 +14,16 @@
 Types are ``Normal`` or ``Warning`` only; reasons are the CamelCase constants of
 :mod:`dispatch._constants`; ``reportingController`` is ``dispatch.dev/dispatch-operator``.
 
-Posting never blocks the supervisor: each Event is posted by a background task, at most
-``max_pending`` pending (more are dropped and logged) and at most ``max_sending`` of them sending
-at once (:data:`MAX_SENDING`); errors are logged, never raised. Messages
-are redacted (:func:`dispatch._kube.logs.redact`) and cut to the API's 1 kB.
+Posting never blocks the supervisor: an Event is queued (a small tuple, its time taken then) and
+posted by at most ``max_sending`` background senders (:data:`MAX_SENDING`), at most
+``max_pending`` queued or sending (more are dropped and logged); errors are logged, never raised.
+Messages are redacted (:func:`dispatch._kube.logs.redact`) and cut to the API's 1 kB.
+
+Recoveries before Events: while :meth:`EventRecorder.hold_while`'s predicate holds (the supervision
+loop's urgent lane has jobs the workers have not reached), queued Events wait, one posted every
+:data:`HELD_INTERVAL` so they never stall. Without a client-side write limit (``--write-qps auto``
+on an API server with Priority and Fairness) nothing else puts a recovery's writes first, and a
+mass preemption's ``Recovering`` Events were about one write in six of its burst.
 
 An Event is never the only trace of a transition: the record's history and the conditions hold every
 reason. So under load Events may be dropped (too many pending, the API refused one), but never
@@ -33,6 +39,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -79,9 +86,21 @@ Post = Callable[[str, Body], Awaitable[None]]
 """Create one Event: (namespace, events.k8s.io/v1 Event body)."""
 UidOf = Callable[[str, str], Awaitable[str | None]]
 """The uid of the DispatchJob (namespace, name), or None if it cannot be found."""
+_Pending = tuple[str, str, str, str, str, datetime]
+"""A queued Event: (job, type, reason, action, note, when it happened)."""
 
 MAX_NOTE: Final = 1024
-MAX_PENDING: Final = 256
+MAX_PENDING: Final = 4096
+"""Events queued or sending. A queued Event is a tuple of its fields, 0.48 kB traced (its note is
+most of it), so 4,096 cost about 2 MB: enough to hold every ``Recovering`` Event of a mass
+preemption of 1,000 jobs back until the recoveries are done. Before, each pending Event was a task
+of its own, 2.2 kB traced, capped at 256: past that, most of a mass preemption's Events were
+dropped (0.58-0.74 posted per recovery at 10,000 jobs, BENCHMARKS.md)."""
+HELD_INTERVAL: Final = 1.0
+"""While recoveries wait, one held Event is posted per this many seconds: Events still trickle out
+during a long burst, and take under 1 % of its writes."""
+HELD_POLL: Final = 0.1
+"""How often a sender holding Events back looks whether the recoveries are done."""
 MAX_SENDING: Final = 4
 """Events posted at once. Each post in flight holds a TLS connection, with asyncio's read buffer
 and OpenSSL's, and the client keeps a connection in its pool while requests keep coming (aiohttp
@@ -268,13 +287,20 @@ class EventRecorder:
         self._uid_of = uid_of
         self.instance = instance or default_instance()
         self.max_pending = max_pending
-        self._sending = asyncio.Semaphore(max_sending)
+        self.max_sending = max_sending
         self._clock = clock
         self._uids: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: deque[_Pending] = deque()
+        self._senders: set[asyncio.Task[None]] = set()
+        self._sending = 0
+        self._held: Callable[[], bool] | None = None
+        self._held_post = 0.0
+        """When the next Event may be posted while held (the event loop's clock)."""
+        self._closing = False
         self._last_error: dict[str, str] = {}
         self.dropped = 0
-        """Events not posted because ``max_pending`` were in flight (or no event loop was running)."""
+        """Events not posted because ``max_pending`` were pending (or no event loop was running, or
+        the operator stopped before they could be posted)."""
         self.failed = 0
         """Events the API refused or that could not be sent."""
 
@@ -345,6 +371,15 @@ class EventRecorder:
         """The job was refused: its spec is invalid."""
         self.emit(job, EVENT_WARNING, REASON_INVALID_SPEC, "Refuse", f"refused: {message}")
 
+    def hold_while(self, held: Callable[[], bool] | None) -> None:
+        """Hold queued Events back while ``held()`` is true (recoveries are waiting for a worker)."""
+        self._held = held
+
+    @property
+    def pending(self) -> int:
+        """Events queued or being posted."""
+        return len(self._queue) + self._sending
+
     def emit(self, job: str, type: str, reason: str, action: str, note: str) -> None:
         """Post one Event in the background (never blocks, never raises)."""
         try:
@@ -353,55 +388,99 @@ class EventRecorder:
             self._dropped(reason)
             log.warning("no event loop: event %s for %s dropped", reason, job, extra={"job": job})
             return
-        if len(self._tasks) >= self.max_pending:
+        if self.pending >= self.max_pending:
             self._dropped(reason)
             log.warning(
                 "%d events pending: event %s for %s dropped",
-                len(self._tasks),
+                self.pending,
                 reason,
                 job,
                 extra={"job": job},
             )
             return
-        now = self._clock()
-        with urgent(False):  # the task copies this context: its post is a routine write
-            task = loop.create_task(self._send(job, type, reason, action, note, now))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue.append((job, type, reason, action, note, self._clock()))
+        if len(self._senders) < min(self.max_sending, len(self._queue)):
+            with urgent(False):  # the task copies this context: its posts are routine writes
+                task = loop.create_task(self._drain_queue(), name="dispatch-events")
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
 
     async def drain(self) -> None:
         """Wait until every pending Event is posted (or failed)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._senders:
+            await asyncio.gather(*list(self._senders), return_exceptions=True)
 
-    async def aclose(self) -> None:
-        """Give pending Events a moment, then cancel what is left."""
-        if not self._tasks:
-            return
-        _done, pending = await asyncio.wait(list(self._tasks), timeout=5.0)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Give pending Events ``grace`` seconds (held no more), then drop, count and log what is
+        left."""
+        self._closing = True
+        if self._senders:
+            _done, pending = await asyncio.wait(list(self._senders), timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._queue:
+            log.warning("the operator stops: %d events not posted", len(self._queue))
+            while self._queue:
+                self._dropped(self._queue.popleft()[2])
+
+    def _holding(self) -> bool:
+        """Whether a held Event must wait now; if not and recoveries wait, the next may come only
+        :data:`HELD_INTERVAL` later."""
+        if self._held is None or self._closing:
+            return False
+        try:
+            held = self._held()
+        except Exception:  # a bug in the predicate must not keep Events back for ever
+            log.exception("could not tell whether recoveries are waiting")
+            return False
+        if not held:
+            return False
+        now = asyncio.get_running_loop().time()
+        if now < self._held_post:
+            return True
+        self._held_post = now + HELD_INTERVAL
+        return False
+
+    async def _drain_queue(self) -> None:
+        """One sender: post queued Events until none is left."""
+        while self._queue:
+            if self._holding():
+                await asyncio.sleep(HELD_POLL)
+                continue
+            job, type, reason, action, note, now = self._queue.popleft()
+            self._sending += 1
+            try:
+                await self._send(job, type, reason, action, note, now)
+            except asyncio.CancelledError:
+                self._dropped(reason)  # the operator stops: not posted, but counted
+                raise
+            finally:
+                self._sending -= 1
+        # Leave the set now, not in the done callback: an Event queued before that callback runs
+        # would otherwise find a sender that has already finished and wait for the next emit.
+        task = asyncio.current_task()
+        if task is not None:
+            self._senders.discard(task)
 
     async def _send(self, job: str, type: str, reason: str, action: str, note: str, now: datetime) -> None:
         try:
-            async with self._sending:
-                uid = self._uids.get(job)
-                if uid is None and self._uid_of is not None:
-                    uid = await self._uid_of(*split_job(job))
-                    if uid is not None:
-                        self._uids[job] = uid
-                body = event_body(
-                    job,
-                    uid,
-                    type=type,
-                    reason=reason,
-                    action=action,
-                    note=note,
-                    instance=self.instance,
-                    now=now,
-                )
-                await self._post(body["metadata"]["namespace"], body)
+            uid = self._uids.get(job)
+            if uid is None and self._uid_of is not None:
+                uid = await self._uid_of(*split_job(job))
+                if uid is not None:
+                    self._uids[job] = uid
+            body = event_body(
+                job,
+                uid,
+                type=type,
+                reason=reason,
+                action=action,
+                note=note,
+                instance=self.instance,
+                now=now,
+            )
+            await self._post(body["metadata"]["namespace"], body)
         except asyncio.CancelledError:
             raise
         except Exception as error:

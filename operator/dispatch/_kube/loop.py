@@ -174,6 +174,8 @@ class SupervisionLoop:
             if use_owner is not None:  # the kit: its objects' ownerReference from the store, no GET each
                 use_owner(self.runtime.store.owner_reference)
         self._unsubscribe_others = [o.subscribe_others(self._other) for o in self._overseers.values()]
+        if self.runtime.events is not None:  # recoveries before Events, with or without a write limit
+            self.runtime.events.hold_while(self.queue.recovering)
         self.runtime.store.watch_all(self._on_event, self._on_synced)
         self._tasks = [
             asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
@@ -194,6 +196,8 @@ class SupervisionLoop:
         self._unsubscribe.clear()
         self._unsubscribe_others = []
         self._looked.clear()
+        if self.runtime.events is not None:
+            self.runtime.events.hold_while(None)  # no recovery waits for this loop any more
 
     def abandon(self) -> None:
         """Cancel the workers at once (the Lease was lost; the process stops)."""
