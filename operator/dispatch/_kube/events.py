@@ -23,7 +23,7 @@ Recoveries before Events: while :meth:`EventRecorder.hold_while`'s predicate hol
 loop's urgent lane has jobs the workers have not reached), queued Events wait, one posted every
 :data:`HELD_INTERVAL` so they never stall. Without a client-side write limit (``--write-qps auto``
 on an API server with Priority and Fairness) nothing else puts a recovery's writes first, and a
-mass preemption's ``Recovering`` Events were about one write in six of its burst.
+mass preemption's ``Recovering`` Events were up to one write in eight of its burst.
 
 An Event is never the only trace of a transition: the record's history and the conditions hold every
 reason. So under load Events may be dropped (too many pending, the API refused one), but never
@@ -94,8 +94,8 @@ MAX_PENDING: Final = 4096
 """Events queued or sending. A queued Event is a tuple of its fields, 0.48 kB traced (its note is
 most of it), so 4,096 cost about 2 MB: enough to hold every ``Recovering`` Event of a mass
 preemption of 1,000 jobs back until the recoveries are done. Before, each pending Event was a task
-of its own, 2.2 kB traced, capped at 256: past that, most of a mass preemption's Events were
-dropped (0.58-0.74 posted per recovery at 10,000 jobs, BENCHMARKS.md)."""
+of its own, 2.2 kB traced, capped at 256: past that, a mass preemption's Events were dropped (381
+of 1,000 at 10,000 jobs with the API server at a second per write, BENCHMARKS.md)."""
 HELD_INTERVAL: Final = 1.0
 """While recoveries wait, one held Event is posted per this many seconds: Events still trickle out
 during a long burst, and take under 1 % of its writes."""
