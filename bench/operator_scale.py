@@ -320,15 +320,18 @@ class Operator:
         assert self.proc is not None
         return cpu(self.proc.pid)
 
+    def metrics_text(self) -> str:
+        """The operator's ``/metrics`` page ("" when it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
     def requests(self) -> Counter[str]:
         """The operator's own request counter (dispatch_api_requests_total) by verb and code."""
         out = Counter[str]()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
-            return out
-        for line in text.splitlines():
+        for line in self.metrics_text().splitlines():
             if line.startswith("dispatch_api_requests_total{"):
                 labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
                 value = float(line.rsplit(" ", 1)[1])
@@ -337,14 +340,9 @@ class Operator:
 
     def events_dropped(self) -> int:
         """The operator's ``dispatch_events_dropped_total``, summed over its reasons."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
-            return 0
         return sum(
             int(float(line.rsplit(" ", 1)[1]))
-            for line in text.splitlines()
+            for line in self.metrics_text().splitlines()
             if line.startswith("dispatch_events_dropped_total{")
         )
 
