@@ -225,9 +225,9 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
     if view.phase is Phase.HELD:
         return Decision(Release(view.id), *waiting)
     if view.phase is Phase.QUEUED:
+        why = view.note or view.waiting
         return Decision(
-            Wait(f"queued on the scheduler: {view.note}" if view.note else "queued on the scheduler"),
-            *waiting,
+            Wait(f"queued on the scheduler: {why}" if why else "queued on the scheduler"), *waiting
         )
     if view.phase is Phase.RUNNING:
         return Decision(Wait("running"), State.RUNNING, NO_CAUSE)

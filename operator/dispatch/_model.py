@@ -376,6 +376,10 @@ class ObjectView(_Model):
     note: str = ""
     """What the scheduler shows of a live object that is not dispatch's doing (held on the
     scheduler by another controller, and by whom where that can be known): shown in status."""
+    waiting: str = ""
+    """Why a live object does not run yet, as its scheduler says (a pod no node can take, and when
+    that becomes ``no-capacity``): shown in status, so a job that cannot start says why long
+    before it ends."""
     retained: bool = False
     """Deleted on the scheduler by someone else, and kept there by dispatch (a Kubernetes finalizer)
     only until the record has what it shows: ``decide`` ends it (which lets it go) once the record no

@@ -302,8 +302,14 @@ async def test_release_waits_queued_without_running_pods(
     await until(backend, job, lambda vs: len(vs) == 1 and vs[0].phase is Phase.QUEUED)
     await eventually(lambda: has_pods(api, oid))
     assert [v.phase for v in await backend.list(job)] == [Phase.QUEUED]
+    # Unschedulable for a few seconds: the backend wakes the job to say why (no watch event does).
+    [waiting] = await until(backend, job, lambda vs: len(vs) == 1 and bool(vs[0].waiting))
+    assert waiting.phase is Phase.QUEUED
+    assert waiting.waiting.startswith(f"pod {oid.split('/')[1]}-"), waiting.waiting
+    assert "Insufficient nvidia.com/gpu" in waiting.waiting, waiting.waiting
     await kubeflow.add_node(gpu=2 * NODE_GPU)
-    await until(backend, job, phase_is(oid, Phase.RUNNING))
+    [running] = await until(backend, job, phase_is(oid, Phase.RUNNING))
+    assert running.waiting == ""
 
 
 async def has_pods(api: ApiClient, object_id: str) -> bool:

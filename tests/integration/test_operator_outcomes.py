@@ -86,6 +86,37 @@ async def test_uncovered_cause_fails_the_job_with_that_cause(
     assert condition(body, "Reconciling") is None
 
 
+async def test_a_pod_no_node_takes_is_named_in_status_long_before_no_capacity(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess]
+) -> None:
+    """More CPU than any node has: the pod stays Unschedulable. Status names it, with
+    kube-scheduler's words and when the wait becomes no-capacity, within seconds (not at the end of
+    the wait), with no Event of dispatch's own (kube-scheduler's FailedScheduling is on the pod);
+    the job then fails no-capacity and the note goes."""
+    operator()
+    options = {"image": "pytorch/pytorch:2.4", "resources": {"cpu": "1000"}, "noCapacityAfterSeconds": 45}
+    await asyncio.to_thread(
+        apply, crds, namespace, dispatch_job("huge", nodes=1, extra_spec={"kubeflow": options})
+    )
+
+    def noted() -> str | None:
+        status = get_job(crds, namespace, "huge").get("status") or {}
+        note = status.get("observedNote")
+        return str(note) if note and status.get("state") == "pending" else None
+
+    note = await await_for("status to say why it does not run", noted)
+    assert note.startswith("pod huge-1-master-0 unschedulable (no-capacity at "), note
+    assert "Insufficient cpu" in note, note
+    body = await settled(crds, namespace, "huge")
+    assert body["status"]["state"] == "failed"
+    assert body["status"]["cause"]["kind"] == "no-capacity"
+    assert "Insufficient cpu" in body["status"]["cause"]["detail"]
+    assert "observedNote" not in body["status"]
+    items = json.loads(crds.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+    ours = [e for e in items if e["involvedObject"]["name"] == "huge" and e["reason"] == "HeldOutside"]
+    assert ours == []
+
+
 async def test_exhausted_budget_fails_the_job(
     crds: KubeCluster,
     namespace: str,

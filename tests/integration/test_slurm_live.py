@@ -96,6 +96,20 @@ async def test_held_submit_release_complete(slurm: SlurmLab, backend: SlurmBacke
     assert view.restarts == 0
 
 
+async def test_a_released_job_that_waits_for_the_node_says_slurms_reason(backend: SlurmBackend) -> None:
+    """The node's two CPUs taken by a first job: the second, released, waits, and its view says why
+    as squeue would (status's ``observedNote`` in the operator), not just ``queued``."""
+    first = await backend.create("busy", 1, spec("busy", "sleep", "60", cpus_per_task=2), plan("busy"))
+    await backend.release(first)
+    await wait_view(backend, "busy", first, running, 60, "the first job running")
+    second = await backend.create("waits", 1, spec("waits", "true", cpus_per_task=2), plan("waits"))
+    await backend.release(second)
+    view = await wait_view(backend, "waits", second, lambda v: bool(v.waiting), 30, "Slurm's reason")
+    assert view.phase is Phase.QUEUED, view
+    assert view.waiting.startswith("pending in Slurm: reason "), view.waiting
+    assert view.waiting.split("reason ")[1].split()[0] in ("Resources", "Priority"), view.waiting
+
+
 async def test_non_zero_exit(backend: SlurmBackend) -> None:
     oid = await backend.create("nz", 1, spec("nz", "bash", "-c", "exit 3"), plan("nz"))
     await backend.release(oid)

@@ -385,6 +385,17 @@ def test_describe_shows_plan_submissions_history_conditions_events() -> None:
     assert sub_lines[1][:3] == ["2", "102", "none"]
     assert "Recovering   rule 0 fired" in text
     assert yaml.safe_load(render.dump(data, "yaml"))["submissions"][1]["object"] == "102"
+    assert "Note:" not in text
+    assert data["note"] is None
+
+
+def test_describe_and_get_show_why_the_current_object_does_not_run() -> None:
+    obj = recovered_object()
+    note = "pod finetune-2-master-0 unschedulable (no-capacity at 2025-03-01T12:05:30Z): 0/8 nodes"
+    obj["status"]["observedNote"] = note
+    data = render.describe_data(obj)
+    assert f"Note:         {note}" in render.describe_text(data).splitlines()
+    assert json.loads(render.dump(render.summary(obj), "json"))["note"] == note
 
 
 def test_watch_line_and_key() -> None:

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from dispatch._errors import TransientBackendError
-from dispatch._kubeflow import KubeflowBackend
+from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
 from dispatch._model import CauseKind, ObjectView, Phase
-from dispatch._workload import pod_evidence
+from dispatch._workload import classify, parse_time, pod_evidence
+from dispatch._workload._classify import WAITING_AFTER
 from tests.support import recorded
 from tests.support.recorded import final, late_clock, names
 
@@ -275,3 +276,35 @@ async def test_settling_waits_for_the_stop_past_the_budget(observer: list[Kubefl
     assert view.phase is Phase.ENDED
     with pytest.raises(TransientBackendError, match="stop kubeflow-record/oom-onfailure-1"):
         await observer[0].quiesce(view.job)
+
+
+def test_a_pod_no_node_takes_is_named_after_a_few_seconds_until_it_is_no_capacity() -> None:
+    """Recording ``unschedulable`` with a wait of 600 s: for WAITING_AFTER the view says nothing
+    (a preemptor waiting for its victims passes without a status write), then it names the pod,
+    kube-scheduler's words and when the wait becomes no-capacity, the same text at every later
+    look (a restarted operator writes nothing), and the kit looks again exactly when each is due."""
+    data = load("unschedulable")
+    pj = final(data, "pytorchjobs")[0]
+    annotations = {**pj["metadata"]["annotations"], "dispatch.dev/no-capacity-after-seconds": "600"}
+    pj = {**pj, "metadata": {**pj["metadata"], "annotations": annotations}}
+    pod = final(data, "pods")[0]
+    scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    since = parse_time(scheduled["lastTransitionTime"])
+    assert since is not None
+
+    early = classify(PYTORCHJOB, pj, [pod], now=since + 1)
+    assert early.view.phase is Phase.QUEUED
+    assert early.view.waiting == ""
+    assert early.recheck_at == since + WAITING_AFTER
+
+    due = classify(PYTORCHJOB, pj, [pod], now=since + WAITING_AFTER)
+    assert due.view.phase is Phase.QUEUED
+    assert due.view.waiting.startswith(f"pod {pod['metadata']['name']} unschedulable (no-capacity at ")
+    assert "Insufficient nvidia.com/gpu" in due.view.waiting, due.view.waiting
+    assert due.recheck_at == since + 600
+    assert classify(PYTORCHJOB, pj, [pod], now=since + 599).view.waiting == due.view.waiting
+
+    ended = classify(PYTORCHJOB, pj, [pod], now=since + 600).view
+    assert ended.phase is Phase.ENDED
+    assert ended.cause is not None
+    assert ended.cause.kind is CauseKind.NO_CAPACITY

@@ -155,6 +155,18 @@ def test_held_submit_answer_and_record(slurm: str, api: str) -> None:
     assert classify(job).phase is Phase.HELD
 
 
+def test_a_released_job_that_waits_says_slurms_reason() -> None:
+    """squeue's REASON becomes the view's ``waiting`` (status's note); none before slurmctld has
+    looked at the job (reason ``None``), and none for a job dispatch still holds."""
+    waits = classify(SlurmJob(job_id=1, state="PENDING", reason="Resources"))
+    assert (waits.phase, waits.waiting) == (Phase.QUEUED, "pending in Slurm: reason Resources")
+    described = classify(SlurmJob(job_id=1, state="PENDING", reason="ReqNodeNotAvail", description="x down"))
+    assert described.waiting == "pending in Slurm: reason ReqNodeNotAvail (x down)"
+    assert classify(SlurmJob(job_id=1, state="PENDING", reason="None")).waiting == ""
+    held = classify(SlurmJob(job_id=1, state="PENDING", reason="JobHeldUser", hold=True))
+    assert (held.phase, held.waiting) == (Phase.HELD, "")
+
+
 def test_unknown_state_is_never_an_end() -> None:
     assert classify(SlurmJob(job_id=1, state="SOMETHING_NEW")).phase is Phase.RUNNING
 

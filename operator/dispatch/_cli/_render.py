@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from .._api import condition, plan_of, status_of, submissions, transitions
-from .._constants import ANNOTATION_SUBMITTED_BY
+from .._constants import ANNOTATION_SUBMITTED_BY, STATUS_OBSERVED_NOTE
 from .._model import Plan, Transition
 
 Body = Mapping[str, Any]
@@ -163,6 +163,7 @@ def summary(obj: Body) -> dict[str, Any]:
         "ready": ready.get("status") if ready else None,
         "reason": ready.get("reason") if ready else None,
         "message": ready.get("message") if ready else None,
+        "note": status.get(STATUS_OBSERVED_NOTE) or None,
         "created": meta.get("creationTimestamp"),
     }
 
@@ -288,6 +289,8 @@ def describe_text(data: Mapping[str, Any]) -> str:
     field("Settled", "yes" if data["settled"] else "no")
     if data["ready"] is not None:
         field("Ready", f"{data['ready']} ({data['reason']}): {data['message'] or ''}")
+    if data.get("note"):
+        field("Note", data["note"])  # why the current object does not run (held, or no room yet)
     cancel = data.get("cancelRequest")
     if cancel:
         field("Cancel", f"requested by {cancel['actor']} at {show_time(cancel['time'])}")

@@ -176,6 +176,8 @@ class SupervisionLoop:
         self._unsubscribe_others = [o.subscribe_others(self._other) for o in self._overseers.values()]
         if self.runtime.events is not None:  # recoveries before Events, with or without a write limit
             self.runtime.events.hold_while(self.queue.recovering)
+        for supervisor in self.supervisors.values():  # and before a note's own write
+            supervisor.defer_note = self._defer_note
         self.runtime.store.watch_all(self._on_event, self._on_synced)
         self._tasks = [
             asyncio.create_task(self.queue.work(), name=f"dispatch-worker-{i}") for i in range(self.workers)
@@ -198,6 +200,16 @@ class SupervisionLoop:
         self._looked.clear()
         if self.runtime.events is not None:
             self.runtime.events.hold_while(None)  # no recovery waits for this loop any more
+        for supervisor in self.supervisors.values():
+            supervisor.defer_note = None
+
+    def _defer_note(self, job: str) -> bool:
+        """While recoveries wait for a worker, a note-only write waits too: ``job`` goes back to the
+        routine lane, which no worker takes before the urgent lane is empty."""
+        if not self.queue.recovering():
+            return False
+        self.queue.enqueue(job)  # in its turn now: queued (routine) once this turn is done
+        return True
 
     def abandon(self) -> None:
         """Cancel the workers at once (the Lease was lost; the process stops)."""

@@ -9,30 +9,53 @@ another decision anyway) and only when they changed: an idle job costs no write.
 A record write carries the observed fields of the decision that made it (a recovery's authorize
 writes ``recovering``/``preempted`` along with the new submission), so the wait at the end of a
 recovery finds them unchanged and writes nothing: one status write per recovery fewer.
+
+``status.observedNote`` says why the current object does not run: held outside dispatch (with a
+Warning Event, once per holder), or its pods unschedulable (the kit's ``waiting``: no Event of
+dispatch's own). A write that would change the note alone waits while recoveries wait for a worker
+(:attr:`ObservingSupervisor.defer_note`): it is routine work.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from .._api import observed_fields
 from .._constants import STATUS_OBSERVED_NOTE
 from .._decide import WRITES, Done, Wait
 from .._errors import VersionConflict
+from .._model import ObjectView
 from .._supervisor import Intent, Supervisor
 from .store import KubeRecordStore
 
 
-def _note(intent: Intent) -> str:
-    """The current canonical's note (held outside dispatch, by whom), for ``status.observedNote``."""
+def _canonical(intent: Intent) -> ObjectView | None:
     current = intent.record.current
     if current is None or current.canonical is None:
-        return ""
-    return next((o.note for o in intent.objects if o.id == current.canonical), "")
+        return None
+    return next((o for o in intent.objects if o.id == current.canonical), None)
+
+
+def _note(intent: Intent) -> str:
+    """What ``status.observedNote`` shows of the current canonical: held outside dispatch (by
+    whom), or else why it does not run yet (its pods unschedulable)."""
+    view = _canonical(intent)
+    return (view.note or view.waiting) if view is not None else ""
+
+
+def _without_note(fields: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in fields.items() if k != STATUS_OBSERVED_NOTE}
 
 
 class ObservingSupervisor(Supervisor):
     """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields."""
+
+    defer_note: Callable[[str], bool] | None = None
+    """Asked before a write that would change the note alone: True puts it off, and the caller
+    looks at the job again later. The supervision loop answers True while recoveries wait for a
+    worker, and queues the job as routine work: after a mass preemption every resubmission waits
+    for capacity, and its note must not take a write from a recovery still waiting."""
 
     async def prepare(self, job: str) -> Intent:
         intent = await super().prepare(job)
@@ -40,13 +63,22 @@ class ObservingSupervisor(Supervisor):
         store = self.store
         if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
             note = _note(intent)
-            before = store.observed(job).get(STATUS_OBSERVED_NOTE, "")
+            view = _canonical(intent)
+            hold = view.note if view is not None else ""
+            shown = store.observed(job)
+            before = shown.get(STATUS_OBSERVED_NOTE, "")
+            if note != before and self.defer_note is not None:
+                fields = observed_fields(decision.state, decision.cause, note)
+                if _without_note(fields) == _without_note(shown) and self.defer_note(job):
+                    return intent
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
                 written = await store.observe(job, decision.state, decision.cause, intent.version, note)
                 held = getattr(self.listener, "held", None)
-                if written is not None and note and note != before and held is not None:
-                    held(job, note)  # once per new holder: an Event says what status now shows
+                if written is not None and hold and hold != before and held is not None:
+                    # Once per new holder: an Event says what status now shows. A wait for
+                    # capacity has none of its own: kube-scheduler's FailedScheduling is on the pod.
+                    held(job, hold)
         return intent
 
     async def perform(self, intent: Intent) -> None:

@@ -34,6 +34,8 @@ class Classified:
     restarts: int = 0
     stuck: bool = False
     """Ended for dispatch, but Slurm still holds the job (it will never run): the adapter cancels it."""
+    waiting: str = ""
+    """Why a released job still waits, as Slurm says (squeue's REASON): :attr:`ObjectView.waiting`."""
 
 
 def _signame(sig: int) -> str:
@@ -131,7 +133,16 @@ def _pending(job: SlurmJob) -> Classified:
         return _ended(job, CauseKind.NO_CAPACITY, "can never run as submitted", stuck=True)
     if job.hold or reason.startswith(HELD_REASONS):
         return Classified(phase=Phase.HELD, restarts=job.restart_cnt)
-    return Classified(phase=Phase.QUEUED, restarts=job.restart_cnt)
+    return Classified(phase=Phase.QUEUED, restarts=job.restart_cnt, waiting=_waiting(job))
+
+
+def _waiting(job: SlurmJob) -> str:
+    """Slurm's reason a released job waits (``Resources``, ``Priority``, ``ReqNodeNotAvail``...),
+    with its description where it has one; none while slurmctld has not looked at it yet."""
+    if not job.reason or job.reason == "None":
+        return ""
+    text = f"pending in Slurm: reason {job.reason}"
+    return (f"{text} ({job.description})" if job.description else text)[:1024]
 
 
 def _failed(job: SlurmJob) -> Classified:

@@ -375,6 +375,7 @@ class Poller:
             cause=c.cause,
             cancelled=c.cancelled,
             restarts=c.restarts,
+            waiting=c.waiting,
         )
         if c.stuck:
             self._verdicts[sj.job_id] = view

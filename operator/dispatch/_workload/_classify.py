@@ -18,7 +18,7 @@ import json
 import weakref
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from .._constants import (
@@ -38,6 +38,9 @@ from ._kind import CONDITION, SHARED, Body, Clip, Kind, Prefixed, Shape, conditi
 from ._kueue import WorkloadView, queued_verdict
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
+WAITING_AFTER: Final = 5.0
+"""Seconds a pod stays unschedulable before status names it (:func:`waiting_note`): a preemptor
+waiting for its victims to go, or a node on its way, passes without a status write."""
 _RANK: Final = {kind: i for i, kind in enumerate(CauseKind)}
 _MAX_DETAIL: Final = 1024
 
@@ -401,24 +404,45 @@ def pod_evidence(
         text = detail(f"pod {name}", "failed", pod_reason, pod_message)
         return Evidence(Cause(kind=CauseKind.UNKNOWN, detail=text, exit_code=exit_code), terminal=True), None
 
-    scheduled = conditions.get("PodScheduled")
-    if (
-        phase == "Pending"
-        and scheduled is not None
-        and scheduled.get("status") == "False"
-        and scheduled.get("reason") == "Unschedulable"
-    ):
-        since = parse_time(scheduled.get("lastTransitionTime")) or now
+    unplaced = unschedulable(pod, now=now)
+    if unplaced is not None:
+        since, message = unplaced
         deadline = since + no_capacity_after_seconds
         if now >= deadline:
-            text = detail(
-                f"pod {name}",
-                f"unschedulable for more than {no_capacity_after_seconds}s",
-                scheduled.get("message"),
-            )
+            text = detail(f"pod {name}", f"unschedulable for more than {no_capacity_after_seconds}s", message)
             return Evidence(Cause(kind=CauseKind.NO_CAPACITY, detail=text), terminal=True), None
         return None, deadline
     return None, None
+
+
+def unschedulable(pod: Mapping[str, Any], *, now: float) -> tuple[float, str] | None:
+    """Since when kube-scheduler has found no node for a pending pod, and what it said, or None."""
+    scheduled = _conditions(pod).get("PodScheduled")
+    if (
+        pod.get("status", {}).get("phase") != "Pending"
+        or scheduled is None
+        or scheduled.get("status") != "False"
+        or scheduled.get("reason") != "Unschedulable"
+    ):
+        return None
+    return parse_time(scheduled.get("lastTransitionTime")) or now, str(scheduled.get("message") or "")
+
+
+def waiting_note(
+    pod: Mapping[str, Any], *, now: float, no_capacity_after_seconds: int
+) -> tuple[str, float | None]:
+    """What status says of a pod no node can take, once it has waited :data:`WAITING_AFTER`, and
+    when to look again for it to be due. Deterministic in the pod (no "for N seconds"), so a
+    restarted operator computes the same note and writes nothing."""
+    unplaced = unschedulable(pod, now=now)
+    if unplaced is None:
+        return "", None
+    since, message = unplaced
+    if now < since + WAITING_AFTER:
+        return "", since + WAITING_AFTER
+    at = datetime.fromtimestamp(since + no_capacity_after_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = pod.get("metadata", {}).get("name", "?")
+    return detail(f"pod {name} unschedulable (no-capacity at {at})", message), None
 
 
 def node_ready(node: Mapping[str, Any]) -> bool:
@@ -616,12 +640,17 @@ def classify(
     restart_causes: list[Cause] = [last_restart] if last_restart is not None else []
     recheck: float | None = None
     running = False
+    waiting = ""
     for pod in pods:
         found, at = kind_evidence(kind, body, pod, now=now, gone_nodes=gone_nodes)
         if found is not None and found.terminal:
             terminal.append(found)
         elif found is not None:
             restart_causes.append(found.cause)
+        if not waiting:
+            waiting, due = waiting_note(pod, now=now, no_capacity_after_seconds=no_capacity_after(body))
+            if due is not None:
+                at = due if at is None else min(at, due)
         if at is not None:
             recheck = at if recheck is None else min(recheck, at)
         if pod.get("status", {}).get("phase") == "Running" and not pod.get("metadata", {}).get(
@@ -635,7 +664,9 @@ def classify(
     # Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended).
     held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
 
-    def view(phase: Phase, cause: Cause | None = None, cancelled: bool = False, note: str = "") -> ObjectView:
+    def view(
+        phase: Phase, cause: Cause | None = None, cancelled: bool = False, note: str = "", waiting: str = ""
+    ) -> ObjectView:
         return ObjectView(
             id=oid,
             job=job,
@@ -646,6 +677,7 @@ def classify(
             restarts=restarts,
             retained=held,
             note=note,
+            waiting=waiting,
         )
 
     ended = annotations.get(ANNOTATION_ENDED)
@@ -689,8 +721,8 @@ def classify(
             return Verdict(view(Phase.QUEUED, note=held_outside(kind, body)))
         return Verdict(view(Phase.HELD))
     if running or kind.running(body):
-        return Verdict(view(Phase.RUNNING), recheck_at=recheck)
-    return Verdict(view(Phase.QUEUED), recheck_at=recheck)
+        return Verdict(view(Phase.RUNNING, waiting=waiting), recheck_at=recheck)
+    return Verdict(view(Phase.QUEUED, waiting=waiting), recheck_at=recheck)
 
 
 def held_outside(kind: Kind, body: Body) -> str:
