@@ -425,6 +425,11 @@ async def test_quota_that_never_frees_up_ends_no_capacity_after_the_jobs_wait(k:
     note = await await_for("a note that it waits for Kueue", waiting)
     assert k.queues.queue in note, note
     body = await settled(k.crds, k.namespace, "starved")
+    # Queued by dispatch's own release: not held outside dispatch, so no HeldOutside Warning.
+    items = json.loads(k.crds.kubectl("get", "events", "-n", k.namespace, "-o", "json"))["items"]
+    assert [
+        e for e in items if e["involvedObject"]["name"] == "starved" and e["reason"] == "HeldOutside"
+    ] == []
     assert body["status"]["state"] == "failed"
     assert body["status"]["cause"]["kind"] == "no-capacity"
     assert history(body) == [("pending", "failed", 1, "no-capacity")]

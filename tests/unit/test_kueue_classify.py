@@ -119,7 +119,10 @@ def test_waiting_for_quota_is_queued_with_kueues_reason_not_a_failure() -> None:
     last = steps[-1].verdict
     assert last.view.phase is Phase.QUEUED
     assert last.stop is None
-    assert last.view.note.startswith(f"waiting for Kueue admission in queue {QUEUE}: couldn't assign flavors")
+    assert last.view.waiting.startswith(
+        f"waiting for Kueue admission in queue {QUEUE}: couldn't assign flavors"
+    )
+    assert last.view.note == ""  # queued by dispatch's own release: not held outside it (no Warning)
     assert [s.verdict.view.phase for s in steps if s.verdict.view.phase is Phase.ENDED] == []
 
 

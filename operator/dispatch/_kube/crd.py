@@ -66,9 +66,9 @@ OBSERVED_CAUSE_DESCRIPTION: Final = (
 OBSERVED_NOTE_DESCRIPTION: Final = (
     "What the scheduler shows of the current object that is not dispatch's doing: held outside dispatch "
     "(suspended by another controller after dispatch released it, such as Kueue evicting it), and by whom "
-    "(the field manager that suspended it); or else, once a pod of it has been unschedulable for 5 s, "
-    "that pod, what kube-scheduler said and when the wait becomes `no-capacity`; on Slurm, the reason a "
-    "released job waits, as squeue shows it. Absent otherwise."
+    "(the field manager that suspended it); or else why it waits: in Kueue's queue (Kueue's message), a pod "
+    "unschedulable for 5 s (that pod, what kube-scheduler said and when the wait becomes `no-capacity`), on "
+    "Slurm the reason a released job waits, as squeue shows it. Absent otherwise."
 )
 OBSERVED_GENERATION_DESCRIPTION: Final = "The metadata.generation of the spec the status was computed from."
 CONDITIONS_DESCRIPTION: Final = (

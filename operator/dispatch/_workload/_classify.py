@@ -710,7 +710,7 @@ def classify(
     kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=no_capacity_after(body))
     if kueue is not None:
         return Verdict(
-            view(kueue.phase, kueue.cause, kueue.cancelled, kueue.note),
+            view(kueue.phase, kueue.cause, kueue.cancelled, waiting=kueue.waiting),
             stop=kueue.cause if kueue.stop else None,
             recheck_at=kueue.recheck_at,
         )

@@ -255,7 +255,9 @@ class QueuedVerdict:
     phase: Phase
     cause: Cause | None = None
     cancelled: bool = False
-    note: str = ""
+    waiting: str = ""
+    """Why it waits in Kueue's queue (:attr:`ObjectView.waiting`): queued by dispatch's own
+    release, so not held outside dispatch, and no Warning."""
     stop: bool = False
     """Kueue has ended this object for dispatch's purposes: dispatch stops it for good."""
     recheck_at: float | None = None
@@ -346,7 +348,7 @@ def queued_verdict(
     if not kind.suspended(dict(body)):
         return None  # admitted and started by Kueue: running, or ending, as the kit reads it
     if workload is not None and workload.true(COND_ADMITTED) is not None:
-        return QueuedVerdict(Phase.QUEUED, note=f"admitted by Kueue in queue {queue}; starting")
+        return QueuedVerdict(Phase.QUEUED, waiting=f"admitted by Kueue in queue {queue}; starting")
     pending = workload.condition(COND_QUOTA_RESERVED) if workload is not None else None
     why = pending.message if pending is not None and pending.message else "no Workload yet"
     since = _time(annotations.get(ANNOTATION_RELEASED)) or now
@@ -354,8 +356,8 @@ def queued_verdict(
     if now >= deadline:
         text = _detail(f"not admitted by Kueue in queue {queue} for more than {no_capacity_after}s", why)
         return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.NO_CAPACITY, detail=text), stop=True)
-    note = f"waiting for Kueue admission in queue {queue}: {why}"
-    return QueuedVerdict(Phase.QUEUED, note=note[:_MAX_DETAIL], recheck_at=deadline)
+    waiting = f"waiting for Kueue admission in queue {queue}: {why}"
+    return QueuedVerdict(Phase.QUEUED, waiting=waiting[:_MAX_DETAIL], recheck_at=deadline)
 
 
 # ---- the shared watch ---------------------------------------------------------------------------------
