@@ -37,15 +37,10 @@ def _canonical(intent: Intent) -> ObjectView | None:
     return next((o for o in intent.objects if o.id == current.canonical), None)
 
 
-def _note(intent: Intent) -> str:
+def _note(view: ObjectView | None) -> str:
     """What ``status.observedNote`` shows of the current canonical: held outside dispatch (by
     whom), or else why it does not run yet (its pods unschedulable)."""
-    view = _canonical(intent)
     return (view.note or view.waiting) if view is not None else ""
-
-
-def _without_note(fields: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in fields.items() if k != STATUS_OBSERVED_NOTE}
 
 
 class ObservingSupervisor(Supervisor):
@@ -62,14 +57,14 @@ class ObservingSupervisor(Supervisor):
         decision = intent.decision
         store = self.store
         if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
-            note = _note(intent)
             view = _canonical(intent)
+            note = _note(view)
             hold = view.note if view is not None else ""
-            shown = store.observed(job)
-            before = shown.get(STATUS_OBSERVED_NOTE, "")
+            shown = store.observed(job)  # a copy: the note taken out, the fields beside it stay
+            before = shown.pop(STATUS_OBSERVED_NOTE, "")
             if note != before and self.defer_note is not None:
-                fields = observed_fields(decision.state, decision.cause, note)
-                if _without_note(fields) == _without_note(shown) and self.defer_note(job):
+                alone = observed_fields(decision.state, decision.cause) == shown  # the note alone changes
+                if alone and self.defer_note(job):
                     return intent
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
@@ -85,5 +80,7 @@ class ObservingSupervisor(Supervisor):
         store = self.store
         if isinstance(intent.decision.step, WRITES) and isinstance(store, KubeRecordStore):
             decision = intent.decision
-            store.observing(intent.record.job, observed_fields(decision.state, decision.cause, _note(intent)))
+            store.observing(
+                intent.record.job, observed_fields(decision.state, decision.cause, _note(_canonical(intent)))
+            )
         await super().perform(intent)

@@ -417,13 +417,10 @@ def pod_evidence(
 
 def unschedulable(pod: Mapping[str, Any], *, now: float) -> tuple[float, str] | None:
     """Since when kube-scheduler has found no node for a pending pod, and what it said, or None."""
+    if pod.get("status", {}).get("phase") != "Pending":
+        return None  # before the conditions: classify asks this of every running pod at every turn
     scheduled = _conditions(pod).get("PodScheduled")
-    if (
-        pod.get("status", {}).get("phase") != "Pending"
-        or scheduled is None
-        or scheduled.get("status") != "False"
-        or scheduled.get("reason") != "Unschedulable"
-    ):
+    if scheduled is None or scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
         return None
     return parse_time(scheduled.get("lastTransitionTime")) or now, str(scheduled.get("message") or "")
 
@@ -641,6 +638,7 @@ def classify(
     recheck: float | None = None
     running = False
     waiting = ""
+    wait_limit = no_capacity_after(body)
     for pod in pods:
         found, at = kind_evidence(kind, body, pod, now=now, gone_nodes=gone_nodes)
         if found is not None and found.terminal:
@@ -648,7 +646,7 @@ def classify(
         elif found is not None:
             restart_causes.append(found.cause)
         if not waiting:
-            waiting, due = waiting_note(pod, now=now, no_capacity_after_seconds=no_capacity_after(body))
+            waiting, due = waiting_note(pod, now=now, no_capacity_after_seconds=wait_limit)
             if due is not None:
                 at = due if at is None else min(at, due)
         if at is not None:
@@ -707,7 +705,7 @@ def classify(
             kind=CauseKind.NON_ZERO_EXIT, detail=f"restarted in place past the rule's budget of {budget}"
         )
         return Verdict(view(Phase.ENDED, cause), stop=cause, stop_after_grace=True)
-    kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=no_capacity_after(body))
+    kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=wait_limit)
     if kueue is not None:
         return Verdict(
             view(kueue.phase, kueue.cause, kueue.cancelled, waiting=kueue.waiting),
