@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/kopf_cost.py [--jobs 10000] [--json out.json]
 
-The operator's supervision loop (dispatch._kube.loop) does not need kopf, but kopf still watches
+The operator's supervision loop (dispatch._controller.loop) does not need kopf, but kopf still watches
 every DispatchJob for its ``on.delete`` handler (the finalizer). This measures that share alone, on
 the lab's API server (no training operator): N DispatchJobs that already carry the finalizer, then
 two processes with the operator's imports, one running kopf with the operator's settings and a
@@ -39,8 +39,8 @@ CHILD = """
 import asyncio, sys, kopf
 sys.path.insert(0, {operator!r})
 from dispatch._constants import GROUP, PLURAL, VERSION
-from dispatch._kube.main import _connection_info
-from dispatch._kube.settings import operator_settings
+from dispatch._controller.main import _connection_info
+from dispatch._controller.settings import operator_settings
 from dispatch._kubeclient import load_configuration
 
 async def main() -> None:

@@ -51,8 +51,8 @@ from dispatch import (  # noqa: E402
     Supervisor,
     make_plan,
 )
+from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend  # noqa: E402
 from dispatch._kubeclient import Informer, new_client  # noqa: E402
-from dispatch._kubeflow import CAPABILITIES, KubeflowBackend  # noqa: E402
 from dispatch._model import SUPERVISOR  # noqa: E402
 from tests.support.lab import Lab  # noqa: E402
 

@@ -57,10 +57,10 @@ def measure(tree: Path) -> dict[str, float]:
     sys.path.insert(0, str(tree / "operator"))
     import gc
 
-    from dispatch._api import record_from
-    from dispatch._kube import store
+    from dispatch._backends.kubeflow._adapter import PYTORCHJOB
+    from dispatch._controller import store
+    from dispatch._dispatchjob import record_from
     from dispatch._kubeclient import _informer
-    from dispatch._kubeflow import PYTORCHJOB
     from dispatch._workload import POD, project, project_object, project_pod
     from dispatch._workload._classify import object_shape
 

@@ -174,7 +174,13 @@ def _dump(count: list[int]) -> None:
         os._exit(0)
 
 
-PRELOAD = ("dispatch._kube.main", "dispatch._kube.events", "dispatch._workload", "dispatch._kubeflow", "kopf")
+PRELOAD = (
+    "dispatch._controller.main",
+    "dispatch._controller.events",
+    "dispatch._workload",
+    "dispatch._backends.kubeflow._adapter",
+    "kopf",
+)
 """Imported before tracing starts: the modules are the same in every snapshot, and importing them
 traced (kubernetes_asyncio's generated client above all) takes minutes on a loaded machine."""
 

@@ -5,7 +5,7 @@
 
 What it does: starts the lab (tests/support/lab.py: kube-apiserver with an audit log,
 kube-scheduler, kube-controller-manager, kwok, Kubeflow's real training operator), installs the
-DispatchJob CRD, runs the operator as a process (``python -m dispatch._kube``) under its own identity
+DispatchJob CRD, runs the operator as a process (``python -m dispatch._controller``) under its own identity
 (client certificate ``dispatch-operator``). One DispatchJob with the rule ``preempted -> resubmit,
 budget N`` is preempted by kube-scheduler N times (the lab's ``preempt_pod``), then succeeds.
 
@@ -209,7 +209,13 @@ def start(args: argparse.Namespace) -> tuple[Lab, subprocess.Popen[bytes], Path,
     subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
     identity = cp.mint_user(OPERATOR_USER, ["system:masters"])
     log_path = work / "operator.log"
-    argv = [sys.executable, "-m", "dispatch._kube", f"--kubeconfig={identity}", f"--namespace={NAMESPACE}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "dispatch._controller",
+        f"--kubeconfig={identity}",
+        f"--namespace={NAMESPACE}",
+    ]
     argv += ["--log-level=WARNING", *(["--no-events"] if args.no_events else [])]
     with log_path.open("wb") as log:
         operator = subprocess.Popen(

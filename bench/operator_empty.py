@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/operator_empty.py [--operator-tree DIR] [--runs 1]
 
-bench/operator_scale.py's lab and operator (started as a user starts it: ``python -m dispatch._kube``
+bench/operator_scale.py's lab and operator (started as a user starts it: ``python -m dispatch._controller``
 under its own identity, metrics on), with no DispatchJob and no node: VmRSS is read once the
 operator has logged that every job (none) is known and decided, its requests have gone quiet and a
 few seconds more have passed. ``--operator-tree`` runs another tree (a ``git archive`` of an older

@@ -101,7 +101,7 @@ class TracedOperator(Operator):
 
 
 def short(filename: str) -> str:
-    """``dispatch/_kube/store.py``, ``pydantic/main.py``, ``json/decoder.py``: the path from the package."""
+    """``dispatch/_controller/store.py``, ``pydantic/main.py``: the path from the package."""
     parts = Path(filename).parts
     for anchor in ("site-packages", "operator"):
         if anchor in parts:
@@ -113,7 +113,7 @@ def short(filename: str) -> str:
 
 
 def package(filename: str) -> str:
-    """The package a file belongs to; dispatch by subpackage (``dispatch/_kube``, ``dispatch/_workload``)."""
+    """The package a file belongs to; dispatch by subpackage (``dispatch/_controller``, ``dispatch/_workload``)."""
     path = short(filename).split("/")
     if path[0] == "dispatch" and len(path) > 2:
         return "/".join(path[:2])

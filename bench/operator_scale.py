@@ -7,7 +7,7 @@
 The lab (tests/support/lab.py: kube-apiserver with an audit log, kube-scheduler,
 kube-controller-manager, kwok, Kubeflow's training operator v1.9.3) with the bench's own kwok
 nodes, each exactly full with ``--slots`` pods of 1 cpu (so that any pod of a higher priority must
-preempt). The operator runs as a user starts it (``python -m dispatch._kube`` with its documented
+preempt). The operator runs as a user starts it (``python -m dispatch._controller`` with its documented
 flags, its own client certificate ``dispatch-operator``, metrics on a loopback port), from this
 tree or from ``--operator-tree`` (a ``git archive`` of another commit: before/after). DispatchJobs
 are applied with kubectl. One run, in order:
@@ -276,7 +276,7 @@ class Operator:
         self.port = free_port()
         self.log = self.work / f"operator-{self.starts}.log"
         self.starts += 1
-        argv = [sys.executable, "-m", "dispatch._kube", f"--kubeconfig={self.identity}"]
+        argv = [sys.executable, "-m", "dispatch._controller", f"--kubeconfig={self.identity}"]
         argv += [f"--namespace={NAMESPACE}", "--log-level=INFO", f"--metrics-port={self.port}"]
         argv += ["--metrics-addr=127.0.0.1", *(["--no-events"] if self.no_events else []), *self.flags]
         env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")}

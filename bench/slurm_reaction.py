@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "operator")]
 
 import dispatch  # noqa: E402
-from dispatch._slurm import SlurmBackend, open_adapter  # noqa: E402
-from dispatch._slurm._poller import Listing  # noqa: E402
+from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter  # noqa: E402
+from dispatch._backends.slurm._poller import Listing  # noqa: E402
 from tests.support.slurmlab import SlurmLab  # noqa: E402
 
 ALICE = dispatch.Actor(kind=dispatch.ActorKind.HUMAN, id="bench")

@@ -1,7 +1,7 @@
 """The chart, end to end: helm install, the operator under the chart's identity, upgrade, uninstall,
 and two operators with leader election.
 
-The operator runs as a process (``python -m dispatch._kube``) with a kubeconfig acting as exactly
+The operator runs as a process (``python -m dispatch._controller``) with a kubeconfig acting as exactly
 the ServiceAccount the chart creates, so whatever it needs beyond the chart's RBAC fails here.
 Kubeflow's training operator is the real one (the lab's, tests/support/lab.py).
 Durations are printed (and recorded as junit properties), never asserted.

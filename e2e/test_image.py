@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from dispatch import __version__
-from dispatch._kube.webhook import generate_certificates
+from dispatch._controller.webhook import generate_certificates
 from e2e.podman import (
     LIMITS,
     Container,

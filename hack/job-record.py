@@ -3,7 +3,7 @@
 
 Against a running lab (``python -m tests.support.lab up``: the real kube-apiserver, kube-scheduler,
 kube-controller-manager with its Job controller, kwok with the lab's stages), each scenario creates
-a Job built by dispatch's own builder (``dispatch._job._kind.build``), releases it (unsuspends),
+a Job built by dispatch's own builder (``dispatch._backends.job._kind.build``), releases it (unsuspends),
 makes Kubernetes fail it through its real mechanism (kwok's container-exit stage, a real
 kube-scheduler preemption, an unsatisfiable request, ...) and records, in arrival order, every watch
 event of the Job and of its pods, then the events Kubernetes wrote in the namespace. Nothing is
@@ -34,7 +34,7 @@ from _recording import Recording, cleanup_preemptors, get, kubectl, let_go, unti
 from _recording import preempt as preempt_in  # noqa: E402
 
 from dispatch._backends.job import JobOptions  # noqa: E402
-from dispatch._job._kind import CONTAINER, build  # noqa: E402
+from dispatch._backends.job._kind import CONTAINER, build  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
     CauseKind,

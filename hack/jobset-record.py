@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
 from dispatch._backends.jobset import JobSetOptions  # noqa: E402
+from dispatch._backends.jobset._kind import build as build_jobset  # noqa: E402
 from dispatch._backends.trainjob import TrainJobOptions  # noqa: E402
-from dispatch._jobset._kind import build as build_jobset  # noqa: E402
+from dispatch._backends.trainjob._kind import build as build_trainjob  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
     CauseKind,
@@ -46,7 +47,6 @@ from dispatch._model import (  # noqa: E402
     PlannedRule,
     Resources,
 )
-from dispatch._trainjob._kind import build as build_trainjob  # noqa: E402
 from dispatch._workload import Target  # noqa: E402
 from tests.support.lab import Lab  # noqa: E402
 

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
+from dispatch._backends.kubeflow._kind import build  # noqa: E402
 from dispatch._constants import ANNOTATION_RELEASED  # noqa: E402
-from dispatch._kubeflow._pytorchjob import build  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
     CauseKind,

@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispatch._slurm._dialects import PROBE_ORDER, SubmitRequest, dialect_for
+from dispatch._backends.slurm._dialects import PROBE_ORDER, SubmitRequest, dialect_for
 from tests.support.slurmlab import FLAVORS, SlurmLab
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "slurm"

@@ -268,7 +268,8 @@ class JobSpec(_Model):
                 if not isinstance(value, OptionsModel):
                     raise ValueError(
                         f"options[{name!r}] must be an instance of backend {name!r}'s options model, "
-                        f"not {type(value).__name__} (dispatch._api.job_spec builds it from spec.{name})"
+                        f"not {type(value).__name__} (dispatch._dispatchjob.job_spec builds it "
+                        f"from spec.{name})"
                     )
         return options
 

@@ -1,9 +1,9 @@
 """Fixtures for the operator's integration tests: the CRDs installed, the operator as a process.
 
-The operator runs as ``python -m dispatch._kube --kubeconfig ... --namespace NS`` in its own
+The operator runs as ``python -m dispatch._controller --kubeconfig ... --namespace NS`` in its own
 process group, so a test can SIGKILL it and start it again. ``DISPATCH_TEST_CRASH_AFTER=Step:n``
 makes the operator SIGKILL itself right after the n-th step of that kind has landed (see
-``dispatch._kube.main``): a crash at an exact point of the submission protocol.
+``dispatch._controller.main``): a crash at an exact point of the submission protocol.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def crds(kube_cluster: KubeCluster) -> KubeCluster:
 
 @dataclass
 class OperatorProcess:
-    """One ``python -m dispatch._kube`` process; its output goes to ``log_path``."""
+    """One ``python -m dispatch._controller`` process; its output goes to ``log_path``."""
 
     kubeconfig: Path
     namespace: str
@@ -70,7 +70,7 @@ class OperatorProcess:
         argv = [
             sys.executable,
             "-m",
-            "dispatch._kube",
+            "dispatch._controller",
             f"--kubeconfig={self.kubeconfig}",
             f"--namespace={self.namespace}",
             "--poll-interval=2",

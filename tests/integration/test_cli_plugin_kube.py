@@ -25,11 +25,11 @@ import pytest
 import yaml
 
 import dispatch
-from dispatch._api import job_spec, new_record
-from dispatch._kube.events import EventRecorder
-from dispatch._kube.listeners import Fanout
-from dispatch._kube.metrics import Metrics
-from dispatch._kube.store import KubeRecordStore
+from dispatch._controller.events import EventRecorder
+from dispatch._controller.listeners import Fanout
+from dispatch._controller.metrics import Metrics
+from dispatch._controller.store import KubeRecordStore
+from dispatch._dispatchjob import job_spec, new_record
 from dispatch._kubeclient import new_client
 from tests.support.kube import KubeCluster
 

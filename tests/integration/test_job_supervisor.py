@@ -30,7 +30,7 @@ from dispatch import (
     make_plan,
 )
 from dispatch._backends.job import JobOptions
-from dispatch._job import JOB, JobBackend
+from dispatch._backends.job._adapter import JOB, JobBackend
 from dispatch._kubeclient import KubeClient, new_client
 from dispatch._model import SUPERVISOR, Enforcer, Resources
 from tests.support.kube import KubeCluster

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from dispatch._api import job_spec, new_record
+from dispatch._backends.kubeflow._adapter import CAPABILITIES
 from dispatch._constants import STATUS_OBSERVED_NOTE
+from dispatch._controller.store import KubeRecordStore
+from dispatch._dispatchjob import job_spec, new_record
 from dispatch._errors import VersionConflict
-from dispatch._kube.store import KubeRecordStore
 from dispatch._kubeclient import _objects
-from dispatch._kubeflow import CAPABILITIES
 from dispatch._model import NO_CAUSE, State
 from dispatch._plan import make_plan
 from tests.integration.conftest import apply, dispatch_job, get_job

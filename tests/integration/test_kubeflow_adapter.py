@@ -28,8 +28,8 @@ from dispatch import (
     Rule,
     make_plan,
 )
+from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._kubeclient import JSON_PATCH, MERGE_PATCH, Client, Informer, KubeError, new_client, request
-from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._workload._release import release_ops
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster

@@ -32,7 +32,7 @@ from dispatch import (
     Supervisor,
     make_plan,
 )
-from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
+from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
 from tests.integration.conftest import (
     OperatorProcess,

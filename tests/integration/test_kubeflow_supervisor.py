@@ -26,7 +26,7 @@ from dispatch import (
     Supervisor,
     make_plan,
 )
-from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
+from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
 from tests.integration.conftest import owner_manifest
 from tests.support.kube import KubeCluster

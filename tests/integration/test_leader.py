@@ -20,7 +20,7 @@ import pytest
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoordinationV1Api
 
-from dispatch._kube.leader import LeaderElector
+from dispatch._controller.leader import LeaderElector
 from tests.support.kube import KubeCluster
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from dispatch._api import record_from
+from dispatch._backends.kubeflow._adapter import KubeflowBackend
+from dispatch._dispatchjob import record_from
 from dispatch._kubeclient import KubeClient
-from dispatch._kubeflow import KubeflowBackend
 from tests.integration.conftest import (
     WAIT,
     OperatorProcess,

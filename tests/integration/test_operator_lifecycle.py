@@ -1,6 +1,6 @@
 """The operator on the real control plane, driven as a user drives it: ``kubectl apply`` of manifests.
 
-The operator runs as a process (``python -m dispatch._kube``) on the lab: Kubeflow's real training
+The operator runs as a process (``python -m dispatch._controller``) on the lab: Kubeflow's real training
 operator makes the pods, kube-scheduler binds and preempts them, kwok plays their kubelet.
 """
 

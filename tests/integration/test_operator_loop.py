@@ -1,4 +1,4 @@
-"""The operator's one supervision loop (dispatch._kube.loop): after a restart with running jobs,
+"""The operator's one supervision loop (dispatch._controller.loop): after a restart with running jobs,
 every job is known and decided (the log line the scale benchmark reads), and nothing is written:
 an unchanged observed field is not written again, no object is touched. Counted by the operator's
 own metrics: the API server drops a no-op update without a new resourceVersion, so the objects'

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch._api import record_from
-from dispatch._slurm import open_adapter
+from dispatch._backends.slurm._adapter import open_adapter
+from dispatch._dispatchjob import record_from
 from tests.integration.conftest import (
     OperatorProcess,
     apply,

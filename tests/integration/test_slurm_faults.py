@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter
 from dispatch._cluster import Cluster, compose
 from dispatch._memstore import MemoryStore
 from dispatch._model import (
@@ -32,7 +33,6 @@ from dispatch._model import (
     SlurmOptions,
     State,
 )
-from dispatch._slurm import SlurmBackend, open_adapter
 from dispatch._supervisor import Supervisor
 from tests.support.slurmlab import SlurmLab
 from tests.support.slurmproxy import FaultProxy

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter
 from dispatch._cluster import compose
 from dispatch._errors import PlanError
 from dispatch._model import (
@@ -28,7 +29,6 @@ from dispatch._model import (
     State,
 )
 from dispatch._plan import make_plan
-from dispatch._slurm import SlurmBackend, open_adapter
 from tests.support.slurmlab import SlurmLab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from dispatch._backends.slurm._adapter import open_adapter
 from dispatch._cluster import compose
 from dispatch._decide import Create, Done, Wait
 from dispatch._memstore import MemoryStore
@@ -22,7 +23,6 @@ from dispatch._model import (
     SlurmOptions,
     State,
 )
-from dispatch._slurm import open_adapter
 from dispatch._supervisor import Supervisor
 from tests.support.slurmlab import SlurmLab
 

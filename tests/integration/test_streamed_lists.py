@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dispatch._kube.store import KubeRecordStore
+from dispatch._controller.store import KubeRecordStore
 from dispatch._kubeclient import Informer, KubeClient, new_client
 from tests.integration.conftest import dispatch_job
 from tests.support.controlplane import ControlPlane, resolve_binaries

@@ -29,9 +29,9 @@ from dispatch._constants import (
     FINALIZER,
     WEBHOOK_VALIDATE_ID,
 )
-from dispatch._kube import webhook
-from dispatch._kube.main import _connection_info
-from dispatch._kube.settings import operator_settings
+from dispatch._controller import webhook
+from dispatch._controller.main import _connection_info
+from dispatch._controller.settings import operator_settings
 from dispatch._kubeclient import load_configuration
 from tests.integration.conftest import USERS_GROUP, free_port, users_may_submit
 from tests.support.kube import KubeCluster, KubectlError

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatch._kube.main import WRITE_QPS_AUTO, choose_write_limit
+from dispatch._controller.main import WRITE_QPS_AUTO, choose_write_limit
 from dispatch._kubeclient import DEFAULT_WRITE_QPS, KubeClient, new_client, server_sheds_load
 from tests.support.controlplane import ControlPlane, resolve_binaries
 

@@ -3,9 +3,9 @@ embeds (gopher-lua, hack/gitops/argocd-health), and Flux's verdict computed by k
 (hack/gitops/kstatus-verdict), on every status the operator writes.
 
 The DispatchJob statuses are built by the operator's own code: records moved through the protocol
-by :func:`dispatch._decide.apply`, turned into ``.status`` by :func:`dispatch._api.record_status`
-and :func:`~dispatch._api.conditions_for`/:func:`~dispatch._api.render_conditions`, as
-:meth:`KubeRecordStore.put` writes them (and :func:`~dispatch._api.refusal_conditions` for a
+by :func:`dispatch._decide.apply`, turned into ``.status`` by :func:`dispatch._dispatchjob.record_status`
+and :func:`~dispatch._dispatchjob.conditions_for`/:func:`~dispatch._dispatchjob.render_conditions`, as
+:meth:`KubeRecordStore.put` writes them (and :func:`~dispatch._dispatchjob.refusal_conditions` for a
 refused job). The Lua runs with only the libraries Argo CD opens by default for a custom check
 (base, table, package): no string, math or io library. Real objects from the lab, in every state,
 are checked by e2e/test_gitops.py.
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from dispatch import Actor, ActorKind, Cause, CauseKind, JobSpec, Record, RecoveryPolicy, Rule, State
-from dispatch._api import conditions_for, record_status, refusal_conditions, render_conditions
+from dispatch._backends.kubeflow._adapter import CAPABILITIES
 from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, RecordSettled, Write, apply, decide
-from dispatch._kubeflow import CAPABILITIES
+from dispatch._dispatchjob import conditions_for, record_status, refusal_conditions, render_conditions
 from dispatch._model import SUPERVISOR, CancelRequest
 from dispatch._plan import make_plan
 from tests.support import gitops

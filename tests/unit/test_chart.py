@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dispatch import _constants as k8s_names
-from dispatch._slurm import SlurmConfig
+from dispatch._backends.slurm._adapter import SlurmConfig
 from tests.support.helm import helm_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -362,7 +362,7 @@ def test_the_backends_value_grants_exactly_the_enabled_backends_rules(helm: str)
     """Each enabled backend adds exactly its registry entry's rules and one --backend flag; none
     enabled adds no rule and passes --backend none (the operator then opens no Kubernetes backend)."""
     from dispatch import _registry
-    from dispatch._kube.main import enabled_backends, parser
+    from dispatch._controller.main import enabled_backends, parser
 
     base = _operator_grants(render(helm, "--set", "backends=null"))
     assert "--backend=none" in deployment_args(render(helm, "--set", "backends=null"))
@@ -652,7 +652,7 @@ def test_generated_certificate_serves_the_service_and_the_ca_bundle_is_its_ca(
 def test_deployment_serves_the_webhook_with_the_mounted_certificate(
     helm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dispatch._kube import webhook as webhook_module
+    from dispatch._controller import webhook as webhook_module
 
     docs = render(helm)
     pod = _pod(docs)
@@ -668,7 +668,7 @@ def test_deployment_serves_the_webhook_with_the_mounted_certificate(
     assert volume["secret"]["secretName"] == WEBHOOK_SECRET
     assert "items" not in volume["secret"]  # tls.crt, tls.key and (optional) ca.crt
     # main.py does not add webhook.add_arguments' flags: the cert dir goes through the environment
-    # variable dispatch._kube.webhook reads (it falls back to it when the flag is not given).
+    # variable dispatch._controller.webhook reads (it falls back to it when the flag is not given).
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[f"{webhook_module.ENV_PREFIX}CERT_DIR"] == mount["mountPath"]
     for name, value in env.items():
@@ -777,7 +777,7 @@ def test_helm_rejects_unknown_webhook_keys(helm: str, value: str) -> None:
 def test_the_operator_accepts_every_flag_the_chart_passes(helm: str, values_file: Path) -> None:
     """The Deployment's args parse with dispatch-operator's own parser (main.py), so a renamed or
     missing flag fails here rather than in a crash-looping Pod."""
-    from dispatch._kube.main import parser
+    from dispatch._controller.main import parser
 
     docs = render(helm, "-f", str(values_file))
     args = parser().parse_args(deployment_args(docs))
@@ -793,7 +793,7 @@ def test_the_operator_accepts_every_flag_the_chart_passes(helm: str, values_file
 def test_the_chart_defaults_are_the_operators_and_its_values_reach_the_flags(helm: str) -> None:
     """The write limit and the loop's workers: the chart's defaults equal the flags' own (one
     default, not two that drift), and a value set in the chart is what the operator parses."""
-    from dispatch._kube.main import check_arguments, parser
+    from dispatch._controller.main import check_arguments, parser
 
     defaults = parser().parse_args([])
     args = parser().parse_args(deployment_args(render(helm)))
@@ -809,7 +809,7 @@ def test_the_chart_defaults_are_the_operators_and_its_values_reach_the_flags(hel
 
 
 def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
-    from dispatch._kube.main import parser
+    from dispatch._controller.main import parser
 
     docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true")
     assert parser().parse_args(deployment_args(docs)).metrics_port == 8080
@@ -828,7 +828,7 @@ def test_metrics_service_and_service_monitor_match_the_flag(helm: str) -> None:
 
 
 def test_probes_are_on_by_default_and_use_the_health_port(helm: str) -> None:
-    from dispatch._kube.main import parser
+    from dispatch._controller.main import parser
 
     container = operator_container(render(helm))
     assert "--health-port=8081" in container["args"]

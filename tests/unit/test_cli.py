@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import dispatch
-from dispatch import _api
+from dispatch import _dispatchjob
 from dispatch._cli import _render as render
 from dispatch._cli._manifest import ManifestError, parse
 from dispatch._cli.main import main
@@ -156,7 +156,7 @@ def test_plan_of_several_jobs_names_each(monkeypatch: pytest.MonkeyPatch) -> Non
         (SEED.read_text().replace('"on"', "on"), 'quote it, e.g. "on": [preempted]'),
         (manifest(kubeflow={"image": "x"}), "spec.kubeflow is set but spec.backend is slurm"),
         (manifest(backend="kubeflow"), "spec.kubeflow (the image, at least) is required"),
-        (manifest(backend="lsf"), f"spec.backend must be one of {_api.backend_names()}, not 'lsf'"),
+        (manifest(backend="lsf"), f"spec.backend must be one of {_dispatchjob.backend_names()}, not 'lsf'"),
         (manifest(nodes=0), "spec.nodes: Input should be greater than or equal to 1"),
         (
             manifest(
@@ -286,7 +286,7 @@ def recovered_object() -> dict[str, Any]:
 
 
 def test_history_table_shows_the_seeds_transitions() -> None:
-    text = render.history_table(_api.transitions(recovered_object()))
+    text = render.history_table(_dispatchjob.transitions(recovered_object()))
     assert [re.split(r" {3,}", line) for line in text.splitlines()] == [
         ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"],
         [
@@ -302,7 +302,7 @@ def test_history_table_shows_the_seeds_transitions() -> None:
 
 
 def test_history_as_json() -> None:
-    data = [render.transition_data(t) for t in _api.transitions(recovered_object())]
+    data = [render.transition_data(t) for t in _dispatchjob.transitions(recovered_object())]
     assert [(d["from"], d["to"], d["submission"], d["cause"]["kind"], d["actor"]) for d in data] == [
         ("pending", "recovering", 2, "preempted", "supervisor:supervisor"),
         ("recovering", "succeeded", 2, "none", "supervisor:supervisor"),
@@ -475,7 +475,7 @@ def test_exit_statuses_are_the_documented_ones() -> None:
 def test_operator_flags_are_checked_up_front(
     argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dispatch._kube.main import main as operator_main
+    from dispatch._controller.main import main as operator_main
 
     with pytest.raises(SystemExit) as caught:
         operator_main(argv)
@@ -486,7 +486,7 @@ def test_operator_flags_are_checked_up_front(
 
 
 def test_operator_missing_kubeconfig_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dispatch._kube.main import main as operator_main
+    from dispatch._controller.main import main as operator_main
 
     assert operator_main(["--kubeconfig", str(tmp_path / "kc")]) == 2
     err = capsys.readouterr().err
@@ -495,7 +495,7 @@ def test_operator_missing_kubeconfig_is_one_line(tmp_path: Path, capsys: pytest.
 
 
 def test_every_operator_port_has_an_address_flag() -> None:
-    from dispatch._kube.main import parser
+    from dispatch._controller.main import parser
 
     flags = {a for action in parser()._actions for a in action.option_strings}
     for port in ("--metrics-port", "--health-port", "--webhook-port"):

@@ -32,6 +32,7 @@ from dispatch import (
     make_plan,
     status,
 )
+from dispatch._backends.memory._adapter import CAPABILITIES
 from dispatch._decide import (
     CANCELLED_OUTSIDE,
     Authorize,
@@ -49,7 +50,6 @@ from dispatch._decide import (
     unseen_canonical,
 )
 from dispatch._errors import TransientBackendError
-from dispatch._memory import CAPABILITIES
 from dispatch._model import NO_CAUSE, SCHEDULER, SUPERVISOR, CancelRequest
 
 ADA = Actor(kind=ActorKind.HUMAN, id="ada")

@@ -24,9 +24,9 @@ from dispatch._constants import (
     REASON_UNENFORCEABLE,
     REPORTING_CONTROLLER,
 )
+from dispatch._controller.events import EVENT_REASONS, MAX_PENDING, MAX_SENDING, EventRecorder, event_body
+from dispatch._controller.listeners import Fanout
 from dispatch._decide import End, Step
-from dispatch._kube.events import EVENT_REASONS, MAX_PENDING, MAX_SENDING, EventRecorder, event_body
-from dispatch._kube.listeners import Fanout
 from dispatch._model import Record
 from tests.support.observe import wait_for
 
@@ -307,7 +307,7 @@ def test_event_body_rejects_other_types_and_cuts_long_notes() -> None:
 
 async def test_every_event_lost_is_counted_by_reason_in_the_metric() -> None:
     """Events may be dropped under load, never silently: too many pending, or the API refused."""
-    from dispatch._kube.metrics import Metrics
+    from dispatch._controller.metrics import Metrics
 
     metrics = Metrics()
     gate = asyncio.Event()
@@ -361,7 +361,7 @@ async def test_events_wait_while_recoveries_do_and_trickle_out_meanwhile(
     each keeps the time it happened, not the time it was posted."""
     from datetime import UTC, datetime, timedelta
 
-    from dispatch._kube import events as events_module
+    from dispatch._controller import events as events_module
 
     monkeypatch.setattr(events_module, "HELD_INTERVAL", 0.2)
     monkeypatch.setattr(events_module, "HELD_POLL", 0.01)
@@ -410,7 +410,7 @@ async def test_an_event_queued_as_the_last_sender_finishes_is_still_posted() -> 
 async def test_the_operator_stopping_posts_held_events_and_counts_what_it_cannot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from dispatch._kube import events as events_module
+    from dispatch._controller import events as events_module
 
     monkeypatch.setattr(events_module, "HELD_INTERVAL", 3600.0)
     monkeypatch.setattr(events_module, "HELD_POLL", 0.01)

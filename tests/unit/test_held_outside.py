@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.job._adapter import JOB
+from dispatch._backends.jobset._adapter import JOBSET
+from dispatch._backends.kubeflow._kind import PYTORCHJOB
+from dispatch._backends.trainjob._adapter import TRAINJOB
 from dispatch._constants import ANNOTATION_ENDED, ANNOTATION_RELEASED, LABEL_JOB, LABEL_SUBMISSION
 from dispatch._decide import Release, Wait, decide
-from dispatch._job import JOB
-from dispatch._jobset import JOBSET
-from dispatch._kubeflow._pytorchjob import PYTORCHJOB
 from dispatch._model import Phase
-from dispatch._trainjob import TRAINJOB
 from dispatch._workload import Kind
 from dispatch._workload._classify import classify
 from tests.unit.test_decide import PREEMPT_TWICE, started

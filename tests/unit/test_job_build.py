@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import _api
+from dispatch import _dispatchjob
 from dispatch._backends.job import BACKEND, JobOptions
+from dispatch._backends.job._adapter import JOB, build
 from dispatch._errors import BackendError
-from dispatch._job import JOB, build
 from dispatch._model import Action, CauseKind, Enforcer, JobSpec, Plan, PlannedRule, Resources
 from dispatch._plan import make_plan
 from dispatch._workload import Refused, Target
@@ -176,7 +176,7 @@ def test_the_example_is_planned_with_the_job_controllers_native_rule() -> None:
     """examples/job-dispatchjob.yaml: its restart rule goes to the Job controller (backoffLimit 2 +
     podFailurePolicy), its resubmit rule to the supervisor."""
     body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "job-dispatchjob.yaml").read_text())
-    job_spec = _api.job_spec(body)
+    job_spec = _dispatchjob.job_spec(body)
     plan = make_plan("team-a/finetune-lora", job_spec, JOB.capabilities, supervised=True)
     assert [r.enforcer for r in plan.rules] == [Enforcer.SCHEDULER, Enforcer.SUPERVISOR]
     built_job = build(Target("team-a", "finetune-lora", 1), job_spec, plan)["spec"]

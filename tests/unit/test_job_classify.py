@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dispatch._job import JOB, JobBackend
+from dispatch._backends.job._adapter import JOB, JobBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted

@@ -14,19 +14,19 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import _api
+from dispatch import _dispatchjob
 from dispatch._backends.jobset import BACKEND as JOBSET_BACKEND
 from dispatch._backends.jobset import JobSetOptions
+from dispatch._backends.jobset._adapter import JOBSET
+from dispatch._backends.jobset._adapter import build as build_jobset
+from dispatch._backends.jobset._kind import EXIT_RULE_MESSAGE, pod_failure_policy
 from dispatch._backends.trainjob import BACKEND as TRAINJOB_BACKEND
 from dispatch._backends.trainjob import TrainJobOptions
+from dispatch._backends.trainjob._adapter import TRAINJOB
+from dispatch._backends.trainjob._adapter import build as build_trainjob
 from dispatch._errors import BackendError
-from dispatch._jobset import JOBSET
-from dispatch._jobset import build as build_jobset
-from dispatch._jobset._kind import EXIT_RULE_MESSAGE, pod_failure_policy
 from dispatch._model import Action, CauseKind, Enforcer, JobSpec, Plan, PlannedRule, Resources
 from dispatch._plan import make_plan
-from dispatch._trainjob import TRAINJOB
-from dispatch._trainjob import build as build_trainjob
 from dispatch._workload import Refused, Target
 from tests.support.recorded import load
 
@@ -255,7 +255,7 @@ def _example(backend: str) -> dict[str, Any]:
 def test_the_jobset_example_is_planned_with_jobsets_native_rule() -> None:
     """examples/jobset-dispatchjob.yaml: its restart rule goes to JobSet (maxRestarts 2 over the
     exit-code rule), its resubmit rule to the supervisor."""
-    spec = _api.job_spec(_example("jobset"))
+    spec = _dispatchjob.job_spec(_example("jobset"))
     plan = make_plan("team-a/pretrain-2n", spec, JOBSET.capabilities, supervised=True)
     assert [r.enforcer for r in plan.rules] == [Enforcer.SCHEDULER, Enforcer.SUPERVISOR]
     body = build_jobset(Target("team-a", "pretrain-2n", 1), spec, plan)
@@ -264,7 +264,7 @@ def test_the_jobset_example_is_planned_with_jobsets_native_rule() -> None:
 
 
 def test_the_trainjob_example_is_planned_for_the_supervisor() -> None:
-    spec = _api.job_spec(_example("trainjob"))
+    spec = _dispatchjob.job_spec(_example("trainjob"))
     plan = make_plan("team-a/llama-sft", spec, TRAINJOB.capabilities, supervised=True)
     assert [r.enforcer for r in plan.rules] == [Enforcer.SUPERVISOR]
     trainer = build_trainjob(Target("team-a", "llama-sft", 1), spec, plan)["spec"]["trainer"]

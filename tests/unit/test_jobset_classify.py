@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dispatch._jobset import JOBSET, JobSetBackend
+from dispatch._backends.jobset._adapter import JOBSET, JobSetBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted, watched

@@ -10,8 +10,8 @@ import asyncio
 import copy
 from typing import Any
 
+from dispatch._backends.kubeflow._adapter import KubeflowBackend
 from dispatch._constants import OBJECT_FINALIZER
-from dispatch._kubeflow import KubeflowBackend
 from dispatch._workload import WorkloadBackend
 from tests.support.recorded import JsonResponse, RecordedApi
 from tests.unit.test_kit_events_watch import pytorchjob

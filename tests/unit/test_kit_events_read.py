@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._errors import BackendError
-from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._classify import evidence_events
 from tests.support.recorded import JsonResponse

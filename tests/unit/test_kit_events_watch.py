@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
 from dispatch._kubeclient import Informer
-from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend
 from dispatch._workload import _backend as backend_module

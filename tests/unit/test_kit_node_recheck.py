@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dispatch import CauseKind, Phase
-from dispatch._kubeflow import KubeflowBackend
+from dispatch._backends.kubeflow._adapter import KubeflowBackend
 from dispatch._protocols import SelfWaking
 from dispatch._workload import WorkloadBackend
 from dispatch._workload import _backend as kit_backend

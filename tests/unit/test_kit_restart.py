@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from dispatch import CauseKind, JobSpec, KubeflowOptions, Phase, RecoveryPolicy, Rule, make_plan
+from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._errors import TransientBackendError
-from dispatch._kubeflow import CAPABILITIES, KubeflowBackend
 from dispatch._workload import WorkloadBackend
 from tests.support.recorded import RecordedApi
 from tests.unit.test_kit_events_watch import pytorchjob

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from dispatch._api import OBSERVED_FIELDS, record_from
 from dispatch._constants import COND_STALLED, FINALIZER, REASON_UNENFORCEABLE
+from dispatch._controller.store import PARSED, KubeRecordStore, view_of
 from dispatch._decide import Authorize
+from dispatch._dispatchjob import OBSERVED_FIELDS, record_from
 from dispatch._errors import JobNotFound
-from dispatch._kube.store import PARSED, KubeRecordStore, view_of
 from dispatch._model import Record
 from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dispatch._backends.kubeflow._adapter import refused_for_good
+from dispatch._backends.kubeflow._kind import build
 from dispatch._kubeclient import KubeError
-from dispatch._kubeflow import refused_for_good
-from dispatch._kubeflow._pytorchjob import build
 from dispatch._model import (
     Action,
     CauseKind,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
 from dispatch._errors import TransientBackendError
-from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import classify, parse_time, pod_evidence
 from dispatch._workload._classify import WAITING_AFTER

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._constants import (
     ANNOTATION_QUEUE,
     ANNOTATION_RELEASED,
@@ -24,7 +25,6 @@ from dispatch._constants import (
     KUEUE_LABEL_QUEUE,
     LABEL_JOB,
 )
-from dispatch._kubeflow import PYTORCHJOB
 from dispatch._model import CauseKind, JobSpec, Phase
 from dispatch._workload import Verdict, classify
 from dispatch._workload._kueue import (

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dispatch import PlanError, make_plan
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._constants import (
     ANNOTATION_ENDED,
     ANNOTATION_QUEUE,
@@ -22,7 +23,6 @@ from dispatch._constants import (
     KUEUE_LABEL_QUEUE,
 )
 from dispatch._kubeclient import Informer
-from dispatch._kubeflow import PYTORCHJOB
 from dispatch._model import Cause, CauseKind, JobSpec, KubeflowOptions, Plan
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._kueue import Workloads
@@ -247,7 +247,7 @@ async def test_a_queued_trainjob_carries_kueues_runtime_patch_once(
 ) -> None:
     # Kueue's TrainJob integration starts a TrainJob only with its runtimePatches entry, which its
     # mutating webhook appends at creation; where that webhook does not run the release adds it.
-    from dispatch._trainjob._kind import TRAINJOB
+    from dispatch._backends.trainjob._kind import TRAINJOB
     from dispatch._workload._kind import Target
     from dispatch._workload._kueue import KUEUE_RUNTIME_PATCH_MANAGER, hold_for_queue
 

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dispatch import JobSpec, MemoryBackend, PlanError, _api, _registry, make_plan
-from dispatch._backends._common import KUEUE_WORKLOAD_RULE
+from dispatch import JobSpec, MemoryBackend, PlanError, _dispatchjob, _registry, make_plan
+from dispatch._backends._kit import KUEUE_WORKLOAD_RULE
 from dispatch._cli import _render as render
 from dispatch._cli.main import main
 from dispatch._constants import KUEUE_LABEL_QUEUE
@@ -104,13 +104,13 @@ def body(**meta: object) -> dict[str, object]:
 def test_the_codec_reads_queue_and_priority_class() -> None:
     b = body()
     b["spec"] = {**b["spec"], "workloadPriorityClass": "high"}  # type: ignore[dict-item]
-    parsed = _api.job_spec(b)
+    parsed = _dispatchjob.job_spec(b)
     assert (parsed.queue, parsed.workload_priority_class) == ("team-a", "high")
 
 
 def test_kueues_label_on_a_dispatchjob_is_refused_naming_the_field() -> None:
-    with pytest.raises(_api.SpecError) as caught:
-        _api.job_spec(body(labels={KUEUE_LABEL_QUEUE: "team-a"}))
+    with pytest.raises(_dispatchjob.SpecError) as caught:
+        _dispatchjob.job_spec(body(labels={KUEUE_LABEL_QUEUE: "team-a"}))
     message = str(caught.value)
     assert message.startswith(f"metadata.labels[{KUEUE_LABEL_QUEUE}]: ")
     assert "spec.queue" in message
@@ -159,11 +159,11 @@ def test_kubectl_dispatch_plan_refuses_a_queue_on_slurm(monkeypatch: pytest.Monk
 def test_kubectl_dispatch_describe_shows_kueues_part_from_the_status() -> None:
     b = body()
     b["metadata"] = {**b["metadata"], "creationTimestamp": "2026-12-01T00:00:00Z"}  # type: ignore[dict-item]
-    parsed = _api.job_spec(b)
+    parsed = _dispatchjob.job_spec(b)
     info = _registry.get("job")
     assert info is not None
     plan = make_plan("ns/finetune", parsed, info.capabilities, supervised=True)
-    status = _api.record_status(_api.new_record(b, parsed, plan))
+    status = _dispatchjob.record_status(_dispatchjob.new_record(b, parsed, plan))
     assert status["plan"]["queue"]["queue"] == "team-a"  # in the record, so in status
     text = render.describe_text(render.describe_data({**b, "status": status}))
     assert "  queued by Kueue in LocalQueue team-a" in text
@@ -174,7 +174,7 @@ def test_the_refusal_event_of_a_queue_says_queue_refused() -> None:
     import asyncio
 
     from dispatch._constants import REASON_UNQUEUEABLE
-    from dispatch._kube.events import EventRecorder
+    from dispatch._controller.events import EventRecorder
 
     posted: list[dict[str, object]] = []
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatch._kube import logs
+from dispatch._controller import logs
 
 
 @pytest.fixture

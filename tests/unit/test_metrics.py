@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dispatch
+from dispatch._controller.metrics import Metrics, classify
 from dispatch._decide import Authorize, Step
-from dispatch._kube.metrics import Metrics, classify
 from dispatch._model import Record
 from tests.support.observe import wait_for
 

@@ -32,8 +32,9 @@ def loaded(code: str) -> object:
     [
         "dispatch",
         "dispatch._kubeclient",
-        "dispatch._kube.store, dispatch._kube.leader, dispatch._kube.events",
-        "dispatch._kubeflow, dispatch._job, dispatch._jobset, dispatch._trainjob, dispatch._workload",
+        "dispatch._controller.store, dispatch._controller.leader, dispatch._controller.events",
+        "dispatch._backends.kubeflow._adapter, dispatch._backends.job._adapter, "
+        "dispatch._backends.jobset._adapter, dispatch._backends.trainjob._adapter, dispatch._workload",
         "dispatch._cli.main",
     ],
 )
@@ -42,19 +43,19 @@ def test_dispatch_and_the_adapters_do_not_import_it(modules: str) -> None:
 
 
 def test_the_operator_entry_point_keeps_kopf_from_importing_it() -> None:
-    # As `python -m dispatch._kube` and the dispatch-operator console script start: kopf is
-    # imported (by dispatch._kube.main) and would import it for its isinstance checks.
+    # As `python -m dispatch._controller` and the dispatch-operator console script start: kopf is
+    # imported (by dispatch._controller.main) and would import it for its isinstance checks.
     started = (
         "import runpy, sys\n"
         "sys.argv = ['dispatch-operator', '--help']\n"
         "try:\n"
-        "    runpy.run_module('dispatch._kube', run_name='__main__')\n"
+        "    runpy.run_module('dispatch._controller', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "import kopf, dispatch._kube.main\n"
+        "import kopf, dispatch._controller.main\n"
     )
     assert loaded(started) == "blocked"
-    assert loaded("from dispatch._kube.__main__ import main\nimport kopf") == "blocked"
+    assert loaded("from dispatch._controller.__main__ import main\nimport kopf") == "blocked"
 
 
 def test_the_image_does_not_install_it() -> None:

@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pytest
 
+from dispatch._controller.observed import ObservingSupervisor
+from dispatch._controller.store import KubeRecordStore
 from dispatch._decide import Decision, Wait
-from dispatch._kube.observed import ObservingSupervisor
-from dispatch._kube.store import KubeRecordStore
 from dispatch._model import (
     NO_CAUSE,
     Actor,
@@ -131,8 +131,8 @@ async def test_a_change_of_state_is_never_put_off(monkeypatch: pytest.MonkeyPatc
 async def test_the_loop_puts_notes_behind_recoveries_waiting_for_a_worker() -> None:
     """The loop wires its supervisors to its urgent lane while it runs: a note-only write waits
     while a recovery waits for a worker, and the job goes back to the routine lane."""
-    from dispatch._kube.handlers import Runtime
-    from dispatch._memory import MemoryBackend
+    from dispatch._backends.memory._adapter import MemoryBackend
+    from dispatch._controller.runtime import Runtime
 
     class Watching:
         def watch_all(self, on_event: object, on_synced: object) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._kubeclient import Packed, Packer, resource_version
 from dispatch._kubeclient._informer import SAMPLE_MAX
-from dispatch._kubeflow import PYTORCHJOB
 from dispatch._workload import project_object, project_pod
 from dispatch._workload._classify import object_shape
 from tests.support.recorded import states

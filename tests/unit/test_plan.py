@@ -20,7 +20,7 @@ from dispatch import (
     Shape,
     make_plan,
 )
-from dispatch._memory import CAPABILITIES
+from dispatch._backends.memory._adapter import CAPABILITIES
 from dispatch._model import FAILURE_CAUSES, MAX_BUDGET
 
 SHAPES = [Shape.SLURM, Shape.KUBEFLOW]

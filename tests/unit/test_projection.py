@@ -21,21 +21,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatch import _registry
-from dispatch._job import JOB, JobBackend
-from dispatch._jobset import JOBSET, JobSetBackend
+from dispatch._backends.job._adapter import JOB, JobBackend
+from dispatch._backends.jobset._adapter import JOBSET, JobSetBackend
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
+from dispatch._backends.trainjob._adapter import TRAINJOB, TrainJobBackend
 from dispatch._kubeclient import key_of
 from dispatch._kubeclient._informer import compacted
-from dispatch._kubeflow import PYTORCHJOB, KubeflowBackend
 from dispatch._model import Cause, CauseKind, ObjectView
-from dispatch._trainjob import TRAINJOB, TrainJobBackend
 from dispatch._workload import (
     POD,
     SHARED,
     Clip,
     Kind,
     Prefixed,
+    Select,
     Shared,
-    Where,
     WorkloadBackend,
     _kind,
     classify,
@@ -328,7 +328,7 @@ def _check(value: Any, shape: Any, kept: Any) -> None:
             assert kept == {k: v for k, v in value.items() if k.startswith(shape.prefixes)}
         else:
             assert kept is value
-    elif isinstance(shape, Where):
+    elif isinstance(shape, Select):
         if isinstance(value, list):
             wanted = [
                 i

@@ -178,7 +178,7 @@ _MODULES = [
     "dispatch._supervisor",
     "dispatch._protocols",
     "dispatch._errors",
-    "dispatch._memory",
+    "dispatch._backends.memory._adapter",
     "dispatch._memstore",
     "dispatch._plan",
 ]
@@ -343,7 +343,10 @@ def test_the_version_has_one_source() -> None:
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dispatch._version.__version__"}
     assert dispatch.__version__ == importlib.metadata.version("dispatch")
     done = subprocess.run(
-        [sys.executable, "-m", "dispatch._kube", "--version"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "dispatch._controller", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.stdout.split() == ["dispatch-operator", dispatch.__version__]
 

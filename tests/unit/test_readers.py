@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch._job import JOB
-from dispatch._jobset import JOBSET
-from dispatch._kube.store import read_dispatchjobs, view_of
-from dispatch._kubeflow import PYTORCHJOB
-from dispatch._trainjob import TRAINJOB
+from dispatch._backends.job._adapter import JOB
+from dispatch._backends.jobset._adapter import JOBSET
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
+from dispatch._backends.trainjob._adapter import TRAINJOB
+from dispatch._controller.store import read_dispatchjobs, view_of
 from dispatch._workload import project_object, project_pod
 from dispatch._workload._classify import POD, object_shape
 from dispatch._workload._kind import Kind, reader

@@ -25,9 +25,9 @@ import yaml
 from pydantic import Field
 
 import dispatch
-from dispatch import _api, _registry
+from dispatch import _dispatchjob, _registry
 from dispatch._cli import _manifest
-from dispatch._kube import crd, main, metrics, webhook
+from dispatch._controller import crd, main, metrics, webhook
 from dispatch._model import Action, Capabilities, CauseKind, JobSpec, NativeRule, OptionsModel
 from dispatch._registry import BackendInfo, PolicyRule, Where
 
@@ -120,7 +120,7 @@ def test_registering_loads_no_client() -> None:
     interpreter, since this one has loaded the operator already."""
     code = (
         "import sys\n"
-        "from dispatch import _api, _registry\n"
+        "from dispatch import _dispatchjob, _registry\n"
         "_registry.registered()\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
@@ -232,19 +232,20 @@ def test_a_new_backend_enters_the_crd(fake: BackendInfo[FakeOptions]) -> None:
 
 
 def test_a_new_backend_is_decoded_by_the_api(fake: BackendInfo[FakeOptions]) -> None:
-    spec = _api.job_spec(body("fakeflow", fakeflow={"image": "trainer:1", "parallelism": 2}))
+    spec = _dispatchjob.job_spec(body("fakeflow", fakeflow={"image": "trainer:1", "parallelism": 2}))
     assert fake.options_of(spec) == FakeOptions(image="trainer:1", parallelism=2)
-    assert _api.spec_options(spec) == {"fakeflow": {"image": "trainer:1", "parallelism": 2}}
+    assert _dispatchjob.spec_options(spec) == {"fakeflow": {"image": "trainer:1", "parallelism": 2}}
     with pytest.raises(
-        _api.SpecError, match=r"^spec\.fakeflow\.parallelism: Input should be less than or equal to 8$"
+        _dispatchjob.SpecError,
+        match=r"^spec\.fakeflow\.parallelism: Input should be less than or equal to 8$",
     ):
-        _api.job_spec(body("fakeflow", fakeflow={"image": "trainer:1", "parallelism": 9}))
-    with pytest.raises(_api.SpecError, match=r"^spec\.options: Extra inputs are not permitted"):
-        _api.job_spec(body("fakeflow", fakeflow={"image": "i"}, options={"fakeflow": {"image": "i"}}))
-    with pytest.raises(_api.SpecError, match=r"spec\.fakeflow \(the image, at least\) is required"):
-        _api.job_spec(body("fakeflow"))
-    with pytest.raises(_api.SpecError, match=r"spec\.fakeflow is set but spec\.backend is kubeflow"):
-        _api.job_spec(body("kubeflow", kubeflow={"image": "i"}, fakeflow={"image": "i"}))
+        _dispatchjob.job_spec(body("fakeflow", fakeflow={"image": "trainer:1", "parallelism": 9}))
+    with pytest.raises(_dispatchjob.SpecError, match=r"^spec\.options: Extra inputs are not permitted"):
+        _dispatchjob.job_spec(body("fakeflow", fakeflow={"image": "i"}, options={"fakeflow": {"image": "i"}}))
+    with pytest.raises(_dispatchjob.SpecError, match=r"spec\.fakeflow \(the image, at least\) is required"):
+        _dispatchjob.job_spec(body("fakeflow"))
+    with pytest.raises(_dispatchjob.SpecError, match=r"spec\.fakeflow is set but spec\.backend is kubeflow"):
+        _dispatchjob.job_spec(body("kubeflow", kubeflow={"image": "i"}, fakeflow={"image": "i"}))
 
 
 def test_a_new_backend_is_admitted_and_planned_with_its_capabilities(fake: BackendInfo[FakeOptions]) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dispatch._job._kind import JOB
-from dispatch._kubeflow._pytorchjob import PYTORCHJOB
+from dispatch._backends.job._kind import JOB
+from dispatch._backends.kubeflow._kind import PYTORCHJOB
 from dispatch._workload._kind import Kind
 from dispatch._workload._release import pointer, release_ops
 

@@ -21,6 +21,18 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from dispatch._backends.slurm import _poller
+from dispatch._backends.slurm._adapter import (
+    CAPABILITIES,
+    REFUSED_PREFIX,
+    SlurmBackend,
+    SlurmConfig,
+    open_adapter,
+)
+from dispatch._backends.slurm._classify import classify
+from dispatch._backends.slurm._dialects import PROBE_ORDER, V0038, V0040, V0041, V0045, SlurmJob, dialect_for
+from dispatch._backends.slurm._poller import parse_tag
+from dispatch._backends.slurm._rest import AuthenticationError
 from dispatch._errors import PlanError, TransientBackendError
 from dispatch._model import (
     Action,
@@ -35,11 +47,6 @@ from dispatch._model import (
     SlurmOptions,
 )
 from dispatch._plan import make_plan
-from dispatch._slurm import CAPABILITIES, REFUSED_PREFIX, SlurmBackend, SlurmConfig, _poller, open_adapter
-from dispatch._slurm._classify import classify
-from dispatch._slurm._dialects import PROBE_ORDER, V0038, V0040, V0041, V0045, SlurmJob, dialect_for
-from dispatch._slurm._poller import parse_tag
-from dispatch._slurm._rest import AuthenticationError
 
 DATA = Path(__file__).parent / "data" / "slurm"
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXRva2Vu.s3cr3t-signature"

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
+from dispatch._backends.slurm._adapter import SlurmBackend, SlurmConfig
 from dispatch._model import Phase
-from dispatch._slurm import SlurmBackend, SlurmConfig
 
 RECORDED = json.loads(
     (Path(__file__).parent / "data" / "slurm" / "22.05" / "v0.0.38" / "jobs-running.json").read_text()

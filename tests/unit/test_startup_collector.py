@@ -1,5 +1,5 @@
 """The supervision loop's start pauses the cyclic garbage collector until every listed job is
-decided (dispatch._kube.loop.StartupCollector): a restart's decoded lists are not traversed again
+decided (dispatch._controller.loop.StartupCollector): a restart's decoded lists are not traversed again
 and again while they grow. The figures are in BENCHMARKS.md; here only the states: paused, then
 one collection and what survives it frozen, at most ``longest`` after the pause, and a collector
 disabled by someone else left alone."""
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatch._kube.loop import StartupCollector
+from dispatch._controller.loop import StartupCollector
 
 
 class Node:

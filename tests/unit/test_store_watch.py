@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from dispatch._controller.store import KubeRecordStore
 from dispatch._decide import Authorize
-from dispatch._kube.store import KubeRecordStore
 from dispatch._kubeclient import client_for
 from dispatch._kubeclient._informer import INITIAL_EVENTS_END
 from dispatch._kubeclient._transport import Connection

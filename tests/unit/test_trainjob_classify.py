@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from dispatch._backends.trainjob._adapter import TRAINJOB, TrainJobBackend
 from dispatch._model import CauseKind, ObjectView, Phase
-from dispatch._trainjob import TRAINJOB, TrainJobBackend
 from dispatch._workload import WorkloadBackend, classify
 from tests.support.recorded import final, late_clock, load, names, orders, replay, watched
 

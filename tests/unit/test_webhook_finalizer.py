@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dispatch._constants import FINALIZER
-from dispatch._kube.webhook import finalizers_to_set
+from dispatch._controller.webhook import finalizers_to_set
 
 
 def test_a_created_job_gets_the_finalizer_after_any_it_has() -> None:

@@ -130,9 +130,9 @@ async def test_the_operator_loop_runs_as_many_workers_as_its_flag_says() -> None
     """``--workers``: 64 by default, at least 1, and exactly that many workers take turns."""
     from typing import Any, cast
 
-    from dispatch._kube.handlers import Runtime
-    from dispatch._kube.loop import DEFAULT_WORKERS
-    from dispatch._kube.main import ArgumentError, check_arguments, parser
+    from dispatch._controller.loop import DEFAULT_WORKERS
+    from dispatch._controller.main import ArgumentError, check_arguments, parser
+    from dispatch._controller.runtime import Runtime
 
     assert parser().parse_args([]).workers == DEFAULT_WORKERS == 64
     for bad in ("0", "-1"):
@@ -179,8 +179,8 @@ async def test_a_job_decided_before_the_first_list_is_whole_is_not_waited_for_ag
     late at 10,000 jobs, BENCHMARKS.md) but only for the listed jobs that had none yet."""
     from typing import Any, cast
 
-    from dispatch._kube.handlers import Runtime
-    from dispatch._kube.loop import SupervisionLoop
+    from dispatch._controller.loop import SupervisionLoop
+    from dispatch._controller.runtime import Runtime
 
     runtime = Runtime(store=cast(Any, object()), backends={})
     clock = iter([0.0, 2.5]).__next__
@@ -226,11 +226,11 @@ async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_period
     a backend that makes no such promise (the Slurm adapter polls) keeps it, until the job is let go."""
     from typing import Any, cast
 
-    from dispatch._kube.handlers import Runtime
-    from dispatch._kube.loop import SupervisionLoop
-    from dispatch._kube.metrics import Metrics
-    from dispatch._kubeflow import KubeflowBackend
-    from dispatch._memory import MemoryBackend
+    from dispatch._backends.kubeflow._adapter import KubeflowBackend
+    from dispatch._backends.memory._adapter import MemoryBackend
+    from dispatch._controller.loop import SupervisionLoop
+    from dispatch._controller.metrics import Metrics
+    from dispatch._controller.runtime import Runtime
     from dispatch._protocols import Backend
     from tests.support.recorded import RecordedApi
 
@@ -264,8 +264,8 @@ async def test_a_job_let_go_has_a_turn_when_its_backend_tells_of_a_change_of_its
     (an unknown job's turn would read it from the API server)."""
     from typing import Any, cast
 
-    from dispatch._kube.handlers import Runtime
-    from dispatch._kube.loop import SupervisionLoop
+    from dispatch._controller.loop import SupervisionLoop
+    from dispatch._controller.runtime import Runtime
 
     class Known:
         def knows(self, job: str) -> bool:
@@ -289,9 +289,9 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     from typing import Any, cast
 
     from dispatch import Actor, ActorKind, JobSpec, MemoryBackend, ObjectView, Phase, Shape, compose
+    from dispatch._controller.loop import SupervisionLoop
+    from dispatch._controller.runtime import Runtime
     from dispatch._errors import TransientBackendError
-    from dispatch._kube.handlers import Runtime
-    from dispatch._kube.loop import SupervisionLoop
 
     class Overseen(MemoryBackend):
         lists = 0
@@ -427,9 +427,9 @@ async def test_the_loop_holds_its_events_back_while_recoveries_wait_for_a_worker
     points its recorder at the urgent lane while it runs, and lets go when it stops."""
     from typing import Any, cast
 
-    from dispatch._kube import events as events_module
-    from dispatch._kube.events import EventRecorder
-    from dispatch._kube.handlers import Runtime
+    from dispatch._controller import events as events_module
+    from dispatch._controller.events import EventRecorder
+    from dispatch._controller.runtime import Runtime
 
     monkeypatch.setattr(events_module, "HELD_INTERVAL", 3600.0)  # nothing trickles but the first
     monkeypatch.setattr(events_module, "HELD_POLL", 0.01)

@@ -8,11 +8,11 @@ from typing import Any, Final
 import pytest
 
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
-from dispatch._capabilities import KUBEFLOW
+from dispatch._backends.job._adapter import JOB
+from dispatch._backends.kubeflow import KUBEFLOW
+from dispatch._backends.kubeflow._kind import PYTORCHJOB
 from dispatch._errors import PlanError
-from dispatch._job import JOB
 from dispatch._kubeclient import Packed
-from dispatch._kubeflow._pytorchjob import PYTORCHJOB
 from dispatch._model import (
     Action,
     Capabilities,

@@ -110,7 +110,7 @@ async def test_only_writes_other_than_the_leases_take_a_token() -> None:
 
 
 def test_the_flags_default_to_auto_and_refuse_what_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:
-    from dispatch._kube.main import WRITE_QPS_AUTO, ArgumentError, check_arguments, parser
+    from dispatch._controller.main import WRITE_QPS_AUTO, ArgumentError, check_arguments, parser
 
     args = parser().parse_args([])
     assert (args.write_qps, args.write_burst) == (WRITE_QPS_AUTO, 100)
@@ -150,7 +150,7 @@ async def answering(headers: dict[str, str], status: int = 200) -> AsyncIterator
 async def test_auto_asks_the_api_server_whether_it_sheds_load_itself(
     headers: dict[str, str], status: int, qps: float
 ) -> None:
-    from dispatch._kube.main import WRITE_QPS_AUTO, choose_write_limit
+    from dispatch._controller.main import WRITE_QPS_AUTO, choose_write_limit
 
     async with (
         answering(headers, status) as (host, seen),
@@ -161,7 +161,7 @@ async def test_auto_asks_the_api_server_whether_it_sheds_load_itself(
 
 
 async def test_a_number_is_the_users_choice_and_asks_nothing() -> None:
-    from dispatch._kube.main import choose_write_limit
+    from dispatch._controller.main import choose_write_limit
 
     async with (
         answering({FAIRNESS_HEADER: "x"}) as (host, seen),

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .. import _api
+from .. import _dispatchjob as dispatchjob
 from .._constants import API_VERSION, KIND
 from .._model import Capabilities, JobSpec, Plan
 from .._plan import make_plan
@@ -33,8 +33,8 @@ def capabilities_for(backend: str) -> Capabilities:
     plugin's plan is the operator's.
     """
     try:
-        return _api.backend_of({"backend": backend}).capabilities
-    except _api.SpecError as error:
+        return dispatchjob.backend_of({"backend": backend}).capabilities
+    except dispatchjob.SpecError as error:
         raise ManifestError(str(error)) from None
 
 
@@ -75,9 +75,11 @@ def from_object(obj: Mapping[str, Any], *, namespace: str | None = None) -> Mani
             'so does kubectl): quote it, e.g. "on": [preempted]'
         )
     try:
-        backend = _api.backend_of(spec).name
-        job_spec = _api.job_spec({"metadata": {"name": name, "labels": meta.get("labels")}, "spec": spec})
-    except _api.SpecError as error:
+        backend = dispatchjob.backend_of(spec).name
+        job_spec = dispatchjob.job_spec(
+            {"metadata": {"name": name, "labels": meta.get("labels")}, "spec": spec}
+        )
+    except dispatchjob.SpecError as error:
         raise ManifestError(str(error)) from None
     ns = meta.get("namespace") or namespace or "default"
     return Manifest(namespace=str(ns), name=name, backend=backend, spec=job_spec)

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from .._api import condition, plan_of, status_of, submissions, transitions
 from .._constants import ANNOTATION_SUBMITTED_BY, STATUS_OBSERVED_NOTE
+from .._dispatchjob import condition, plan_of, status_of, submissions, transitions
 from .._model import Plan, Transition
 
 Body = Mapping[str, Any]

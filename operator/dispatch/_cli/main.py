@@ -28,7 +28,7 @@ from typing import Any, Final, TextIO
 
 import aiohttp
 
-from .. import _api
+from .. import _dispatchjob as dispatchjob
 from .._constants import GROUP, KIND, PLURAL, SINGULAR
 from .._errors import PlanError
 from . import _render as render
@@ -291,7 +291,7 @@ async def describe(args: argparse.Namespace, objects: Any, namespace: str, out: 
 
 async def history(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
     obj = await objects.get(namespace, args.name)
-    ts = _api.transitions(obj)
+    ts = dispatchjob.transitions(obj)
     if args.output:
         print(render.dump([render.transition_data(t) for t in ts], args.output), file=out)
         return 0

@@ -92,7 +92,7 @@ class Packed:
 
     Objects of one kind repeat one another: the same keys, labels and words, names a few characters
     apart. A PyTorchJob's or a pod's projection of about 600 bytes of JSON keeps about 110 bytes,
-    and a DispatchJob's record part (:class:`~dispatch._kube.store.JobView`) of about 1,000 bytes
+    and a DispatchJob's record part (:class:`~dispatch._controller.store.JobView`) of about 1,000 bytes
     keeps under 200, where the projection's dicts, lists and strings took about 2 KB spread over
     the allocator's pools. Packing costs about 10 us; :meth:`body` about 1 us more than the JSON
     decode, and each reader gets its own copy (nothing it changes is cached).

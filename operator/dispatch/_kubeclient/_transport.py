@@ -43,7 +43,7 @@ REQUEST_CONNECTIONS: Final = 100
 requests wait for one of them. 16 bounded a mass preemption's sockets at 29 instead of 70, but
 with no write limit its last release came 4.5 s after its last failure instead of 0.37 s
 (BENCHMARKS.md, fourteenth round): on a small control plane the writes in flight are what keeps
-up with kube-scheduler. The memory of each is bounded instead (``dispatch._kube.main``)."""
+up with kube-scheduler. The memory of each is bounded instead (``dispatch._controller.main``)."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Modelled on Kueue's jobframework (``GenericJob`` plus one folder per integration): the kit owns the
 cache, our own writes, tombstones, the fence, stop-by-suspend, pod evidence and the classification
-of causes; a kind (``dispatch._kubeflow``: PyTorchJob, ``dispatch._job``: batch/v1 Job) says where
+of causes; a kind (each Kubernetes backend's ``_kind.py`` under ``dispatch._backends``) says where
 its objects live, how one is built, held and released, and what its own status reports.
 See docs/backends.md, "The kit's API".
 """
@@ -39,14 +39,14 @@ from ._kind import (
     Clip,
     HeldBySpecSuspend,
     Kind,
+    Mask,
     Outcome,
     Prefixed,
     Refused,
     Resource,
-    Shape,
+    Select,
     Shared,
     Target,
-    Where,
     check_env,
     check_size,
     conditions,
@@ -71,16 +71,16 @@ __all__ = [
     "Evidence",
     "HeldBySpecSuspend",
     "Kind",
+    "Mask",
     "Outcome",
     "OwnerLookup",
     "Prefixed",
     "Refused",
     "Resource",
-    "Shape",
+    "Select",
     "Shared",
     "Target",
     "Verdict",
-    "Where",
     "WorkloadBackend",
     "check_env",
     "check_size",

@@ -34,7 +34,7 @@ from .._constants import (
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._kind import CONDITION, SHARED, Body, Clip, Kind, Prefixed, Shape, conditions, merge, project
+from ._kind import CONDITION, SHARED, Body, Clip, Kind, Mask, Prefixed, conditions, merge, project
 from ._kueue import WorkloadView, queued_verdict
 
 DEFAULT_NO_CAPACITY_AFTER: Final = 300
@@ -86,7 +86,7 @@ _REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the
 
 KEPT_PREFIXES: Final = (f"{GROUP}/", LABEL_MANAGED_BY, "kueue.x-k8s.io/")
 """The labels and annotations the kit keeps: dispatch's own, and Kueue's (its queue and priority)."""
-METADATA: Final[Mapping[str, Shape]] = {
+METADATA: Final[Mapping[str, Mask]] = {
     "name": True,
     "namespace": SHARED,
     "uid": True,
@@ -100,8 +100,8 @@ METADATA: Final[Mapping[str, Shape]] = {
 """What the kit reads of an object's metadata: its id, the owner labels, the annotations it
 writes and reads back, the finalizer it removes, the precondition of its patches; a pod's is the
 part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."""
-_TERMINATED: Final[Shape] = {"reason": SHARED, "exitCode": True, "message": Clip(_MAX_DETAIL)}
-POD: Final[Shape] = {
+_TERMINATED: Final[Mask] = {"reason": SHARED, "exitCode": True, "message": Clip(_MAX_DETAIL)}
+POD: Final[Mask] = {
     "metadata": {
         k: METADATA[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
     },
@@ -130,10 +130,10 @@ containers' states (every container's: the first one stands in when the kind's i
 node. Messages only ever shown in a cause's detail are cut to the detail's length."""
 
 
-_OBJECT_SHAPES: weakref.WeakKeyDictionary[Kind, Shape] = weakref.WeakKeyDictionary()
+_OBJECT_SHAPES: weakref.WeakKeyDictionary[Kind, Mask] = weakref.WeakKeyDictionary()
 
 
-def object_shape(kind: Kind) -> Shape:
+def object_shape(kind: Kind) -> Mask:
     """What the kit caches of one object of ``kind``: the kind's own :attr:`Kind.projection`, the
     metadata, when its controller started it (``status.startTime``) and who owns its suspend field
     (``managedFields``, for :func:`held_outside`).
@@ -147,22 +147,22 @@ def object_shape(kind: Kind) -> Shape:
     return shape
 
 
-def _object_shape(kind: Kind) -> Shape:
+def _object_shape(kind: Kind) -> Mask:
     path: list[str] = []
     step: Any = kind.suspend_patch(True)
     while isinstance(step, dict) and len(step) == 1:
         key = next(iter(step))
         path.append(f"f:{key}")
         step = step[key]
-    fields: Shape = True
+    fields: Mask = True
     for key in reversed(path):
         fields = {key: fields}
-    managed: Shape = ({"manager": SHARED, "time": True, "fieldsV1": fields},)
-    kit: Shape = {"metadata": {**METADATA, "managedFields": managed}, "status": {"startTime": True}}
+    managed: Mask = ({"manager": SHARED, "time": True, "fieldsV1": fields},)
+    kit: Mask = {"metadata": {**METADATA, "managedFields": managed}, "status": {"startTime": True}}
     return merge(kit, kind.projection)
 
 
-def project_object(shape: Shape, body: Body) -> Body:
+def project_object(shape: Mask, body: Body) -> Body:
     """``body`` as the kit caches it (``shape`` from :func:`object_shape`); managedFields entries
     that own nothing of the suspend field are left out (:func:`held_outside` skips them)."""
     kept: Body = project(body, shape)
@@ -476,7 +476,7 @@ def _event_time(event: Mapping[str, Any]) -> float | None:
     return None
 
 
-EVENT: Final[Mapping[str, Shape]] = {
+EVENT: Final[Mapping[str, Mask]] = {
     "metadata": {"name": True, "namespace": SHARED, "creationTimestamp": True},
     "involvedObject": {"kind": SHARED, "name": True},
     "reason": SHARED,

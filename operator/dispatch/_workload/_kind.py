@@ -68,38 +68,38 @@ SHARED: Final = Shared()
 
 
 @dataclass(frozen=True, slots=True)
-class Where:
+class Select:
     """The elements of a list whose ``key`` is one of ``values``, each by ``shape`` (the conditions
     of the types a reader looks up; it looks them up by type, so the others say nothing to it)."""
 
     key: str
     values: frozenset[str]
-    shape: Shape
+    shape: Mask
 
 
-Shape: TypeAlias = Literal[True] | Clip | Prefixed | Shared | Where | Mapping[str, "Shape"] | tuple["Shape"]
+Mask: TypeAlias = Literal[True] | Clip | Prefixed | Shared | Select | Mapping[str, "Mask"] | tuple["Mask"]
 """Which part of a JSON value the kit caches (:func:`project`): ``True`` the value whole; a mapping
 the listed keys of an object, each by its own shape; ``(shape,)`` every element of a list by
-``shape``; :class:`Clip`, :class:`Prefixed`, :class:`Shared`, :class:`Where` as they say."""
+``shape``; :class:`Clip`, :class:`Prefixed`, :class:`Shared`, :class:`Select` as they say."""
 
-CONDITION: Final[Mapping[str, Shape]] = {"type": SHARED, "status": SHARED, "reason": SHARED, "message": True}
+CONDITION: Final[Mapping[str, Mask]] = {"type": SHARED, "status": SHARED, "reason": SHARED, "message": True}
 
 
-def conditions(*types: str, shape: Shape = CONDITION) -> Where:
+def conditions(*types: str, shape: Mask = CONDITION) -> Select:
     """``status.conditions`` of these types only, as :func:`true_condition`-style readers see them."""
-    return Where("type", frozenset(types), shape)
+    return Select("type", frozenset(types), shape)
 
 
 Projector: TypeAlias = Callable[[Any], Any]
 
 _MISSING: Final = object()
-_PROJECTORS: dict[int, tuple[Shape, Projector | None]] = {}
+_PROJECTORS: dict[int, tuple[Mask, Projector | None]] = {}
 """Each shape's compiled projector, by the shape's id (the shape kept beside it, so the id is never
 reused): the shapes are few and live as long as the process (module constants, and one per kind:
 ``_classify.object_shape`` is cached)."""
 
 
-def project(value: Any, shape: Shape) -> Any:
+def project(value: Any, shape: Mask) -> Any:
     """The part of ``value`` that ``shape`` names (nothing else of ``value`` stays referenced).
 
     A container of which nothing is left out is ``value`` itself, so projecting a projection again
@@ -123,7 +123,7 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _compile(shape: Shape) -> Projector | None:
+def _compile(shape: Mask) -> Projector | None:
     """``shape`` as a function of the value; None for ``True`` (the value itself: no call)."""
     if shape is True:
         return None
@@ -157,7 +157,7 @@ def _compile(shape: Shape) -> Projector | None:
             return value if same else kept
 
         return prefixed
-    if isinstance(shape, Where):
+    if isinstance(shape, Select):
         key, values = shape.key, shape.values
         item = _compile(shape.shape) or _identity
 
@@ -210,14 +210,14 @@ Reader: TypeAlias = Callable[[bytes], Body]
 """Decodes one list page's JSON (``{"metadata": ..., "items": [...]}``) or one watch event's
 (``{"type": ..., "object": ...}``)."""
 
-_READERS: dict[int, tuple[Shape, Reader]] = {}
+_READERS: dict[int, tuple[Mask, Reader]] = {}
 """Each item shape's reader, by the shape's id (kept beside it, as :data:`_PROJECTORS`)."""
-_EVENT_METADATA: Final[Shape] = {"metadata": {"resourceVersion": True, "annotations": True}}
+_EVENT_METADATA: Final[Mask] = {"metadata": {"resourceVersion": True, "annotations": True}}
 """What a watch reads of every event's object besides its shape: a bookmark's resourceVersion and
 the annotation that ends a streamed list's initial events."""
 
 
-def reader(shape: Shape) -> Reader:
+def reader(shape: Mask) -> Reader:
     """A decoder of one list page or watch event that builds, of each object, only what ``shape``
     reaches (and a bookmark's :data:`_EVENT_METADATA`).
 
@@ -236,7 +236,7 @@ def reader(shape: Shape) -> Reader:
     return entry[1]
 
 
-def _reader(shape: Shape) -> Reader:
+def _reader(shape: Mask) -> Reader:
     names = itertools.count()
     item = _typed(merge(shape, _EVENT_METADATA), names)
     fields = [("metadata", Any), ("items", _list_of(item)), ("type", Any), ("object", item)]
@@ -255,14 +255,14 @@ def _reader(shape: Shape) -> Reader:
     return read
 
 
-def _typed(shape: Shape, names: Iterator[int]) -> Any:
+def _typed(shape: Mask, names: Iterator[int]) -> Any:
     """The msgspec type that decodes a JSON value keeping what ``shape`` reaches of it: ``Any`` for a
     value kept whole (clipped, interned or filtered afterwards by :func:`project`), a Struct of the
     named keys (each unset where the object has none) for a mapping, a list for a tuple or a
-    :class:`Where` (its elements' key kept too: it chooses them)."""
+    :class:`Select` (its elements' key kept too: it chooses them)."""
     if shape is True or isinstance(shape, Clip | Shared | Prefixed):
         return Any
-    if isinstance(shape, Where):
+    if isinstance(shape, Select):
         inner = shape.shape
         if not isinstance(inner, Mapping):
             return Any
@@ -284,19 +284,19 @@ def _list_of(element: Any) -> Any:
     return cast(Any, list)[element] | None
 
 
-def merge(a: Shape, b: Shape) -> Shape:
+def merge(a: Mask, b: Mask) -> Mask:
     """Both shapes' fields (a mapping's keys from either; ``True`` wins over any part)."""
     if a is True or b is True:
         return True
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        out: dict[str, Shape] = dict(a)
+        out: dict[str, Mask] = dict(a)
         for key, sub in b.items():
             out[key] = merge(out[key], sub) if key in out else sub
         return out
     if isinstance(a, tuple) and isinstance(b, tuple):
         return (merge(a[0], b[0]),)
-    if isinstance(a, Where) and isinstance(b, Where) and a.key == b.key:
-        return Where(a.key, a.values | b.values, merge(a.shape, b.shape))
+    if isinstance(a, Select) and isinstance(b, Select) and a.key == b.key:
+        return Select(a.key, a.values | b.values, merge(a.shape, b.shape))
     if a == b:
         return a
     raise ValueError(f"shapes {a!r} and {b!r} cannot be merged")
@@ -391,7 +391,7 @@ class Kind(Protocol):
         ...
 
     @property
-    def projection(self) -> Shape:
+    def projection(self) -> Mask:
         """Every field of ``spec`` and ``status`` the methods below read from an object (its suspend
         field, its terminal conditions, its restart settings): the kit caches an object as this
         plus the metadata it reads itself, never the whole body, so a field read but not declared
@@ -527,7 +527,7 @@ def check_size(body: Body, noun: str) -> Body:
     return body
 
 
-SPEC_SUSPEND: Final[Shape] = {"spec": {"suspend": True}}
+SPEC_SUSPEND: Final[Mask] = {"spec": {"suspend": True}}
 """What :class:`HeldBySpecSuspend` reads: merge it into the kind's projection."""
 
 

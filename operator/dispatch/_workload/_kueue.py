@@ -38,7 +38,7 @@ from .._constants import (
 from .._kubeclient import Client, Informer, KubeError, request
 from .._model import Cause, CauseKind, JobSpec, Phase
 from . import _classify  # the module: it imports this one (classify reads queued_verdict)
-from ._kind import Body, Clip, Kind, Resource, Shape, conditions, project
+from ._kind import Body, Clip, Kind, Mask, Resource, conditions, project
 
 log = logging.getLogger("dispatch.kueue")
 
@@ -100,7 +100,7 @@ _KEPT_CONDITIONS: Final = frozenset(
 )
 
 
-WORKLOAD_SHAPE: Final[Shape] = {
+WORKLOAD_SHAPE: Final[Mask] = {
     "metadata": {
         "name": True,
         "namespace": True,

@@ -1,0 +1,54 @@
+"""The ``job`` backend's declaration: batch/v1 Jobs run by kube-controller-manager's Job controller.
+
+Facts only (the adapter, ``._adapter``, is opened lazily). The native rule is exact because of
+how the Job is built (see ``._kind``): ``restartPolicy: Never``, ``backoffLimit`` = what
+is left of the budget, and a ``podFailurePolicy`` that fails the Job at once on a pod with a
+``DisruptionTarget`` condition and counts a container exit != 0 of the training container. The Job
+controller replaces a counted pod (``podReplacementPolicy: Failed``: only once it has fully failed)
+until ``failed > backoffLimit`` (job_controller.go: ``exceedsBackoffLimit``), so L restarts are
+exactly ``backoffLimit: L``. A pod that fails in any other way (refused by its kubelet, say) is
+counted too, so the kit stops the Job on such a cause itself, as it does for Kubeflow's uncounted
+recreations.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
+from .._kit import workload_backend
+
+
+class JobOptions(KubeflowOptions):
+    """How to run as a batch/v1 Job: one pod per node (an Indexed Job for more than one), each
+    with this image, resources and env, and the job's command."""
+
+
+CAPABILITIES: Final = Capabilities(
+    native=(
+        NativeRule(
+            causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
+            action=Action.RESTART,
+            note=(
+                "the Job controller replaces a pod whose container exited non-zero (an OOM kill is"
+                " exit 137) up to backoffLimit, and fails the Job at once on a disrupted pod"
+                " (podFailurePolicy FailJob on DisruptionTarget); dispatch stops the Job on any other"
+                " pod failure, which the Job controller would count and replace"
+            ),
+        ),
+    )
+)
+"""The Job controller restarts (replaces) failed pods, exactly [non-zero-exit out-of-memory], up
+to ``backoffLimit`` (budget 0..100)."""
+
+BACKEND: Final = workload_backend(
+    name="job",
+    summary="batch/v1 Jobs (the Job controller of kube-controller-manager)",
+    api_group="batch",
+    plural="jobs",
+    kind="Job",
+    capabilities=CAPABILITIES,
+    options=JobOptions,
+    adapter="dispatch._backends.job._adapter",
+    opener="JobBackend",
+)

@@ -1,0 +1,36 @@
+"""The ``kubeflow`` backend's declaration: PyTorchJobs of the Kubeflow Training Operator v1."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
+from .._kit import workload_backend
+
+KUBEFLOW: Final = Capabilities(
+    native=(
+        NativeRule(
+            causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
+            action=Action.RESTART,
+            note=(
+                "restartPolicy OnFailure restarts failed pods in place, up to backoffLimit; the training"
+                " operator also recreates a preempted, evicted or node-lost pod uncounted, so dispatch"
+                " stops the PyTorchJob on such a cause (while no dispatch operator runs, it cannot)"
+            ),
+        ),
+    )
+)
+"""Kubeflow's restartPolicy OnFailure restarts failed pods in place, exactly [non-zero-exit
+out-of-memory], up to ``backoffLimit`` (budget 0..100)."""
+
+BACKEND: Final = workload_backend(
+    name="kubeflow",
+    summary="PyTorchJobs of the Kubeflow Training Operator v1",
+    api_group="kubeflow.org",
+    plural="pytorchjobs",
+    kind="PyTorchJob",
+    capabilities=KUBEFLOW,
+    options=KubeflowOptions,
+    adapter="dispatch._backends.kubeflow._adapter",
+    opener="KubeflowBackend",
+)

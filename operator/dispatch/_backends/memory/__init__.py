@@ -1,0 +1,16 @@
+"""The ``memory`` backend's declaration: a scheduler in a dict, for the library and the tests."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ..._model import Capabilities
+from ..._registry import BackendInfo, Where
+
+BACKEND: Final[BackendInfo[Any]] = BackendInfo(
+    name="memory",
+    summary="a scheduler in the process (the embedded default and the core's tests), shaped like another",
+    where=Where.LOCAL,
+    capabilities=Capabilities(),  # its default shape, slurm; each shape's are that backend's
+    open="dispatch._backends.memory._adapter:open_adapter",
+)

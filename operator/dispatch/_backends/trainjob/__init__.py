@@ -1,0 +1,55 @@
+"""The ``trainjob`` backend's declaration: TrainJobs of Kubeflow Trainer v2
+(``trainer.kubeflow.org/v1alpha1``, v2.2.0), run as a JobSet built from a (Cluster)TrainingRuntime.
+
+Facts only (the adapter, ``._adapter``, is opened lazily). No native rule: the runtime,
+not the TrainJob, holds the JobSet's ``failurePolicy`` and the child Jobs' ``backoffLimit`` (the
+TrainJob's ``runtimePatches`` may change only pod-template fields), so what the Trainer's JobSet
+would retry is not the plan's rule. dispatch stops the TrainJob on the first failed pod and every
+rule goes to the supervisor.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import Field
+
+from ..._model import NAME_PATTERN, Capabilities, EnvMap, OptionsModel, Resources
+from .._kit import workload_backend
+
+RuntimeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+"""A (Cluster)TrainingRuntime's name: a DNS subdomain, as Kubernetes names objects."""
+JobName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
+
+
+class TrainJobOptions(OptionsModel):
+    """How to run as a TrainJob: ``nodes`` nodes of the runtime's trainer, with the job's command."""
+
+    runtime: RuntimeName
+    """The (Cluster)TrainingRuntime's name (``spec.runtimeRef.name``), e.g. ``torch-distributed``."""
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """The trainer's image; default: the runtime's."""
+    resources: Resources = Resources()
+    env: EnvMap = Field(default_factory=dict)
+    trainer_job: JobName = "node"
+    """The runtime's replicated Job that runs the trainer (``node`` in every upstream runtime): its
+    pod template gets dispatch's labels, by which dispatch finds the pods."""
+    no_capacity_after_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
+    """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
+
+
+CAPABILITIES: Final = Capabilities()
+
+BACKEND: Final = workload_backend(
+    name="trainjob",
+    summary="TrainJobs of Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1), on JobSet",
+    api_group="trainer.kubeflow.org",
+    plural="trainjobs",
+    kind="TrainJob",
+    capabilities=CAPABILITIES,
+    options=TrainJobOptions,
+    adapter="dispatch._backends.trainjob._adapter",
+    opener="TrainJobBackend",
+    options_hint="the runtime, at least",
+)

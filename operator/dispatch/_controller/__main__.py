@@ -1,0 +1,18 @@
+"""``python -m dispatch._controller``: the operator (the ``dispatch-operator`` script starts here too).
+
+kubernetes_asyncio is blocked before kopf is imported: nothing in the operator uses it (its client
+is dispatch._kubeclient's), but kopf imports it when installed, only for isinstance checks of its
+models (kopf._cogs.helpers.thirdparty, which falls back on ImportError), and the import alone is
+about 35 MiB of RSS (a thousand generated model modules; issue 13).
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.modules.setdefault("kubernetes_asyncio", None)  # type: ignore[arg-type]
+
+from .main import main  # noqa: E402
+
+if __name__ == "__main__":
+    raise SystemExit(main())

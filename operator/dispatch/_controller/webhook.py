@@ -1,0 +1,454 @@
+"""Admission webhooks for DispatchJobs, served by the operator through kopf's webhook server.
+
+Validating (``/validate-dispatchjob``, CREATE and UPDATE)
+    Refuses a DispatchJob whose plan leaves a rule without an enforcer: the plan is made exactly as
+    the operator makes it (``make_plan`` with the capabilities of the adapter for ``spec.backend``
+    and ``supervised=True``), and the message is the PlanError's, which names the rule and why.
+    It also refuses what the CRD's schema and CEL rules cannot say: options for a backend other than
+    ``spec.backend``, and anything the core's JobSpec refuses. An UPDATE that leaves the spec as it
+    was (apart from ``cancel``) is always allowed, so the operator can always remove its finalizer;
+    a spec change is refused (the CRD's CEL refuses it too).
+
+Mutating (``/mutate-dispatchjob``, CREATE and UPDATE)
+    Records who asked, from the admission request's ``userInfo``, as ``human:<username>``:
+    ``dispatch.dev/submitted-by`` on CREATE and ``dispatch.dev/cancelled-by`` when an UPDATE turns
+    ``spec.cancel`` true. Whatever a user wrote into those annotations is overwritten (on CREATE) or
+    put back to what it was (on any other UPDATE), so neither can be forged through the API.
+    On CREATE it also adds the deletion finalizer (``dispatch.dev/finalizer``) that the supervision
+    loop would otherwise add with a patch on its first look: one API write fewer per job.
+
+Without the webhooks the operator still refuses unenforceable jobs (in status, reason
+``UnenforceableRule``) and records ``human:unknown`` as the actor: they are optional.
+
+Server and certificates
+    :func:`setup` configures ``settings.admission.server`` as a :class:`kopf.WebhookServer` on
+    ``port`` over TLS. With ``cert_dir`` (a mounted Secret: ``tls.crt``, ``tls.key``, optionally
+    ``ca.crt``, the layout of cert-manager and of ``kubernetes.io/tls`` Secrets) the server uses
+    those files and reloads them when they change; without it a CA and a serving certificate for
+    ``host`` (plus ``extra_sans``) are generated at start. With ``managed`` set (tests, development)
+    the operator installs its own ``ValidatingWebhookConfiguration`` and
+    ``MutatingWebhookConfiguration`` named ``managed``, pointing at ``https://<host>:<port>/<id>``
+    with the CA as ``caBundle``; in production the Helm chart installs them (``managed`` unset).
+
+Options come from :func:`setup`'s arguments, else from the flags :func:`add_arguments` adds, else
+from the environment: ``DISPATCH_WEBHOOK_ADDR``, ``DISPATCH_WEBHOOK_HOST``,
+``DISPATCH_WEBHOOK_CERT_DIR``, ``DISPATCH_WEBHOOK_MANAGED``, ``DISPATCH_WEBHOOK_EXTRA_SANS``
+(comma-separated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import ipaddress
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import kopf
+
+from .. import _registry
+from .._constants import (
+    ANNOTATION_CANCELLED_BY,
+    ANNOTATION_SUBMITTED_BY,
+    FINALIZER,
+    GROUP,
+    PLURAL,
+    VERSION,
+    WEBHOOK_MUTATE_ID,
+    WEBHOOK_VALIDATE_ID,
+)
+from .._dispatchjob import SpecError, backend_of, job_spec
+from .._errors import PlanError
+from .._model import ActorKind, Capabilities
+from .._plan import make_plan
+
+log = logging.getLogger("dispatch.webhook")
+
+MAX_ACTOR_ID: Final = 253
+CERT_FILE: Final = "tls.crt"
+KEY_FILE: Final = "tls.key"
+CA_FILE: Final = "ca.crt"
+CERT_DAYS: Final = 365
+ENV_PREFIX: Final = "DISPATCH_WEBHOOK_"
+
+CapabilitiesOf = Callable[[str], Capabilities | None]
+
+
+def default_capabilities(backend: str) -> Capabilities | None:
+    """Each registered backend's capabilities with its default configuration (its declaration)."""
+    info = _registry.get(backend)
+    return info.capabilities if info is not None and info.in_spec else None
+
+
+def runtime_capabilities(runtime: Any) -> CapabilitiesOf:
+    """The capabilities of the operator's configured adapters, else the defaults."""
+
+    def of(backend: str) -> Capabilities | None:
+        backends: Mapping[str, Any] = getattr(runtime, "backends", None) or {}
+        configured = backends.get(backend)
+        if configured is not None:
+            caps: Capabilities = configured.capabilities
+            return caps
+        return default_capabilities(backend)
+
+    return of
+
+
+# ---- the checks (pure, tested without a server) ------------------------------------------------------
+
+
+class Refused(Exception):
+    """The admission request is refused; the message is what the user sees."""
+
+
+def _without_cancel(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (spec or {}).items() if k != "cancel"}
+
+
+def check(
+    body: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    operation: str | None,
+    capabilities: CapabilitiesOf = default_capabilities,
+) -> None:
+    """Raise :class:`Refused` when the DispatchJob must not be admitted."""
+    spec = body.get("spec") or {}
+    if operation == "UPDATE" and old is not None:
+        old_spec = old.get("spec") or {}
+        if _without_cancel(spec) == _without_cancel(old_spec):
+            if old_spec.get("cancel") and not spec.get("cancel"):
+                raise Refused("spec.cancel cannot be undone: a cancelled job stays cancelled")
+            return
+        raise Refused("the spec is fixed once created: only spec.cancel may change (from false to true)")
+    if operation not in (None, "CREATE", "UPDATE"):
+        return
+    meta = body.get("metadata") or {}
+    job = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    try:
+        backend = backend_of(spec).name
+        job_spec_ = job_spec(body)
+    except SpecError as error:
+        raise Refused(str(error)) from None
+    except (KeyError, TypeError) as error:
+        raise Refused(f"not a DispatchJob: {error}") from None
+    caps = capabilities(backend)
+    if caps is None:
+        raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")
+    try:
+        make_plan(job, job_spec_, caps, supervised=True)
+    except PlanError as error:
+        raise Refused(f"{error} (backend {backend})") from None
+
+
+def actor_of(userinfo: Mapping[str, Any] | None) -> str:
+    """``human:<username>`` of the admission request's userInfo (``human:unknown`` without one)."""
+    username = str((userinfo or {}).get("username") or "unknown")
+    return f"{ActorKind.HUMAN.value}:{username}"[: MAX_ACTOR_ID + len(ActorKind.HUMAN.value) + 1]
+
+
+def annotations_to_set(
+    body: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    operation: str | None,
+    userinfo: Mapping[str, Any] | None,
+) -> dict[str, str | None]:
+    """The actor annotations the mutating webhook writes (None removes one), only where they differ."""
+    current: Mapping[str, Any] = (body.get("metadata") or {}).get("annotations") or {}
+    spec = body.get("spec") or {}
+    want: dict[str, str | None]
+    if operation == "CREATE" or old is None:
+        who = actor_of(userinfo)
+        want = {
+            ANNOTATION_SUBMITTED_BY: who,
+            ANNOTATION_CANCELLED_BY: who if spec.get("cancel") else None,
+        }
+    else:
+        previous: Mapping[str, Any] = (old.get("metadata") or {}).get("annotations") or {}
+        turned_on = bool(spec.get("cancel")) and not (old.get("spec") or {}).get("cancel")
+        want = {
+            ANNOTATION_SUBMITTED_BY: previous.get(ANNOTATION_SUBMITTED_BY),
+            ANNOTATION_CANCELLED_BY: actor_of(userinfo)
+            if turned_on
+            else previous.get(ANNOTATION_CANCELLED_BY),
+        }
+    return {key: value for key, value in want.items() if current.get(key) != value}
+
+
+def finalizers_to_set(body: Mapping[str, Any], operation: str | None) -> list[str] | None:
+    """The finalizers a new DispatchJob gets (with the loop's), or None: never on UPDATE, where the
+    loop may just have removed it to let a deleted job go."""
+    if operation != "CREATE":
+        return None
+    meta = body.get("metadata") or {}
+    current = list(meta.get("finalizers") or ())
+    if FINALIZER in current or meta.get("deletionTimestamp"):
+        return None
+    return [*current, FINALIZER]
+
+
+# ---- kopf handlers ----------------------------------------------------------------------------------
+
+
+def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = default_capabilities) -> None:
+    """Register the validating and mutating handlers for DispatchJobs in ``registry``."""
+
+    @kopf.on.mutate(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id=WEBHOOK_MUTATE_ID,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )
+    def mutate(**kwargs: Any) -> None:
+        body: kopf.Body = kwargs["body"]
+        operation: str | None = kwargs.get("operation")
+        patch: kopf.Patch = kwargs["patch"]
+        changes = annotations_to_set(body, kwargs.get("old"), operation, kwargs.get("userinfo"))
+        for key, value in changes.items():
+            patch.meta.annotations[key] = value
+        finalizers = finalizers_to_set(body, operation)
+        if finalizers is not None:
+            patch.setdefault("metadata", {})["finalizers"] = finalizers
+        if changes:
+            meta = body.get("metadata") or {}
+            log.info(
+                "%s %s/%s: %s",
+                operation,
+                meta.get("namespace"),
+                meta.get("name"),
+                ", ".join(f"{k}={v}" for k, v in changes.items()),
+            )
+
+    @kopf.on.validate(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id=WEBHOOK_VALIDATE_ID,
+        operations=["CREATE", "UPDATE"],
+        registry=registry,
+    )
+    def validate(**kwargs: Any) -> None:
+        body: kopf.Body = kwargs["body"]
+        operation: str | None = kwargs.get("operation")
+        try:
+            check(body, kwargs.get("old"), operation, capabilities)
+        except Refused as error:
+            meta = body.get("metadata") or {}
+            log.info("%s %s/%s refused: %s", operation, meta.get("namespace"), meta.get("name"), error)
+            raise kopf.AdmissionError(str(error), code=422) from None
+
+
+# ---- server and certificates ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    port: int
+    addr: str = "0.0.0.0"
+    host: str | None = None
+    """The host name or IP the API server uses to reach the webhook (managed configurations only)."""
+    cert_dir: Path | None = None
+    managed: str | None = None
+    extra_sans: tuple[str, ...] = field(default_factory=tuple)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The webhook's flags (``--webhook-port`` is the operator's own)."""
+    g = parser.add_argument_group("admission webhook")
+    g.add_argument("--webhook-addr", help="listen address (default 0.0.0.0)")
+    g.add_argument(
+        "--webhook-host",
+        help="host the API server reaches the webhook at, for a managed configuration (default: the pod IP "
+        "from $POD_IP, else 127.0.0.1)",
+    )
+    g.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        help=f"directory with {CERT_FILE}, {KEY_FILE} and optionally {CA_FILE} (a mounted Secret); "
+        "default: generate a CA and a certificate at start",
+    )
+    g.add_argument(
+        "--webhook-managed",
+        metavar="NAME",
+        help="install Validating/MutatingWebhookConfigurations named NAME "
+        "(default: off; the chart installs them)",
+    )
+    g.add_argument(
+        "--webhook-extra-san", action="append", default=None, help="extra DNS name or IP for a generated cert"
+    )
+
+
+def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> Options:
+    """Options from explicit arguments, else flags, else the environment."""
+
+    def pick(name: str) -> Any:
+        if given.get(name) is not None:
+            return given[name]
+        value = getattr(args, f"webhook_{name}", None) if args is not None else None
+        if value is not None:
+            return value
+        return os.environ.get(f"{ENV_PREFIX}{name.upper()}") or None
+
+    cert_dir = pick("cert_dir")
+    sans = pick("extra_sans") or pick("extra_san") or ()
+    if isinstance(sans, str):
+        sans = tuple(s.strip() for s in sans.split(",") if s.strip())
+    return Options(
+        port=port,
+        addr=str(pick("addr") or "0.0.0.0"),
+        host=pick("host") or os.environ.get("POD_IP") or None,
+        cert_dir=Path(cert_dir) if cert_dir else None,
+        managed=pick("managed"),
+        extra_sans=tuple(sans),
+    )
+
+
+def generate_certificates(
+    directory: Path, hostnames: Sequence[str], *, days: int = CERT_DAYS
+) -> tuple[Path, Path, Path]:
+    """A CA and a serving certificate for ``hostnames`` (DNS names or IPs) in ``directory``.
+
+    Returns (certificate, private key, CA certificate) paths; the key file is mode 0600.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dispatch-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    names: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for host in hostnames:
+        if not host or host in seen:
+            continue
+        seen.add(host)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            names.append(x509.DNSName(host))
+        else:
+            if not ip.is_unspecified:
+                names.append(x509.IPAddress(ip))
+    common = next((h for h in hostnames if h and not _is_ip(h)), "dispatch-webhook")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path, ca_path = directory / CERT_FILE, directory / KEY_FILE, directory / CA_FILE
+    key_path.touch(mode=0o600)
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path, ca_path
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def server(opts: Options) -> kopf.WebhookServer:
+    """kopf's HTTPS webhook server for ``opts``, with certificates from ``cert_dir`` or generated."""
+    host = opts.host or ("127.0.0.1" if opts.addr in ("0.0.0.0", "::", "") else opts.addr)
+    if opts.cert_dir is not None:
+        cert, key = opts.cert_dir / CERT_FILE, opts.cert_dir / KEY_FILE
+        ca = opts.cert_dir / CA_FILE
+        log.info("webhook certificates from %s", opts.cert_dir)
+        return kopf.WebhookServer(
+            addr=opts.addr,
+            port=opts.port,
+            host=host,
+            certfile=str(cert),
+            pkeyfile=str(key),
+            cafile=str(ca) if ca.exists() else None,
+        )
+    directory = Path(tempfile.mkdtemp(prefix="dispatch-webhook-"))
+    hostnames = [host, opts.addr, "localhost", "127.0.0.1", *opts.extra_sans]
+    cert, key, ca = generate_certificates(directory, hostnames)
+    log.info("webhook certificates generated for %s", ", ".join(h for h in dict.fromkeys(hostnames) if h))
+    return kopf.WebhookServer(
+        addr=opts.addr, port=opts.port, host=host, certfile=str(cert), pkeyfile=str(key), cafile=str(ca)
+    )
+
+
+def setup(
+    *,
+    registry: kopf.OperatorRegistry,
+    settings: kopf.OperatorSettings,
+    port: int,
+    runtime: Any = None,
+    args: argparse.Namespace | None = None,
+    capabilities: CapabilitiesOf | None = None,
+    **given: Any,
+) -> Options:
+    """Register the webhooks and configure kopf's webhook server (and managed configurations).
+
+    ``runtime`` (the operator's handlers.Runtime) supplies the capabilities of the configured
+    adapters; ``args`` the flags of :func:`add_arguments`; ``given`` overrides (``addr``, ``host``,
+    ``cert_dir``, ``managed``, ``extra_sans``).
+    """
+    opts = options(port, args, **given)
+    caps = capabilities or (runtime_capabilities(runtime) if runtime is not None else default_capabilities)
+    register(registry, caps)
+    settings.admission.server = server(opts)
+    settings.admission.managed = opts.managed
+    log.info(
+        "admission webhooks on %s:%d (paths /%s, /%s)%s",
+        opts.addr,
+        opts.port,
+        WEBHOOK_VALIDATE_ID,
+        WEBHOOK_MUTATE_ID,
+        f", configurations {opts.managed} managed by the operator" if opts.managed else "",
+    )
+    return opts
