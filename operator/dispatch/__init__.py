@@ -7,7 +7,7 @@ docs/api.md (the library reference, generated from these docstrings).
 does not shadow the builtin ``open``.
 """
 
-from ._backends.memory._adapter import Env, MemoryBackend, Shape
+from ._backends.memory import Env, MemoryBackend, Shape
 from ._cluster import Cluster, Observer, Operator, compose
 from ._cluster import open as open  # public, but not in __all__: see the docstring
 from ._decide import (

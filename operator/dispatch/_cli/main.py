@@ -188,8 +188,7 @@ def _default_namespace(args: argparse.Namespace) -> str:
     if args.namespace:
         return str(args.namespace)
     from .._errors import ConfigError
-    from .._kubeclient import kubeconfig_problem
-    from .._kubeclient._transport import load_kubeconfig
+    from .._kubeclient import kubeconfig_problem, load_kubeconfig
 
     if kubeconfig_problem(args.kubeconfig) is None:
         try:

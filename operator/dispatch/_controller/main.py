@@ -343,12 +343,10 @@ async def open_backends(
             raise ArgumentError(f"--backend {name!r}: no such backend registered")
         backends[name] = await info.open_operator(api, namespaces=namespaces)
     if args.slurm_config is not None:
-        from .._backends.slurm import _adapter as slurm_adapter
-
         config = getattr(args, "slurm_settings", None)
         if config is None:
             config = read_slurm_config(args.slurm_config)
-        backend: Any = slurm_adapter.open_adapter(config)
+        backend: Any = _registry.get("slurm")(config)  # type: ignore[misc]
         if inspect.isawaitable(backend):
             backend = await backend
         backends["slurm"] = backend
@@ -398,7 +396,7 @@ def read_slurm_config(path: Path) -> dict[str, Any]:
     """The Slurm adapter's YAML configuration, checked the way the adapter will check it."""
     from pydantic import ValidationError
 
-    from .._backends.slurm._adapter import SlurmConfig
+    from .._backends.slurm import SlurmConfig
 
     try:
         text = path.read_text(encoding="utf-8")

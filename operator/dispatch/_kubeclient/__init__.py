@@ -50,7 +50,7 @@ from ._objects import (
     new_client,
     split_job,
 )
-from ._transport import Connection, KubeClient, is_watch
+from ._transport import Connection, KubeClient, is_watch, load_kubeconfig
 
 __all__ = [
     "DEFAULT_WRITE_BURST",
@@ -84,6 +84,7 @@ __all__ = [
     "kubeconfig_problem",
     "limit_writes",
     "load_configuration",
+    "load_kubeconfig",
     "new_client",
     "open_request",
     "request",

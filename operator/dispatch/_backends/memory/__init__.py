@@ -14,3 +14,8 @@ BACKEND: Final[BackendInfo[Any]] = BackendInfo(
     capabilities=Capabilities(),  # its default shape, slurm; each shape's are that backend's
     open="dispatch._backends.memory._adapter:open_adapter",
 )
+
+# The adapter is light (no client), and the root package exports it: the embedded default.
+from ._adapter import Env, MemoryBackend, Shape  # noqa: E402
+
+__all__ = ["BACKEND", "Env", "MemoryBackend", "Shape"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ..._model import Capabilities, SlurmOptions
 from ..._registry import BackendInfo, Where
@@ -13,6 +15,52 @@ and node-failure requeues but not on preemption requeues (PreemptMode=REQUEUE ra
 unchecked), so a budget is not exact for preemption; and a job's requeue flag allows node-failure
 requeues only together with preemption requeues, so [node-lost] alone is not exact either. Every
 rule goes to the supervisor, and a restart rule is refused by the plan."""
+
+
+class SlurmConfig(BaseModel):
+    """How to reach slurmrestd and how to submit. Secrets are :class:`~pydantic.SecretStr`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    """e.g. ``http://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``."""
+    socket: str | None = None
+    """A unix socket path (rest_auth/local: no token needed)."""
+    user_name: str | None = None
+    """``X-SLURM-USER-NAME``: the user jobs run as (must match the token)."""
+    token: SecretStr | None = None
+    token_file: str | None = None
+    """A file holding the JWT (a mounted Secret); re-read when its mtime changes."""
+    api_version: str | None = None
+    """``v0.0.38``, ``v0.0.40`` ... ``v0.0.45``; None asks the server (newest it serves first)."""
+    poll_interval: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    max_backoff: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    request_timeout: Annotated[float, Field(gt=0, le=600)] = 10.0
+    full_refresh_every: Annotated[int, Field(ge=1)] = 30
+    """Every n-th cycle lists without ``update_time`` (a guard against clock skew)."""
+    remember_seconds: Annotated[float, Field(gt=0)] = 86400.0
+    """How long the final state of an ended job is remembered after Slurm forgets it."""
+    partition: str | None = None
+    """Default partition when the spec names none."""
+    working_directory: str = "/tmp"
+    """Default working directory when the spec names none."""
+    standard_output: str | None = None
+    """Output path pattern; default ``<working directory>/dispatch-%j.out``.
+
+    Not ``%x`` (the job name): dispatch names jobs ``dispatch-<job>-<n>`` and a job id of the operator
+    is ``<namespace>/<name>``, whose ``/`` would make a path Slurm cannot open.
+    """
+    filter_user: bool = True
+    """Only consider tagged jobs owned by ``user_name`` (when set)."""
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> SlurmConfig:
+        if (self.url is None) == (self.socket is None):
+            raise ValueError("give exactly one of 'url' and 'socket'")
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("give at most one of 'token' and 'token_file'")
+        return self
+
 
 BACKEND: Final = BackendInfo(
     name="slurm",

@@ -12,14 +12,14 @@ import builtins
 import logging
 import shlex
 from collections.abc import Callable, Mapping
-from typing import Annotated, Final
+from typing import Final
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ..._errors import BackendError, TransientBackendError
 from ..._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from . import SLURM as SLURM_CAPABILITIES
+from . import SlurmConfig
 from ._dialects import PROBE_ORDER, V0038, V0040, Dialect, SlurmJob, SubmitRequest, dialect_for
 from ._poller import Listing, Poller, make_tag
 from ._rest import (
@@ -46,51 +46,6 @@ NEVER_FITS: Final = frozenset({ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE, ESLURM_
 """Refusals of a release that mean the job can never run as submitted (Slurm may release it anyway)."""
 REFUSED_PREFIX: Final = "refused-"
 """Object ids of submissions Slurm refused: no Slurm job exists, the view carries Slurm's answer."""
-
-
-class SlurmConfig(BaseModel):
-    """How to reach slurmrestd and how to submit. Secrets are :class:`~pydantic.SecretStr`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    url: str | None = None
-    """e.g. ``http://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``."""
-    socket: str | None = None
-    """A unix socket path (rest_auth/local: no token needed)."""
-    user_name: str | None = None
-    """``X-SLURM-USER-NAME``: the user jobs run as (must match the token)."""
-    token: SecretStr | None = None
-    token_file: str | None = None
-    """A file holding the JWT (a mounted Secret); re-read when its mtime changes."""
-    api_version: str | None = None
-    """``v0.0.38``, ``v0.0.40`` ... ``v0.0.45``; None asks the server (newest it serves first)."""
-    poll_interval: Annotated[float, Field(gt=0, le=3600)] = 2.0
-    max_backoff: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    request_timeout: Annotated[float, Field(gt=0, le=600)] = 10.0
-    full_refresh_every: Annotated[int, Field(ge=1)] = 30
-    """Every n-th cycle lists without ``update_time`` (a guard against clock skew)."""
-    remember_seconds: Annotated[float, Field(gt=0)] = 86400.0
-    """How long the final state of an ended job is remembered after Slurm forgets it."""
-    partition: str | None = None
-    """Default partition when the spec names none."""
-    working_directory: str = "/tmp"
-    """Default working directory when the spec names none."""
-    standard_output: str | None = None
-    """Output path pattern; default ``<working directory>/dispatch-%j.out``.
-
-    Not ``%x`` (the job name): dispatch names jobs ``dispatch-<job>-<n>`` and a job id of the operator
-    is ``<namespace>/<name>``, whose ``/`` would make a path Slurm cannot open.
-    """
-    filter_user: bool = True
-    """Only consider tagged jobs owned by ``user_name`` (when set)."""
-
-    @model_validator(mode="after")
-    def _one_endpoint(self) -> SlurmConfig:
-        if (self.url is None) == (self.socket is None):
-            raise ValueError("give exactly one of 'url' and 'socket'")
-        if self.token is not None and self.token_file is not None:
-            raise ValueError("give at most one of 'token' and 'token_file'")
-        return self
 
 
 CAPABILITIES: Final = SLURM_CAPABILITIES
