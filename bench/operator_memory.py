@@ -113,7 +113,7 @@ def short(filename: str) -> str:
 
 
 def package(filename: str) -> str:
-    """The package a file belongs to; dispatch by subpackage (``dispatch/_controller``, ``dispatch/_workload``)."""
+    """The package a file belongs to; dispatch by subpackage (``dispatch/_workload``, ...)."""
     path = short(filename).split("/")
     if path[0] == "dispatch" and len(path) > 2:
         return "/".join(path[:2])
