@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install dispatch with its dev tools
 
-demo: $(STAMP) ## the seed's tutorial, in-process on the memory backend
+demo: $(STAMP) ## the tutorial (examples/supervise_a_job.py), in-process on the memory backend
 	@$(PY) examples/supervise_a_job.py
 
 lint: $(STAMP) ## ruff over package, tests, examples
@@ -80,7 +80,7 @@ integration-kueue: $(STAMP) bins ## the Kueue tests only (a lab with Kueue, JobS
 integration-slurm: $(STAMP) slurm-deps slurm-chroots ## the Slurm half of the integration tier only
 	$(PYTEST) -m "integration and slurm" tests/integration
 
-kueue-record: bins $(STAMP) ## re-record the real Kueue's Workloads and Events for the unit tests, on a lab of its own (~3 min)
+kueue-record: bins $(STAMP) ## re-record the real Kueue's Workloads and Events for the unit tests, on a lab of its own (minutes)
 	$(PY) hack/kueue-record.py
 
 bench: $(STAMP) ## benchmarks; results go to BENCHMARKS.md by hand, with the command

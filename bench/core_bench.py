@@ -183,7 +183,7 @@ async def lifecycle_run(jobs: int, *, on_start: Callable[[], None] | None = None
 
 
 class StallProbe:
-    """Fairness of run_all (issue 11, item 7): a task that asks to run every millisecond and notes
+    """Fairness of run_all: a task that asks to run every millisecond and notes
     how much CPU time the loop spent on other work before it ran. A backend whose calls never
     suspend (this one) would otherwise hold the loop
     until every job waits: one stall as long as the whole run."""

@@ -13,13 +13,13 @@ load), the process time per body of:
 - ``compacted``: the informer's projection of the page as it keeps it (``_informer.compacted``;
   trees with ``_informer.Packed``: each projection packed, by one ``Packer`` per kind where the
   tree has it);
-- ``handler``: the kit's handler's projection of what the informer kept (trees before 8b22703
-  projected again there; later trees hand the projection on: 0);
-- ``record``: one DispatchJob's view made and its record parsed as the store does: trees before
-  this round ``compact(record_from(body))``, every record kept (the shared parts live as long as
-  a record holds them); later trees ``view_of(body)`` (its record's text kept) and the record parsed
-  from that text, not kept; trees with ``store.read_dispatchjobs`` decode the DispatchJob's watch
-  event with it first.
+- ``handler``: the kit's handler's projection of what the informer kept (0 for trees whose
+  informer hands its projection on);
+- ``record``: one DispatchJob's view made and its record parsed as the store does: for older trees
+  ``compact(record_from(body))``, every record kept (the shared parts live as long as a record
+  holds them); for trees with ``view_of``, ``view_of(body)`` (its record's text kept) and the
+  record parsed from that text, not kept; trees with ``store.read_dispatchjobs`` decode the
+  DispatchJob's watch event with it first.
 
 Bodies: every recorded PyTorchJob and pod state in tests/unit/data/kubeflow/ (recorded from the lab),
 as pages of 100, and the DispatchJob in bench/data/dispatchjob.json (read with kubectl from

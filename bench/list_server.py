@@ -5,8 +5,8 @@
 
 Against a lab that holds the jobs (``bench/operator_scale.py ... --hold FILE`` keeps one, and prints
 its kubeconfig), for the DispatchJobs, the PyTorchJobs and the pods of the namespace (the operator's
-label selector on the last two), one after another: a consistent list in pages of 100 (as the
-informers listed before issue 13's ninth round), the same at ``resourceVersion=0`` (the watch
+label selector on the last two), one after another: a consistent list in pages of 100 (what an
+informer does where the API server serves no streamed list), the same at ``resourceVersion=0`` (the watch
 cache, one answer), and a streamed list (``sendInitialEvents``, read to the bookmark that ends its
 initial events; as they list now). For each: kube-apiserver's CPU (from /proc: the newest process
 named kube-apiserver on this machine), wall time, bytes and objects; the client's JSON decoding

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the empty operator's RSS once its first sync is done (issue 13's floor).
+"""Benchmark: the empty operator's RSS once its first sync is done (the floor under every per-job figure).
 
     .venv/bin/python bench/operator_empty.py [--operator-tree DIR] [--runs 1]
 

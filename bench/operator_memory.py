@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: where the live operator's bytes go, per DispatchJob (issue 13, "slim caches").
+"""Benchmark: where the live operator's bytes go, per DispatchJob.
 
     .venv/bin/python bench/operator_memory.py [--jobs 1000] [--frames 16] [--operator-tree DIR]
         [--json out.json] [any other option of bench/operator_scale.py]
@@ -113,7 +113,7 @@ def short(filename: str) -> str:
 
 
 def package(filename: str) -> str:
-    """The package a file belongs to; dispatch by subpackage (``dispatch/_controller``, ``dispatch/_workload``)."""
+    """The package a file belongs to; dispatch by subpackage (``dispatch/_workload``, ...)."""
     path = short(filename).split("/")
     if path[0] == "dispatch" and len(path) > 2:
         return "/".join(path[:2])

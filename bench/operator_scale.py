@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the operator at scale on the real stack, and the Job controller beside it (issue 13).
+"""Benchmark: the operator at scale on the real stack, and the Job controller beside it.
 
     .venv/bin/python bench/operator_scale.py [--jobs 1000] [--preempt 1000] [--samples 30]
         [--operator-tree DIR] [--json out.json]
@@ -103,8 +103,8 @@ APPLY: dict[str, Any] = {"_content_type": "application/apply-patch+yaml"}
 MERGE: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """The generated client's patch type (its stubs do not declare _content_type)."""
 SYNCED = re.compile(r"all (\d+) jobs? known and decided")
-"""The operator's own line once every job it found at start is known and decided (runtime of
-issue 13); an operator without it is timed until its requests go quiet."""
+"""The operator's own line once every job it found at start is known and decided; an operator
+that does not log it (an older tree) is timed until its requests go quiet."""
 
 
 def load() -> float:
@@ -1128,7 +1128,8 @@ class Bench:
             op.alive()
             synced = op.synced()
             if synced is not None:
-                # Both CPU figures at the line: the restart is CPU-bound on 2 cores (BENCHMARKS.md).
+                # Both CPU figures at the line: a restart is bound by both processes' CPU where they share
+                # few cores.
                 cpu_at_line["operator_cpu_s"] = round(op.cpu_seconds(), 2)
                 if server is not None and server_cpu is not None:
                     cpu_at_line["apiserver_cpu_s"] = round(cpu(server) - server_cpu, 2)

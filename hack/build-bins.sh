@@ -309,8 +309,8 @@ EOF
 # --- JobSet and Kubeflow Trainer v2 ------------------------------------------------------
 # The upstream manifests the lab needs are copied next to each binary (no Go toolchain at test
 # time): JobSet's CRD and webhook configurations; Trainer's CRDs, webhook configurations and the
-# torch-distributed ClusterTrainingRuntime. A binary already built (e.g. by the notes' lab script
-# into the same path) is kept; only missing manifests are copied then.
+# torch-distributed ClusterTrainingRuntime. A binary already built into the same path (by another
+# script, say) is kept; only missing manifests are copied then.
 build_jobset() {
   local mod
   if [[ ! -x "${JOBSET}" ]]; then

@@ -34,7 +34,7 @@ CLUSTER_KUBECONFIG = $(CLUSTER_DIR)/kubeconfig
 # Where `make lab-up` keeps the same, plus the audit log; LAB_NODES kwok nodes.
 LAB_DIR ?= $(DISPATCH_CACHE)/lab
 LAB_NODES ?= 3
-# Opt-in lab extras, comma-separated: jobset, trainer (trainer implies jobset).
+# Opt-in lab extras, comma-separated: jobset, trainer (trainer implies jobset), kueue.
 LAB_WITH ?=
 
 # kind (only for e2e-kind; needs Docker). Empty KIND_NODE_IMAGE = kind's default image.
@@ -59,13 +59,13 @@ lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager
 lab-down: $(STAMP) ## stop what lab-up started
 	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
 
-jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and Events for their unit tests, on a lab of its own (~5 min)
+jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and Events for their unit tests, on a lab of its own (minutes)
 	$(PY) hack/jobset-record.py
 
-kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (~2 min)
+kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (minutes)
 	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
 
-job-record: lab-up ## re-record the lab's batch/v1 Job/Pod watch streams and Events for the job backend's unit tests (~2 min)
+job-record: lab-up ## re-record the lab's batch/v1 Job/Pod watch streams and Events for the job backend's unit tests (minutes)
 	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/job-record.py
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))

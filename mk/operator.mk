@@ -13,12 +13,12 @@ verify: $(STAMP) ## fail with a diff when a committed generated file is stale
 bench-recoveries: bins $(STAMP) ## recoveries on the test control plane: latency and API writes per recovery
 	$(PY) bench/operator_bench.py
 
-# The operator at scale (issue 13): N DispatchJobs on kwok nodes, a restart, preemptions one at a
+# The operator at scale: N DispatchJobs on kwok nodes, a restart, preemptions one at a
 # time and 1,000 at once through kube-scheduler, the Job controller's peer, the API server's floor.
 BENCH_ARGS ?= --jobs 1000
 bench-operator: bins $(STAMP) ## the operator at scale on the real stack (BENCH_ARGS="--jobs 10000"); figures to BENCHMARKS.md by hand
 	$(PY) bench/operator_scale.py $(BENCH_ARGS)
 
-# Where the operator's bytes go per DispatchJob (issue 13): tracemalloc and deep sizes, live.
+# Where the operator's bytes go per DispatchJob: tracemalloc and deep sizes, live.
 bench-memory: bins $(STAMP) ## the operator's memory per job by file, line and structure (BENCH_ARGS as bench-operator)
 	$(PY) bench/operator_memory.py $(BENCH_ARGS)

@@ -26,7 +26,7 @@ slurm-deps:
 	done
 
 # Slurm 24.11 (Debian 13) and 26.05 (Debian unstable) for the live tests: each a debootstrap chroot,
-# built once (cold: ~2 min for both, in parallel) and cached outside the repo, keyed by suite.
+# built once (both in parallel) and cached outside the repo, keyed by suite.
 SLURM_CHROOT_SUITES := trixie sid
 SLURM_CHROOT_CACHE ?= $(or $(DISPATCH_CHROOT_CACHE),$(HOME)/.cache/dispatch/chroot)
 
