@@ -1,4 +1,4 @@
-"""The seed's tutorial: submit a job, supervise it, preempt it, watch dispatch recover it.
+"""The tutorial: submit a job, supervise it, preempt it, watch dispatch recover it.
 
 Runs in-process against the memory backend shaped like Slurm, with the in-memory record store.
 ``python examples/supervise_a_job.py --no-supervisor`` shows the refusal when no supervisor will run.

@@ -1,6 +1,6 @@
 """The cluster facade: a backend composed with the core, seen through two roles.
 
-``cluster.operator`` submits and cancels (the seed's Operator role: it changes things);
+``cluster.operator`` submits and cancels (the tutorial's Operator role: it changes things);
 ``cluster.observer`` gets and watches (the Observer role: it only reads).
 """
 
@@ -47,7 +47,7 @@ class Operator:
         """Plan the job, record it, and return the plan. Nothing runs yet if ``supervised``.
 
         ``supervised=True`` says a supervisor will run for this job (``WithSupervisor`` in the
-        seed), so rules the scheduler cannot enforce can go to it. Without it such a rule makes
+        tutorial), so rules the scheduler cannot enforce can go to it. Without it such a rule makes
         submission fail with :class:`~dispatch.PlanError`, and nothing is recorded or created. An
         unsupervised job is launched here, since no supervisor will launch it; its status shows its
         outcome as soon as the scheduler has one, and :meth:`settle` records it.

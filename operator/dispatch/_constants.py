@@ -113,7 +113,7 @@ STATUS_OBSERVED_NOTE: Final = "observedNote"
 """status field: what the scheduler shows of the current object that is not dispatch's doing (held
 outside dispatch, and by whom); absent otherwise."""
 
-# Kueue (issue 15): the labels Kueue reads on a job, and what dispatch keeps on a queued object.
+# Kueue: the labels Kueue reads on a job, and what dispatch keeps on a queued object.
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
 """Only v1beta2 is read: v1beta1 goes through Kueue's conversion webhook."""

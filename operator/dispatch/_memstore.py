@@ -1,4 +1,4 @@
-"""The in-memory record store: the seed's ``recordstest``, and the embedded default.
+"""The in-memory record store: the tutorial's ``recordstest``, and the embedded default.
 
 Records are immutable, so the store keeps the objects themselves: a reader can never change what
 another reader sees, and consecutive versions share everything they did not change.

@@ -20,7 +20,7 @@ Body = Mapping[str, Any]
 
 
 def plan_lines(plan: Plan) -> list[str]:
-    """The seed's lines: who enforces each rule, then the causes no rule covers."""
+    """The tutorial's lines: who enforces each rule, then the causes no rule covers."""
     lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
     return lines + queue_lines(plan)

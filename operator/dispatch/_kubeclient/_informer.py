@@ -82,11 +82,11 @@ def ends_initial_events(kind: object, obj: Body) -> bool:
 
 _encode: Final = msgspec.json.Encoder().encode
 _decode: Final = msgspec.json.Decoder().decode
-"""JSON as :class:`Packed` writes and reads it: msgspec's, several times json's speed (issue 13)."""
+"""JSON as :class:`Packed` writes and reads it: msgspec's, several times json's speed."""
 
 
 class Packed:
-    """One cached object (issue 13, "slim caches"): the JSON text of its projection, deflated with
+    """One cached object: the JSON text of its projection, deflated with
     zlib against a ``sample`` of its kind as the preset dictionary (a :class:`Packer`'s first text),
     and its resourceVersion.
 
@@ -316,7 +316,7 @@ class Informer(Generic[Kept]):
         as it arrives, then a bookmark that ends them (``k8s.io/initial-events-end``), then the
         watch goes on in the same response. Against a list of pages at a restart with 10,000 jobs:
         one request instead of a hundred for each resource, never a page's whole bodies at once,
-        and the API server's CPU of a list read from its cache, not from etcd (BENCHMARKS.md)."""
+        and the API server's CPU of a list read from its cache, not from etcd."""
         if initial:
             self._begin()
         seconds = WATCH_SECONDS + random.randint(0, 30)

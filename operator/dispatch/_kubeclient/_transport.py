@@ -3,7 +3,7 @@ a :class:`Connection`, and one aiohttp session that sends raw JSON requests with
 (:class:`KubeClient`).
 
 Why not kubernetes_asyncio's client: importing it loads about a thousand generated model modules,
-~35 MiB of the operator's RSS (issue 13), while dispatch sends and reads plain dicts anyway.
+tens of MiB of the operator's RSS, while dispatch sends and reads plain dicts anyway.
 :class:`KubeClient` keeps the two entry points dispatch's code uses on a client (``call_api`` with
 ``_preload_content=False`` and ``rest_client.request``, which the metrics and the write limiter
 wrap), so either client can be handed to the same code.
@@ -40,10 +40,8 @@ IN_CLUSTER_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 REQUEST_CONNECTIONS: Final = 100
 """Parallel connections for every request but watches (kubernetes_asyncio's default, kept); more
-requests wait for one of them. 16 bounded a mass preemption's sockets at 29 instead of 70, but
-with no write limit its last release came 4.5 s after its last failure instead of 0.37 s
-(BENCHMARKS.md, fourteenth round): on a small control plane the writes in flight are what keeps
-up with kube-scheduler. The memory of each is bounded instead (``dispatch._controller.main``)."""
+requests wait for one of them. Fewer connections bound a mass preemption's sockets but delay its
+releases: on a small control plane the writes in flight are what keeps up with kube-scheduler. The memory of each is bounded instead (``dispatch._controller.main``)."""
 
 
 @dataclass(frozen=True)
