@@ -41,7 +41,8 @@ DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 REQUEST_CONNECTIONS: Final = 100
 """Parallel connections for every request but watches (kubernetes_asyncio's default, kept); more
 requests wait for one of them. Fewer connections bound a mass preemption's sockets but delay its
-releases: on a small control plane the writes in flight are what keeps up with kube-scheduler. The memory of each is bounded instead (``dispatch._controller.main``)."""
+releases: on a small control plane the writes in flight are what keeps up with kube-scheduler. The
+memory of each is bounded instead (``dispatch._controller.main``)."""
 
 
 @dataclass(frozen=True)
