@@ -16,6 +16,7 @@ The causes come from the pods; the TrainJob's own ``Failed`` condition adds only
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Final
 
 from ..._constants import RUNTIME_PATCH_MANAGER
@@ -40,10 +41,11 @@ from ..._workload import (
     true_condition,
 )
 from . import BACKEND, TrainJobOptions
+from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "node"
 """The trainer's container in the upstream runtimes (the one the Trainer sets image and command of)."""
-RESOURCE: Final = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+RESOURCE: Final = Resource(**asdict(DECLARED))
 
 
 def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
@@ -102,7 +104,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
 class TrainJobKind(HeldBySpecSuspend):
     """The kit's :class:`~dispatch._workload.Kind` for TrainJob."""
 
-    name: Final = "trainjob"
+    name: Final = BACKEND.name
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "TrainJobResourcesCreationFailed"
