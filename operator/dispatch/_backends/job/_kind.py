@@ -49,7 +49,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from . import BACKEND, JobOptions
+from . import BACKEND
 from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "main"
@@ -65,7 +65,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         raise BackendError(
             f"job {target.namespace}/{target.job_name}: the job backend needs spec.job (the image)"
         )
-    assert isinstance(options, JobOptions)
     check_env(options.env, "spec.job.env")
     budget = restart_budget(plan)
     job_spec: Body = {

@@ -50,7 +50,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from . import BACKEND, JobSetOptions
+from . import BACKEND
 from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "main"
@@ -96,7 +96,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         raise BackendError(
             f"job {target.namespace}/{target.job_name}: the jobset backend needs spec.jobset (the image)"
         )
-    assert isinstance(options, JobSetOptions)
     check_env(options.env, "spec.jobset.env")
     budget = restart_budget(plan)
     pod_labels = labels(target.job_name, target.submission)

@@ -40,7 +40,7 @@ from ..._workload import (
     metadata,
     true_condition,
 )
-from . import BACKEND, TrainJobOptions
+from . import BACKEND
 from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "node"
@@ -56,7 +56,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             f"job {target.namespace}/{target.job_name}: the trainjob backend needs spec.trainjob "
             "(the runtime)"
         )
-    assert isinstance(options, TrainJobOptions)
     check_env(options.env, "spec.trainjob.env")
     # The kit's container(): the job's command, env and the requests/limits of a node.
     main = container(CONTAINER, options.image or "", spec, options.env, options.resources)
