@@ -242,7 +242,8 @@ class JobSpec(_Model):
 
     if TYPE_CHECKING:
         # The signature a type checker sees: the fields (their values validated by pydantic, as the
-        # generated signature leaves them) and any backend's options as a keyword.
+        # generated signature leaves them) and any backend's options as a keyword. A field added to
+        # JobSpec is added here too (mypy refuses it as a keyword until it is).
         def __init__(
             self,
             *,

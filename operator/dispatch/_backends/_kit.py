@@ -86,8 +86,10 @@ def workload_backend(
 ) -> BackendInfo[OptionsT]:
     """A kit backend: one object of ``resource`` per submission, created held, released and stopped
     by patches, let go of by a JSON patch of dispatch's finalizer, deleted to end it; its pods read
-    (and deleted where no garbage collector runs), their events and nodes read. ``adapter`` is the module with
-    ``open_adapter`` (the library's opener) and ``opener`` (the operator's, ``(api, *, namespaces)``).
+    (and deleted where no garbage collector runs), their events and nodes read. The RBAC rule of
+    its objects and the metrics' resource labels are derived from ``resource``. ``adapter`` is the
+    module with ``open_adapter`` (the library's opener) and ``opener`` (the operator's,
+    ``(api, *, namespaces)``).
     ``kueue``: the kind is one of Kueue's integrations, so ``spec.queue`` is allowed (the
     capabilities say ``queues``) and the chart grants the read of Kueue's Workloads."""
     return BackendInfo(
