@@ -43,13 +43,13 @@ from _recording import (  # noqa: E402
 from _recording import get as get_in  # noqa: E402
 from _recording import preempt as preempt_in  # noqa: E402
 
+from dispatch import KubeflowOptions  # noqa: E402
 from dispatch._backends.kubeflow._kind import build  # noqa: E402
 from dispatch._model import (  # noqa: E402
     Action,
     CauseKind,
     Enforcer,
     JobSpec,
-    KubeflowOptions,
     Plan,
     PlannedRule,
     Resources,

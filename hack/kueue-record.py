@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 
+from dispatch import KubeflowOptions  # noqa: E402
 from dispatch._backends.kubeflow._kind import build  # noqa: E402
 from dispatch._constants import ANNOTATION_RELEASED  # noqa: E402
 from dispatch._model import (  # noqa: E402
@@ -43,7 +44,6 @@ from dispatch._model import (  # noqa: E402
     CauseKind,
     Enforcer,
     JobSpec,
-    KubeflowOptions,
     Plan,
     PlannedRule,
     Resources,

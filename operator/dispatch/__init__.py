@@ -7,7 +7,9 @@ docs/api.md (the library reference, generated from these docstrings).
 does not shadow the builtin ``open``.
 """
 
+from ._backends.kubeflow import KubeflowOptions
 from ._backends.memory import Env, MemoryBackend, Shape
+from ._backends.slurm import SlurmOptions
 from ._cluster import Cluster, Observer, Operator, compose
 from ._cluster import open as open  # public, but not in __all__: see the docstring
 from ._decide import (
@@ -55,7 +57,6 @@ from ._model import (
     CauseKind,
     Enforcer,
     JobSpec,
-    KubeflowOptions,
     NativeRule,
     ObjectView,
     OptionsModel,
@@ -67,7 +68,6 @@ from ._model import (
     RecoveryPolicy,
     Resources,
     Rule,
-    SlurmOptions,
     State,
     Status,
     Submission,

@@ -66,13 +66,6 @@ REASON_WRITE_CONFLICT: Final = "RecordWriteConflict"
 EVENT_NORMAL: Final = "Normal"
 EVENT_WARNING: Final = "Warning"
 
-# Kubeflow.
-KUBEFLOW_GROUP: Final = "kubeflow.org"
-KUBEFLOW_VERSION: Final = "v1"
-PYTORCHJOB_PLURAL: Final = "pytorchjobs"
-PYTORCHJOB_KIND: Final = "PyTorchJob"
-PYTORCH_CONTAINER: Final = "pytorch"
-
 # Observability and admission (webhook, events, metrics).
 REPORTING_CONTROLLER: Final = f"{GROUP}/{REPORTING_COMPONENT}"
 """events.k8s.io/v1 ``reportingController`` of every Event dispatch posts."""

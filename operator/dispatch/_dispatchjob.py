@@ -156,7 +156,7 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
             "spec.options: Extra inputs are not permitted (a backend's options are spec.<backend>)"
         )
         del fields["options"]
-    if backend.options is not None and backend.name not in JobSpec.model_fields and backend.name in fields:
+    if backend.options is not None and backend.name in fields:
         try:
             options[backend.name] = backend.options.model_validate(fields.pop(backend.name))
         except ValidationError as error:

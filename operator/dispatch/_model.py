@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -41,7 +41,10 @@ class _Model(BaseModel):
 
 class OptionsModel(_Model):
     """The base of a backend's options model (``spec.<backend>``): frozen, camelCase on the wire,
-    unknown keys refused, like every model of the API."""
+    unknown keys refused, like every model of the API. A field's attribute docstring is its
+    description (in the CRD and docs/api.md), inherited by the subclasses that share the field."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 class CauseKind(StrEnum):
@@ -214,27 +217,6 @@ EnvMap = Annotated[
 ]
 
 
-class KubeflowOptions(OptionsModel):
-    """How to run on Kubeflow as a PyTorchJob (Master plus Workers for ``nodes``)."""
-
-    image: Annotated[str, Field(min_length=1, max_length=512)]
-    resources: Resources = Resources()
-    env: EnvMap = Field(default_factory=dict)
-    no_capacity_after_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
-    """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
-
-
-class SlurmOptions(OptionsModel):
-    """How to run on Slurm: partition, limits, environment and working directory."""
-
-    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
-    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
-    memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
-    environment: EnvMap = Field(default_factory=dict)
-    working_directory: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-
-
 class JobSpec(_Model):
     """What to run and how to recover it. Fixed once submitted."""
 
@@ -252,13 +234,46 @@ class JobSpec(_Model):
     ) = None
     """Kueue's WorkloadPriorityClass for its submissions (its priority in Kueue's queueing and
     preemption); only with ``queue``."""
-    kubeflow: KubeflowOptions | None = None
-    slurm: SlurmOptions | None = None
     options: dict[str, SerializeAsAny[OptionsModel]] = Field(default_factory=dict)
-    """The options of every other backend, by backend name, each an instance of the options model
-    its registry entry declares (``spec.<backend>`` on the wire; kubeflow and slurm keep their own
-    fields). Built by the API codec, which knows the models; a plain mapping is refused here, since
-    the core cannot tell which model it is."""
+    """Each backend's options, by backend name, each an instance of the options model its registry
+    entry declares (``spec.<backend>`` on the wire). Built by the API codec, which knows the models,
+    or given as keywords (``JobSpec(..., kubeflow=KubeflowOptions(...))``); a plain mapping is
+    refused here, since the core cannot tell which model it is."""
+
+    if TYPE_CHECKING:
+        # The signature a type checker sees: the fields (their values validated by pydantic, as the
+        # generated signature leaves them) and any backend's options as a keyword. A field added to
+        # JobSpec is added here too (mypy refuses it as a keyword until it is).
+        def __init__(
+            self,
+            *,
+            name: object,
+            command: object,
+            nodes: object = 1,
+            recovery: object = None,
+            queue: object = None,
+            workload_priority_class: object = None,
+            options: object = None,
+            **backend_options: OptionsModel,
+        ) -> None: ...
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_by_backend(cls, data: object) -> object:
+        """Moves each ``<backend>=<options>`` keyword into ``options``: the core knows no backend, so a
+        keyword that is not a field and holds an options model is that backend's options."""
+        if not isinstance(data, dict):
+            return data
+        fields = {name for key, info in cls.model_fields.items() for name in (key, info.alias) if name}
+        named = {k: v for k, v in data.items() if isinstance(v, OptionsModel) and k not in fields}
+        given = data.get("options") or {}
+        if not named or not isinstance(given, dict):
+            return data  # nothing to move, or options the field itself refuses
+        twice = sorted(named.keys() & given.keys())
+        if twice:
+            raise ValueError(f"options of {', '.join(twice)} given twice: as a keyword and in options")
+        rest = {k: v for k, v in data.items() if k not in named}
+        return {**rest, "options": {**given, **named}}
 
     @field_validator("options", mode="before")
     @classmethod

@@ -63,6 +63,19 @@ class PolicyRule:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiResource:
+    """Where a Kubernetes kind's objects live on the API server, declared once in a kit backend's
+    declaration: the chart's RBAC rule and the metrics' resource labels are derived from it, and its
+    ``_kind`` module builds the workload kit's ``Resource`` from it (the declaration loads no kit)."""
+
+    group: str
+    """API group; ``""`` for the core group."""
+    version: str
+    plural: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
 class BackendInfo(Generic[OptionsT]):
     """A backend's declaration: every fact the generated lists need, and where its adapter is."""
 
@@ -91,6 +104,10 @@ class BackendInfo(Generic[OptionsT]):
     ``dispatch_api_requests_total`` (others are counted as ``other``)."""
 
     def __post_init__(self) -> None:
+        if self.name in JobSpec.model_fields:
+            raise ValueError(
+                f"backend {self.name!r}: its options field spec.{self.name} is a field of JobSpec"
+            )
         if self.options_required and self.options is None:
             raise ValueError(f"backend {self.name!r}: options_required without an options model")
         if self.where is Where.KUBERNETES and self.open_in_operator is None:
@@ -119,10 +136,8 @@ class BackendInfo(Generic[OptionsT]):
         return backend
 
     def options_of(self, spec: JobSpec) -> OptionsT | None:
-        """This backend's options in ``spec`` (its typed field for kubeflow and slurm)."""
-        value: Any = (
-            getattr(spec, self.name) if self.name in JobSpec.model_fields else spec.options.get(self.name)
-        )
+        """This backend's options in ``spec`` (``spec.options[name]``), checked to be its model's."""
+        value: Any = spec.options.get(self.name)
         if value is None:
             return None
         if self.options is not None and not isinstance(value, self.options):

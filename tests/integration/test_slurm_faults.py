@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch import SlurmOptions
 from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter
 from dispatch._cluster import Cluster, compose
 from dispatch._memstore import MemoryStore
@@ -30,7 +31,6 @@ from dispatch._model import (
     Phase,
     Plan,
     Record,
-    SlurmOptions,
     State,
 )
 from dispatch._supervisor import Supervisor

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from dispatch import SlurmOptions
 from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter
 from dispatch._cluster import compose
 from dispatch._errors import PlanError
@@ -25,7 +26,6 @@ from dispatch._model import (
     PlannedRule,
     RecoveryPolicy,
     Rule,
-    SlurmOptions,
     State,
 )
 from dispatch._plan import make_plan

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from dispatch import SlurmOptions
 from dispatch._backends.slurm._adapter import open_adapter
 from dispatch._cluster import compose
 from dispatch._decide import Create, Done, Wait
@@ -20,7 +21,6 @@ from dispatch._model import (
     Phase,
     RecoveryPolicy,
     Rule,
-    SlurmOptions,
     State,
 )
 from dispatch._supervisor import Supervisor

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from dispatch import KubeflowOptions
 from dispatch._backends.kubeflow._adapter import refused_for_good
 from dispatch._backends.kubeflow._kind import build
 from dispatch._kubeclient import KubeError
@@ -22,7 +23,6 @@ from dispatch._model import (
     CauseKind,
     Enforcer,
     JobSpec,
-    KubeflowOptions,
     Plan,
     PlannedRule,
     Resources,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import PlanError, make_plan
+from dispatch import KubeflowOptions, PlanError, make_plan
 from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._constants import (
     ANNOTATION_ENDED,
@@ -23,7 +23,7 @@ from dispatch._constants import (
     KUEUE_LABEL_QUEUE,
 )
 from dispatch._kubeclient import Informer
-from dispatch._model import Cause, CauseKind, JobSpec, KubeflowOptions, Plan
+from dispatch._model import Cause, CauseKind, JobSpec, Plan
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._kueue import Workloads
 from tests.support.recorded import JsonResponse

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from dispatch import SlurmOptions
 from dispatch._backends.slurm import _poller
 from dispatch._backends.slurm._adapter import (
     CAPABILITIES,
@@ -44,7 +45,6 @@ from dispatch._model import (
     Plan,
     RecoveryPolicy,
     Rule,
-    SlurmOptions,
 )
 from dispatch._plan import make_plan
 

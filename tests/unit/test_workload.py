@@ -9,7 +9,7 @@ import pytest
 
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._backends.job._adapter import JOB
-from dispatch._backends.kubeflow import KUBEFLOW
+from dispatch._backends.kubeflow import CAPABILITIES as KUBEFLOW
 from dispatch._backends.kubeflow._kind import PYTORCHJOB
 from dispatch._errors import PlanError
 from dispatch._kubeclient import Packed

@@ -1,15 +1,35 @@
-"""What every backend on the Kubernetes workload kit declares alike: the RBAC rules of its pods,
-their events and nodes (declared once, so the chart grants each once), and :func:`workload_backend`,
-the declaration of a backend that runs one held workload object per submission."""
+"""What every backend on the Kubernetes workload kit declares alike: the options of its pods
+(:class:`PodOptions`), the RBAC rules of its pods, their events and nodes (declared once, so the
+chart grants each once), and :func:`workload_backend`, the declaration of a backend that runs one
+held workload object per submission."""
 
 from __future__ import annotations
 
-from typing import Final, TypeVar
+from typing import Annotated, Final, TypeVar
 
-from .._model import Capabilities, OptionsModel
-from .._registry import BackendInfo, PolicyRule, Where
+from pydantic import Field
 
-OptionsT = TypeVar("OptionsT", bound=OptionsModel)
+from .._model import Capabilities, EnvMap, OptionsModel, Resources
+from .._registry import ApiResource, BackendInfo, PolicyRule, Where
+
+Image = Annotated[str, Field(min_length=1, max_length=512)]
+"""A container image reference, as a pod takes it."""
+
+
+class PodOptions(OptionsModel):
+    """What every kit kind that runs the job's command in pods takes: each node's image, resources
+    and environment, and how long a pod may wait for a node. A kind's options subclass it (an image
+    required where the kind has no default) and add the fields of that kind alone."""
+
+    image: Image | None = None
+    """The training container's image."""
+    resources: Resources = Resources()
+    env: EnvMap = Field(default_factory=dict)
+    no_capacity_after_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
+    """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
+
+
+OptionsT = TypeVar("OptionsT", bound=PodOptions)
 
 POD_RULE: Final = PolicyRule(
     ("",),
@@ -55,9 +75,7 @@ def workload_backend(
     *,
     name: str,
     summary: str,
-    api_group: str,
-    plural: str,
-    kind: str,
+    resource: ApiResource,
     capabilities: Capabilities,
     options: type[OptionsT],
     adapter: str,
@@ -66,10 +84,12 @@ def workload_backend(
     options_hint: str = "the image, at least",
     kueue: bool = True,
 ) -> BackendInfo[OptionsT]:
-    """A kit backend: one ``kind`` per submission, created held, released and stopped by patches,
-    let go of by a JSON patch of dispatch's finalizer, deleted to end it; its pods read (and deleted
-    where no garbage collector runs), their events and nodes read. ``adapter`` is the module with
-    ``open_adapter`` (the library's opener) and ``opener`` (the operator's, ``(api, *, namespaces)``).
+    """A kit backend: one object of ``resource`` per submission, created held, released and stopped
+    by patches, let go of by a JSON patch of dispatch's finalizer, deleted to end it; its pods read
+    (and deleted where no garbage collector runs), their events and nodes read. The RBAC rule of
+    its objects and the metrics' resource labels are derived from ``resource``. ``adapter`` is the
+    module with ``open_adapter`` (the library's opener) and ``opener`` (the operator's,
+    ``(api, *, namespaces)``).
     ``kueue``: the kind is one of Kueue's integrations, so ``spec.queue`` is allowed (the
     capabilities say ``queues``) and the chart grants the read of Kueue's Workloads."""
     return BackendInfo(
@@ -84,16 +104,16 @@ def workload_backend(
         options_hint=options_hint if options_required else "",
         rbac=(
             PolicyRule(
-                (api_group,),
-                (plural,),
+                (resource.group,),
+                (resource.plural,),
                 WORKLOAD_VERBS,
-                why=f"One {kind} per submission: created held, patched to release or stop it and to let go "
-                "of dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).",
+                why=f"One {resource.kind} per submission: created held, patched to release or stop it and to "
+                "let go of dispatch's finalizer; deleted to end it (cancel, supervisor-side restarts).",
             ),
             POD_RULE,
             POD_EVENT_RULE,
             NODE_RULE,
             *((KUEUE_WORKLOAD_RULE,) if kueue else ()),
         ),
-        metric_resources=(plural, f"{plural}/status", "pods", "events"),
+        metric_resources=(resource.plural, f"{resource.plural}/status", "pods", "events"),
     )

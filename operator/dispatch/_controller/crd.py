@@ -258,7 +258,7 @@ def spec_schema() -> Schema:
     del props["name"]
     del props["options"]  # on the wire each backend's options are spec.<backend>
     for name, info in _registry.option_fields().items():
-        if name not in props and info.options is not None and info.in_spec:
+        if info.options is not None and info.in_spec:
             props[name] = _schema_of(info.options, keep_defaults=True)
             props[name]["description"] = f"How to run on backend `{name}`: {info.summary}."
     schema["required"] = [r for r in schema.get("required", []) if r != "name"]

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
-from .._kit import workload_backend
+from ..._model import Action, Capabilities, CauseKind, NativeRule
+from ..._registry import ApiResource
+from .._kit import Image, PodOptions, workload_backend
+
+RESOURCE: Final = ApiResource(group="batch", version="v1", plural="jobs", kind="Job")
 
 
-class JobOptions(KubeflowOptions):
+class JobOptions(PodOptions):
     """How to run as a batch/v1 Job: one pod per node (an Indexed Job for more than one), each
     with this image, resources and env, and the job's command."""
+
+    image: Image
+    """The image of every pod."""
 
 
 CAPABILITIES: Final = Capabilities(
@@ -44,9 +50,7 @@ to ``backoffLimit`` (budget 0..100)."""
 BACKEND: Final = workload_backend(
     name="job",
     summary="batch/v1 Jobs (the Job controller of kube-controller-manager)",
-    api_group="batch",
-    plural="jobs",
-    kind="Job",
+    resource=RESOURCE,
     capabilities=CAPABILITIES,
     options=JobOptions,
     adapter="dispatch._backends.job._adapter",

@@ -25,7 +25,7 @@ class JobBackend(WorkloadBackend):
 async def open_adapter(config: Mapping[str, object] | None = None) -> JobBackend:
     """Entry point of the library (``dispatch.open("job", ...)``); config as for every kit backend
     (see :func:`dispatch._workload.open_workload`)."""
-    return await open_workload("job", JobBackend, config)
+    return await open_workload(JOB.name, JobBackend, config)
 
 
 __all__ = ["JOB", "BatchJobKind", "JobBackend", "build", "open_adapter"]

@@ -24,6 +24,7 @@ rule: the kit sees its terminal evidence and stops the Job (suspend + ``dispatch
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Final
 
 from ..._errors import BackendError
@@ -48,10 +49,11 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from . import BACKEND, JobOptions
+from . import BACKEND
+from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "main"
-RESOURCE: Final = Resource("batch", "v1", "jobs", "Job")
+RESOURCE: Final = Resource(**asdict(DECLARED))
 RECOVERED: Final = frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY})
 """The causes the Job controller answers under the native rule (exit code != 0; an OOM kill is 137)."""
 
@@ -63,7 +65,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         raise BackendError(
             f"job {target.namespace}/{target.job_name}: the job backend needs spec.job (the image)"
         )
-    assert isinstance(options, JobOptions)
     check_env(options.env, "spec.job.env")
     budget = restart_budget(plan)
     job_spec: Body = {
@@ -122,7 +123,7 @@ OUTCOME_CONDITIONS: Final = conditions("Complete", "SuccessCriteriaMet", "Failed
 class BatchJobKind(HeldBySpecSuspend):
     """The kit's :class:`~dispatch._workload.Kind` for batch/v1 Job."""
 
-    name: Final = "job"
+    name: Final = BACKEND.name
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "FailedCreate"

@@ -18,13 +18,19 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
-from .._kit import workload_backend
+from ..._model import Action, Capabilities, CauseKind, NativeRule
+from ..._registry import ApiResource
+from .._kit import Image, PodOptions, workload_backend
+
+RESOURCE: Final = ApiResource(group="jobset.x-k8s.io", version="v1alpha2", plural="jobsets", kind="JobSet")
 
 
-class JobSetOptions(KubeflowOptions):
+class JobSetOptions(PodOptions):
     """How to run as a JobSet: one replicated Job of ``nodes`` pods (Indexed), each with this
     image, resources and env, and the job's command."""
+
+    image: Image
+    """The image of every pod."""
 
 
 CAPABILITIES: Final = Capabilities(
@@ -46,9 +52,7 @@ CAPABILITIES: Final = Capabilities(
 BACKEND: Final = workload_backend(
     name="jobset",
     summary="JobSets of the JobSet controller (jobset.x-k8s.io/v1alpha2), on batch/v1 Jobs",
-    api_group="jobset.x-k8s.io",
-    plural="jobsets",
-    kind="JobSet",
+    resource=RESOURCE,
     capabilities=CAPABILITIES,
     options=JobSetOptions,
     adapter="dispatch._backends.jobset._adapter",

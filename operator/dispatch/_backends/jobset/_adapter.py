@@ -30,7 +30,7 @@ async def open_adapter(config: Mapping[str, object] | None = None) -> JobSetBack
     ``context``, ``namespaces`` (list; default all), ``stop_ended`` (default true), ``owner``
     (``dispatchjob``, the default, or ``none`` to run without the DispatchJob CRD).
     """
-    return await open_workload("jobset", JobSetBackend, config)
+    return await open_workload(JOBSET.name, JobSetBackend, config)
 
 
 __all__ = ["JOBSET", "JobSetBackend", "JobSetKind", "build", "open_adapter"]

@@ -25,6 +25,7 @@ match means ``RestartJobSet``, hence the last catch-all rule):
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Final
 
 from ..._errors import BackendError
@@ -49,11 +50,12 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from . import BACKEND, JobSetOptions
+from . import BACKEND
+from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "main"
 REPLICATED_JOB: Final = "node"
-RESOURCE: Final = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+RESOURCE: Final = Resource(**asdict(DECLARED))
 RECOVERED: Final = frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY})
 """The causes the JobSet controller answers under the native rule (exit code != 0; OOM is 137)."""
 EXIT_RULE_MESSAGE: Final = "matching FailJob rule at index 1"
@@ -94,7 +96,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         raise BackendError(
             f"job {target.namespace}/{target.job_name}: the jobset backend needs spec.jobset (the image)"
         )
-    assert isinstance(options, JobSetOptions)
     check_env(options.env, "spec.jobset.env")
     budget = restart_budget(plan)
     pod_labels = labels(target.job_name, target.submission)
@@ -146,7 +147,7 @@ def _failed_cause(condition: Body, last_restart: Cause | None) -> Cause:
 class JobSetKind(HeldBySpecSuspend):
     """The kit's :class:`~dispatch._workload.Kind` for JobSet."""
 
-    name: Final = "jobset"
+    name: Final = BACKEND.name
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "JobCreationFailed"

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._model import Action, Capabilities, CauseKind, KubeflowOptions, NativeRule
-from .._kit import workload_backend
+from ..._model import Action, Capabilities, CauseKind, NativeRule
+from ..._registry import ApiResource
+from .._kit import Image, PodOptions, workload_backend
 
-KUBEFLOW: Final = Capabilities(
+RESOURCE: Final = ApiResource(group="kubeflow.org", version="v1", plural="pytorchjobs", kind="PyTorchJob")
+
+
+class KubeflowOptions(PodOptions):
+    """How to run on Kubeflow as a PyTorchJob (Master plus Workers for ``nodes``)."""
+
+    image: Image
+    """The image of every pod, Master and Workers."""
+
+
+CAPABILITIES: Final = Capabilities(
     native=(
         NativeRule(
             causes=frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY}),
@@ -26,10 +37,8 @@ out-of-memory], up to ``backoffLimit`` (budget 0..100)."""
 BACKEND: Final = workload_backend(
     name="kubeflow",
     summary="PyTorchJobs of the Kubeflow Training Operator v1",
-    api_group="kubeflow.org",
-    plural="pytorchjobs",
-    kind="PyTorchJob",
-    capabilities=KUBEFLOW,
+    resource=RESOURCE,
+    capabilities=CAPABILITIES,
     options=KubeflowOptions,
     adapter="dispatch._backends.kubeflow._adapter",
     opener="KubeflowBackend",

@@ -10,15 +10,13 @@ classification of causes: the kit (:class:`~dispatch._workload.WorkloadBackend`)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from ..._kubeclient import Client
-from ..._model import Capabilities, Phase
+from ..._model import Phase
 from ..._workload import WorkloadBackend, open_workload, refused_for_good, split_id
+from . import CAPABILITIES
 from ._kind import PYTORCHJOB, PyTorchJobKind, build
-
-CAPABILITIES: Final[Capabilities] = PYTORCHJOB.capabilities
-"""What Kubeflow enforces natively; declared once in its declaration."""
 
 
 class KubeflowBackend(WorkloadBackend):
@@ -31,7 +29,7 @@ class KubeflowBackend(WorkloadBackend):
 async def open_adapter(config: Mapping[str, object] | None = None) -> KubeflowBackend:
     """Entry point of the library (``dispatch.open("kubeflow", ...)``); config as for every kit
     backend (see :func:`dispatch._workload.open_workload`)."""
-    return await open_workload("kubeflow", KubeflowBackend, config)
+    return await open_workload(PYTORCHJOB.name, KubeflowBackend, config)
 
 
 __all__ = [

@@ -32,15 +32,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, Final
 
-from ..._constants import (
-    KUBEFLOW_GROUP,
-    KUBEFLOW_VERSION,
-    PYTORCH_CONTAINER,
-    PYTORCHJOB_KIND,
-    PYTORCHJOB_PLURAL,
-)
 from ..._errors import BackendError
 from ..._model import Capabilities, Cause, CauseKind, JobSpec, Plan
 from ..._workload import (
@@ -61,17 +55,21 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from . import KUBEFLOW as CAPABILITIES
+from . import BACKEND
+from . import RESOURCE as DECLARED
 
+PYTORCH_CONTAINER: Final = "pytorch"
+"""The training operator's default container of a PyTorchJob (the one it gives the rendezvous
+environment): the one whose state is the evidence."""
 RESTART_ON_FAILURE: Final = "OnFailure"
 RESTART_NEVER: Final = "Never"
 CLEAN_POD_POLICY: Final = "Running"
-RESOURCE: Final = Resource(KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOB_PLURAL, PYTORCHJOB_KIND)
+RESOURCE: Final = Resource(**asdict(DECLARED))
 
 
 def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
     """The PyTorchJob manifest for ``target``."""
-    options = spec.kubeflow
+    options = BACKEND.options_of(spec)
     if options is None:
         raise BackendError(
             f"job {target.namespace}/{target.job_name}: the kubeflow backend needs spec.kubeflow (the image)"
@@ -103,11 +101,11 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         replicas["Worker"] = replica(spec.nodes - 1)
     body: Body = {
         "apiVersion": RESOURCE.api_version,
-        "kind": PYTORCHJOB_KIND,
+        "kind": RESOURCE.kind,
         "metadata": metadata(target, no_capacity_after=options.no_capacity_after_seconds, budget=budget),
         "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
     }
-    return check_size(body, PYTORCHJOB_KIND)
+    return check_size(body, RESOURCE.kind)
 
 
 def _failed_cause(condition: Mapping[str, Any], last_restart: Cause | None) -> Cause:
@@ -126,7 +124,7 @@ def _failed_cause(condition: Mapping[str, Any], last_restart: Cause | None) -> C
 class PyTorchJobKind:
     """The kit's :class:`~dispatch._workload.Kind` for Kubeflow's PyTorchJob v1."""
 
-    name: Final = "kubeflow"
+    name: Final = BACKEND.name
     resource: Final = RESOURCE
     container: Final = PYTORCH_CONTAINER
     create_failure_reason: Final = "FailedCreatePod"
@@ -140,7 +138,7 @@ class PyTorchJobKind:
 
     @property
     def capabilities(self) -> Capabilities:
-        return CAPABILITIES
+        return BACKEND.capabilities
 
     def build(self, target: Target, spec: JobSpec, plan: Plan) -> Body:
         return build(target, spec, plan)

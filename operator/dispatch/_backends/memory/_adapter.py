@@ -43,8 +43,8 @@ class Shape(StrEnum):
 
 CAPABILITIES: Final = {
     # Each shape enforces exactly what its real scheduler does: read from the one source.
-    Shape.SLURM: slurm.SLURM,
-    Shape.KUBEFLOW: kubeflow.KUBEFLOW,
+    Shape.SLURM: slurm.CAPABILITIES,
+    Shape.KUBEFLOW: kubeflow.CAPABILITIES,
 }
 
 

@@ -6,15 +6,27 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from ..._model import Capabilities, SlurmOptions
+from ..._model import Capabilities, EnvMap, OptionsModel
 from ..._registry import BackendInfo, Where
 
-SLURM: Final = Capabilities()
+CAPABILITIES: Final = Capabilities()
 """Slurm enforces no recovery rule exactly: its MaxBatchRequeue limit is checked on launch-failure
 and node-failure requeues but not on preemption requeues (PreemptMode=REQUEUE raises restart_cnt
 unchecked), so a budget is not exact for preemption; and a job's requeue flag allows node-failure
 requeues only together with preemption requeues, so [node-lost] alone is not exact either. Every
-rule goes to the supervisor, and a restart rule is refused by the plan."""
+rule goes to the supervisor, and a restart rule is refused by the plan; jobs are submitted
+``no_requeue`` (a REQUEUE-mode preemption ends them PREEMPTED). See docs/slurm.md."""
+
+
+class SlurmOptions(OptionsModel):
+    """How to run on Slurm: partition, limits, environment and working directory."""
+
+    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
+    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
+    memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    environment: EnvMap = Field(default_factory=dict)
+    working_directory: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
 
 
 class SlurmConfig(BaseModel):
@@ -66,7 +78,7 @@ BACKEND: Final = BackendInfo(
     name="slurm",
     summary="batch jobs on Slurm through slurmrestd, configured with --slurm-config",
     where=Where.EXTERNAL,
-    capabilities=SLURM,
+    capabilities=CAPABILITIES,
     open="dispatch._backends.slurm._adapter:open_adapter",
     options=SlurmOptions,
 )

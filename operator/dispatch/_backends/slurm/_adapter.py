@@ -18,8 +18,7 @@ import httpx
 
 from ..._errors import BackendError, TransientBackendError
 from ..._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
-from . import SLURM as SLURM_CAPABILITIES
-from . import SlurmConfig
+from . import BACKEND, CAPABILITIES, SlurmConfig, SlurmOptions
 from ._dialects import PROBE_ORDER, V0038, V0040, Dialect, SlurmJob, SubmitRequest, dialect_for
 from ._poller import Listing, Poller, make_tag
 from ._rest import (
@@ -46,20 +45,6 @@ NEVER_FITS: Final = frozenset({ESLURM_REQUESTED_PART_CONFIG_UNAVAILABLE, ESLURM_
 """Refusals of a release that mean the job can never run as submitted (Slurm may release it anyway)."""
 REFUSED_PREFIX: Final = "refused-"
 """Object ids of submissions Slurm refused: no Slurm job exists, the view carries Slurm's answer."""
-
-
-CAPABILITIES: Final = SLURM_CAPABILITIES
-"""Slurm enforces no rule exactly; defined (and explained) once in its declaration."""
-"""Slurm enforces no recovery rule exactly, so it is given none and every rule goes to the supervisor.
-
-MaxBatchRequeue (compiled in as 5 in 22.05, a slurm.conf key later) is checked on requeues after a
-failed launch or a node failure, but a preemption requeue (PreemptMode=REQUEUE) raises ``restart_cnt``
-without being checked against it: "restart on [preempted node-lost] with budget 5" would not hold for
-preemption. And a job's requeue flag allows node-failure requeues only together with preemption
-requeues, so "restart on [node-lost]" alone is not exact either. Jobs are therefore submitted
-``no_requeue`` (a REQUEUE-mode preemption ends them PREEMPTED) and a ``restart`` rule is refused by the
-plan. See docs/slurm.md.
-"""
 
 
 class SlurmBackend:
@@ -172,7 +157,7 @@ class SlurmBackend:
         return oid
 
     def submit_request(self, job: str, submission: int, spec: JobSpec) -> SubmitRequest:
-        opts = spec.slurm
+        opts: SlurmOptions | None = BACKEND.options_of(spec)
         env: dict[str, str] = {"PATH": DEFAULT_PATH}
         if opts is not None:
             env.update(opts.environment)

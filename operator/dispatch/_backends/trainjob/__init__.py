@@ -14,29 +14,30 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
-from ..._model import NAME_PATTERN, Capabilities, EnvMap, OptionsModel, Resources
-from .._kit import workload_backend
+from ..._model import NAME_PATTERN, Capabilities
+from ..._registry import ApiResource
+from .._kit import Image, PodOptions, workload_backend
+
+RESOURCE: Final = ApiResource(
+    group="trainer.kubeflow.org", version="v1alpha1", plural="trainjobs", kind="TrainJob"
+)
 
 RuntimeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 """A (Cluster)TrainingRuntime's name: a DNS subdomain, as Kubernetes names objects."""
 JobName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
 
 
-class TrainJobOptions(OptionsModel):
+class TrainJobOptions(PodOptions):
     """How to run as a TrainJob: ``nodes`` nodes of the runtime's trainer, with the job's command."""
 
+    image: Image | None = None
+    """The trainer's image; default: the runtime's."""
     runtime: RuntimeName
     """The (Cluster)TrainingRuntime's name (``spec.runtimeRef.name``), e.g. ``torch-distributed``."""
     runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
-    image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
-    """The trainer's image; default: the runtime's."""
-    resources: Resources = Resources()
-    env: EnvMap = Field(default_factory=dict)
     trainer_job: JobName = "node"
     """The runtime's replicated Job that runs the trainer (``node`` in every upstream runtime): its
     pod template gets dispatch's labels, by which dispatch finds the pods."""
-    no_capacity_after_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
-    """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
 
 
 CAPABILITIES: Final = Capabilities()
@@ -44,9 +45,7 @@ CAPABILITIES: Final = Capabilities()
 BACKEND: Final = workload_backend(
     name="trainjob",
     summary="TrainJobs of Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1), on JobSet",
-    api_group="trainer.kubeflow.org",
-    plural="trainjobs",
-    kind="TrainJob",
+    resource=RESOURCE,
     capabilities=CAPABILITIES,
     options=TrainJobOptions,
     adapter="dispatch._backends.trainjob._adapter",

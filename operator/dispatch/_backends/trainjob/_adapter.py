@@ -26,7 +26,7 @@ class TrainJobBackend(WorkloadBackend):
 async def open_adapter(config: Mapping[str, object] | None = None) -> TrainJobBackend:
     """Entry point of the library (``dispatch.open("trainjob", ...)``); config as the jobset
     backend's (``kubeconfig``, ``context``, ``namespaces``, ``stop_ended``, ``owner``)."""
-    return await open_workload("trainjob", TrainJobBackend, config)
+    return await open_workload(TRAINJOB.name, TrainJobBackend, config)
 
 
 __all__ = ["TRAINJOB", "TrainJobBackend", "TrainJobKind", "build", "open_adapter"]

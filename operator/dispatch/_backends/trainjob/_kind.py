@@ -16,6 +16,7 @@ The causes come from the pods; the TrainJob's own ``Failed`` condition adds only
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Final
 
 from ..._constants import RUNTIME_PATCH_MANAGER
@@ -39,11 +40,12 @@ from ..._workload import (
     metadata,
     true_condition,
 )
-from . import BACKEND, TrainJobOptions
+from . import BACKEND
+from . import RESOURCE as DECLARED
 
 CONTAINER: Final = "node"
 """The trainer's container in the upstream runtimes (the one the Trainer sets image and command of)."""
-RESOURCE: Final = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+RESOURCE: Final = Resource(**asdict(DECLARED))
 
 
 def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
@@ -54,7 +56,6 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             f"job {target.namespace}/{target.job_name}: the trainjob backend needs spec.trainjob "
             "(the runtime)"
         )
-    assert isinstance(options, TrainJobOptions)
     check_env(options.env, "spec.trainjob.env")
     # The kit's container(): the job's command, env and the requests/limits of a node.
     main = container(CONTAINER, options.image or "", spec, options.env, options.resources)
@@ -102,7 +103,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
 class TrainJobKind(HeldBySpecSuspend):
     """The kit's :class:`~dispatch._workload.Kind` for TrainJob."""
 
-    name: Final = "trainjob"
+    name: Final = BACKEND.name
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "TrainJobResourcesCreationFailed"
