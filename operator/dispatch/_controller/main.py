@@ -97,9 +97,8 @@ async def choose_write_limit(api: Client, write_qps: float | str) -> float:
     A number is what the user chose. ``auto`` asks the API server: one with API Priority and
     Fairness queues and sheds load itself, so no limit, as controller-runtime's clients do since
     v0.21 on SIG API Machinery's advice; a limit on top of it makes a mass preemption of 1,000
-    wait for tokens while the server idles. Without it (or
-    when it cannot say), Kueue's client default. The loop still bounds what is in flight: its
-    workers and the request pool.
+    wait for tokens while the server idles. Without it (or when it cannot say), Kueue's client
+    default. The loop still bounds what is in flight: its workers and the request pool.
     """
     if write_qps != WRITE_QPS_AUTO:
         return float(write_qps)
