@@ -4,15 +4,19 @@ The record of job ``"<namespace>/<name>"`` is the DispatchJob's ``.status`` (plu
 the object holds): :meth:`KubeRecordStore.get` reads the object and builds the record, its version
 being ``metadata.resourceVersion``; :meth:`KubeRecordStore.put` is a PUT of ``/status`` carrying the
 resourceVersion read, so a stale writer gets 409 (:class:`~dispatch.VersionConflict`) and decides
-again. Nothing else writes the status: kopf's handlers return None. The operator is its only user,
+again. Nothing else writes the status (kopf watches no DispatchJob). The operator is its only user,
 so it lives here; how an object maps to a record, a refusal and conditions is
-:mod:`dispatch._dispatchjob`'s (shared with the webhook, the handlers and the kubectl plugin).
+:mod:`dispatch._dispatchjob`'s (shared with the webhook, the runtime and the kubectl plugin). The
+store calls it once per body it is shown (:func:`~dispatch._dispatchjob.read_status`, in
+:func:`view_of`), once per record it parses (:func:`~dispatch._dispatchjob.record_from`) and once
+per status it writes (:func:`~dispatch._dispatchjob.record_write`,
+:func:`~dispatch._dispatchjob.refusal_write`); the codec calls nothing back.
 
 What the store keeps of a job is a :class:`JobView`, small because it is kept for every job: the
-metadata and status fields the loop and the writes need, and the part of the body its record is read from,
-packed (its JSON text deflated: :class:`~dispatch._kubeclient.Packed`); the whole body only while
-there is no record (planning reads it). A record is parsed from that when a turn needs it, and the
-last few parsed are kept (:data:`PARSED`).
+metadata and status fields the loop and the writes need, and the part of the body its record is
+read from, packed (its JSON text deflated: :class:`~dispatch._kubeclient.Packed`); the whole body
+only while there is no record (planning reads it). A record is parsed from that when a turn needs
+it, and the last few parsed are kept (:data:`PARSED`).
 """
 
 from __future__ import annotations
@@ -65,8 +69,9 @@ OnEvent = Callable[[str, Body | None], None]
 
 
 PARSED: Final = 64
-"""Records kept parsed, the most recently used (as many as the loop's default workers): a turn parses its
-job's record once and its steps find it; a parsed Record is about 18 KB, its packed text under 200 bytes."""
+"""Records kept parsed, the most recently used (as many as the loop's default workers): a turn
+parses its job's record once and its steps find it; a parsed Record is about 18 KB, its packed
+text under 200 bytes."""
 
 
 @dataclass(slots=True)
