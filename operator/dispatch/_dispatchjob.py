@@ -405,6 +405,58 @@ def refusal(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class StatusRead:
+    """What a DispatchJob's status says, read in one pass (the record store's projection of a version)."""
+
+    recorded: bool
+    """The status holds a record (:func:`has_record`)."""
+    refusal: str | None
+    """Why this generation was refused (:func:`refusal`), if it was."""
+    observed: dict[str, str]
+    """The observed fields (:func:`observed_of`)."""
+    cancelled_at: datetime | None
+    """When ``spec.cancel`` was set, while the record holds no cancel yet (:func:`cancel_time`)."""
+
+
+def read_status(body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow) -> StatusRead:
+    """:func:`has_record`, :func:`refusal`, :func:`observed_of` and the cancel time of one body."""
+    recorded = has_record(body)
+    cancelled_at: datetime | None = None
+    if recorded and (body.get("spec") or {}).get("cancel") and "cancel" not in (body.get("status") or {}):
+        cancelled_at = cancel_time(body, clock)
+    return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at)
+
+
+def record_write(
+    record: Record,
+    *,
+    previous: Sequence[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+    observed: Mapping[str, str],
+) -> dict[str, Any]:
+    """The status a write of ``record`` puts: the record (:func:`record_status`), the generation it
+    observed, its conditions (``previous``: the conditions written before, whose transition times
+    stay) and the observed fields: ``observed``, or those of its outcome once it settles (nothing
+    changes after that, so an observer would only write them again)."""
+    status = record_status(record)
+    status["observedGeneration"] = generation
+    status["conditions"] = render_conditions(conditions_for(record), previous, generation, now)
+    status.update(observed_fields(record.state, record.cause) if record.settled else observed)
+    return status
+
+
+def refusal_write(
+    reason: str, message: str, *, previous: Sequence[Mapping[str, Any]], generation: int, now: datetime
+) -> dict[str, Any]:
+    """The status of a refused job (no record): :func:`refusal_conditions` at ``generation``."""
+    return {
+        "observedGeneration": generation,
+        "conditions": render_conditions(refusal_conditions(reason, message), previous, generation, now),
+    }
+
+
 # ---- a status as it is (leniently, for display: a field a reader cannot decode is left out) -------
 
 

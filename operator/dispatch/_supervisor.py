@@ -182,7 +182,7 @@ class Supervisor:
                 return  # a create landed after the decision's listing: decide again on a new one
             if isinstance(step, WRITES):
                 after = apply(record, step, actor=self.actor, now=self.clock())
-                await self.store.put(after, intent.version)
+                await self.write(intent, after)
             elif isinstance(step, Create):
                 # Another creator may have made it first: it is a candidate like ours would have been.
                 created: str | None = None
@@ -207,6 +207,13 @@ class Supervisor:
         log_step(job, step, intent.decision, record)
         if self.listener is not None:
             self.listener.stepped(job, step, record, after)
+
+    async def write(self, intent: Intent, record: Record) -> None:
+        """Write ``record`` (what the intent's step makes of its record) at the intent's version.
+
+        The one record write of :meth:`perform`: a subclass whose store writes more than the record
+        passes it what the decision shows (the operator's observed fields)."""
+        await self.store.put(record, intent.version)
 
     async def _still_settles(self, intent: Intent) -> bool:
         """Settle only if a listing taken after the decision to settle decides the same.

@@ -2,8 +2,8 @@
 
 The operator runs as ``python -m dispatch._controller --kubeconfig ... --namespace NS`` in its own
 process group, so a test can SIGKILL it and start it again. ``DISPATCH_TEST_CRASH_AFTER=Step:n``
-makes the operator SIGKILL itself right after the n-th step of that kind has landed (see
-``dispatch._controller.main``): a crash at an exact point of the submission protocol.
+starts it as ``python -m tests.support.crash_after`` instead, which SIGKILLs itself right after
+the n-th step of that kind has landed: a crash at an exact point of the submission protocol.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from dispatch._kubeclient import KubeClient, new_client, streamed
+from tests.support.crash_after import CRASH_ENV
 from tests.support.kube import KubeCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,17 +68,18 @@ class OperatorProcess:
     def start(self, *, env: Mapping[str, str] | None = None) -> OperatorProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
+        crashing = bool(environment.get(CRASH_ENV))
         argv = [
             sys.executable,
             "-m",
-            "dispatch._controller",
+            "tests.support.crash_after" if crashing else "dispatch._controller",
             f"--kubeconfig={self.kubeconfig}",
             f"--namespace={self.namespace}",
             "--poll-interval=2",
             "--log-level=INFO",
             *self.args,
         ]
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts}: {' '.join(argv[1:])} env={dict(env or {})}\n".encode())
             self.proc = subprocess.Popen(

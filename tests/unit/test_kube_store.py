@@ -24,7 +24,7 @@ from dispatch._decide import Authorize
 from dispatch._dispatchjob import OBSERVED_FIELDS, record_from
 from dispatch._errors import JobNotFound
 from dispatch._model import Record
-from tests.unit.test_argocd_health import FAILED, PENDING, RECOVERING, dispatch_job, step
+from tests.unit.test_argocd_health import AUTHORIZED, FAILED, PENDING, RECOVERING, dispatch_job, step
 
 JOB = "team-a/finetune"
 
@@ -220,3 +220,33 @@ async def test_a_cancel_time_from_the_clock_is_the_same_at_every_parse(store: Ku
     assert first.cancel is not None
     assert again.cancel is not None
     assert again.cancel.time == first.cancel.time == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+async def test_a_record_write_carries_the_observed_fields_it_is_given(
+    store: KubeRecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``put``'s ``observed``: the fields the decision that made the write shows; without them, those
+    of the version written over (the PUT replaces the status); once settled, the outcome's."""
+    body = at(dispatch_job(AUTHORIZED), 5)
+    body["status"]["observedState"] = "running"
+    show(store, body, "ADDED")
+    written: list[dict[str, Any]] = []
+
+    async def replace_status(namespace: str, name: str, new: dict[str, Any]) -> dict[str, Any]:
+        written.append(new["status"])
+        served = at(dispatch_job(AUTHORIZED), 5 + len(written))
+        served["status"] = new["status"]
+        return served
+
+    monkeypatch.setattr(store.objects, "replace_status", replace_status)
+
+    def observed(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k in OBSERVED_FIELDS}
+
+    assert await store.put(RECOVERING, "5") == "6"
+    assert observed(written[-1]) == {"observedState": "running"}
+    shows = {"observedState": "recovering", "observedCause": "preempted"}
+    assert await store.put(RECOVERING, "6", shows) == "7"
+    assert observed(written[-1]) == shows
+    await store.put(FAILED, "7", {"observedState": "running"})
+    assert observed(written[-1]) == {"observedState": "failed", "observedCause": "out-of-memory"}

@@ -4,6 +4,7 @@ written, and when it waits for recoveries (``ObservingSupervisor.prepare``, the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -40,12 +41,17 @@ class Store(KubeRecordStore):
         super().__init__(cast(Any, object()))
         self.shown = shown
         self.notes: list[str] = []
+        self.puts: list[tuple[str, Mapping[str, str] | None]] = []
 
     def observed(self, job: str) -> dict[str, str]:
         return dict(self.shown)
 
     async def observe(self, job: str, state: State, cause: Any, expected: str, note: str = "") -> str | None:
         self.notes.append(note)
+        return "2"
+
+    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+        self.puts.append((expected, observed))
         return "2"
 
 
@@ -159,3 +165,14 @@ async def test_the_loop_puts_notes_behind_recoveries_waiting_for_a_worker() -> N
         await loop.stop()
     assert observing.defer_note is None
     await asyncio.sleep(0)
+
+
+async def test_a_record_write_carries_what_its_decision_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ObservingSupervisor.write``: the observed fields (the note too) go to the store's ``put`` as
+    its argument, with the record, at the intent's version."""
+    store = Store({"observedState": "running"})
+    prepared = intent(waiting=WAITING)
+    observing, _ = supervisor(monkeypatch, store, prepared)
+    await observing.write(prepared, prepared.record)
+    shows = {"observedState": "pending", "observedNote": WAITING}
+    assert store.puts == [("1", shows)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch._controller.main import TLS_READ_SIZE, read_tls_in_smaller_pieces
+from dispatch._controller.tls import TLS_READ_SIZE, read_tls_in_smaller_pieces
 from tests.support.controlplane import loopback_tls
 
 CONNECTIONS = 10

@@ -3,7 +3,7 @@
 kubernetes_asyncio is blocked before kopf is imported: nothing in the operator uses it (its client
 is dispatch._kubeclient's), but kopf imports it when installed, only for isinstance checks of its
 models (kopf._cogs.helpers.thirdparty, which falls back on ImportError), and the import alone is
-about 35 MiB of RSS (a thousand generated model modules; issue 13).
+about 35 MiB of RSS (a thousand generated model modules).
 """
 
 from __future__ import annotations

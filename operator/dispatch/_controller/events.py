@@ -93,9 +93,8 @@ MAX_NOTE: Final = 1024
 MAX_PENDING: Final = 4096
 """Events queued or sending. A queued Event is a tuple of its fields, 0.48 kB traced (its note is
 most of it), so 4,096 cost about 2 MB: enough to hold every ``Recovering`` Event of a mass
-preemption of 1,000 jobs back until the recoveries are done. Before, each pending Event was a task
-of its own, 2.2 kB traced, capped at 256: past that, a mass preemption's Events were dropped (381
-of 1,000 at 10,000 jobs with the API server at a second per write, BENCHMARKS.md)."""
+preemption of 1,000 jobs back until the recoveries are done, where a task per pending Event (2.2
+kB each) would have to be capped far lower and drop them."""
 HELD_INTERVAL: Final = 1.0
 """While recoveries wait, one held Event is posted per this many seconds: Events still trickle out
 during a long burst, and take under 1 % of its writes."""
@@ -104,10 +103,9 @@ HELD_POLL: Final = 0.1
 MAX_SENDING: Final = 4
 """Events posted at once. Each post in flight holds a TLS connection, with asyncio's read buffer
 and OpenSSL's, and the client keeps a connection in its pool while requests keep coming (aiohttp
-reuses them in turn). Unbounded, Events took their share of the write limit's burst of
-100 tokens at the start of a mass preemption, a connection each: 82 sockets one second into a mass
-preemption of 1,000, 74-77 with four senders (BENCHMARKS.md, thirteenth round). Four send more than
-the write limit lets Events have."""
+reuses them in turn). Unbounded, Events would take their share of the write limit's burst of
+100 tokens at the start of a mass preemption, a connection each. Four send more than the write
+limit lets Events have."""
 
 
 EVENT_REASONS: Final = frozenset(

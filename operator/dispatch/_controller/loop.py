@@ -21,11 +21,12 @@ Nothing is read before :meth:`SupervisionLoop.start`, which the operator calls o
 Lease; :meth:`stop` cancels the workers and the watch.
 
 The deletion finalizer (``dispatch.dev/finalizer``) is the loop's too, so kopf watches nothing:
-kopf kept every DispatchJob it watched at about 130 KiB each (bench/kopf_cost.py, BENCHMARKS.md).
-A job's first turn adds the finalizer (a merge patch carrying the resourceVersion read). A turn
-that finds ``deletionTimestamp`` hands the job to one deletion task: it takes the job out of the
-queue (:meth:`forget`: no turn of it runs after that, so no create lands after the listing), ends
-every object of the job until none is left, then removes the finalizer the same way. A standby
+kopf keeps every DispatchJob it watches, about 130 KiB each (bench/kopf_cost.py measures it).
+A job's first turn adds the finalizer (the store's merge patch carrying the resourceVersion read:
+:meth:`KubeRecordStore.set_finalizers`). A turn that finds ``deletionTimestamp`` hands the job to
+one deletion task: it takes the job out of the queue (:meth:`forget`: no turn of it runs after
+that, so no create lands after the listing), ends every object of the job until none is left,
+then removes the finalizer the same way. A standby
 runs no loop, so it never lets go of a DispatchJob.
 
 After a start, once the first list has been taken and every job in it has had one turn (planned,
@@ -42,16 +43,17 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
 from .._decide import Authorize, Create, Done, End, RecordCanonical, Release, Wait, decide
 from .._errors import JobNotFound, VersionConflict
-from .._kubeclient import Body, Conflict, NotFound, split_job, urgent
+from .._kubeclient import Body, urgent
 from .._model import Phase, Record
 from .._protocols import Backend, Overseeing, SelfWaking
 from .._supervisor import Intent, Turn, WorkQueue
 from .observed import ObservingSupervisor
+from .ports import Supervising
 
 log = logging.getLogger("dispatch.operator")
 
@@ -60,9 +62,10 @@ RECOVERY_STEPS: Final = (Authorize, Create, RecordCanonical, Release)
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DEFAULT_WORKERS: Final = 64
 """Turns at once. A recovery is five writes in a row; when a thousand jobs are preempted at once they
-queue for the workers. At 10,000 jobs on the test cluster 64 gave the shortest tail (5.2 s after
-the last preemption, against 17.6 s with 32 and 11.9 s with 128, where the API server's latency
-doubled); under the request pool's 100 connections (BENCHMARKS.md, sixteenth round)."""
+queue for the workers. Fewer leave recoveries waiting for a turn; more raise the API server's
+latency for every write, which lengthens the tail after a mass preemption as much: 64 gives the
+shortest tail at 10,000 jobs on the test cluster, and stays under the request pool's 100
+connections."""
 END_POLL: Final = 0.5
 STARTUP_GC_PAUSE: Final = 300.0
 """The longest the cyclic collector stays paused after a start (:class:`StartupCollector`)."""
@@ -73,14 +76,14 @@ class StartupCollector:
 
     A restart decodes every DispatchJob, object and pod into small dicts and lists that all stay
     alive (the store keeps each body until the job's first turn, the kit its projections), and
-    the collector, run by allocation counts, traverses that growing heap again and again: decoding
-    10,000 real DispatchJobs took 695 us per job with it and 245 with it paused, and 458 us per job
-    at 1,000 (the more jobs, the more per job; BENCHMARKS.md). Decoded JSON holds no reference
-    cycles, so pausing frees nothing later than it would be. :meth:`resume` (every listed job
-    decided, the loop stopped, or ``STARTUP_GC_PAUSE`` at most) runs one collection and freezes
-    what survives it (the caches, the modules: :func:`gc.freeze`), so that later collections do not
-    traverse them either; they are still freed by reference counting when replaced. A collector
-    someone else disabled is left as it was.
+    the collector, run by allocation counts, traverses that growing heap again and again: the more
+    jobs, the more each one's decoding costs, nearly three times as much at 10,000 jobs as with the
+    collector paused. Decoded JSON holds no reference cycles, so pausing frees nothing later than
+    it would be. :meth:`resume` (every listed job decided, the loop stopped, or
+    ``STARTUP_GC_PAUSE`` at most) runs one collection and freezes what survives it (the caches,
+    the modules: :func:`gc.freeze`), so that later collections do not traverse them either; they
+    are still freed by reference counting when replaced. A collector someone else disabled is
+    left as it was.
     """
 
     def __init__(self, longest: float = STARTUP_GC_PAUSE) -> None:
@@ -108,10 +111,14 @@ class StartupCollector:
 
 
 class SupervisionLoop:
-    """Every job of ``runtime`` (a handlers.Runtime) in one work queue; see the module docstring."""
+    """Every job of ``runtime`` in one work queue; see the module docstring."""
 
     def __init__(
-        self, runtime: Any, *, workers: int = DEFAULT_WORKERS, clock: Callable[[], float] = time.monotonic
+        self,
+        runtime: Supervising,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runtime = runtime
         self.workers = workers
@@ -135,13 +142,13 @@ class SupervisionLoop:
         self._looked: set[str] = set()
         """The supervised jobs whose backend cannot wake them on every change (not
         :class:`~dispatch._protocols.SelfWaking`): the only ones the queue's periodic look takes.
-        With 10,000 jobs of the workload kit, a look at all of them cost a turn per job every
-        ``poll_interval`` of quiet (BENCHMARKS.md, the ninth round)."""
+        A look at every job would cost a turn per job every ``poll_interval`` of quiet."""
         self._wakes_itself: dict[Backend, bool] = {
             backend: isinstance(backend, SelfWaking) and backend.wakes_itself
             for backend in runtime.backends.values()
         }
-        """Asked once per backend: a runtime-checkable isinstance per job cost 4 % of a restart."""
+        """Asked once per backend: a runtime-checkable isinstance per job is a measurable part of a
+        restart."""
         self._overseers: dict[str, Overseeing] = {
             name: backend for name, backend in runtime.backends.items() if isinstance(backend, Overseeing)
         }
@@ -319,7 +326,7 @@ class SupervisionLoop:
                 self._deleting[job] = deleting
             return Turn.DONE
         if FINALIZER not in view.finalizers:
-            await self._patch_finalizers(job, [*view.finalizers, FINALIZER], version)
+            await store.set_finalizers(job, [*view.finalizers, FINALIZER], version)
             # A job being set up is finished first, like a recovery under way (the head of the
             # urgent lane): 10,000 new jobs each reach their first release in a few steps, instead
             # of every job's finalizer, then every job's plan, before the first create.
@@ -332,11 +339,11 @@ class SupervisionLoop:
             if backend is None:
                 if view.refusal != REASON_BACKEND_NOT_CONFIGURED:
                     message = f"this operator has no adapter for backend {name!r}; nothing was created"
-                    await runtime._refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
+                    await runtime.refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
                 log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
                 return Turn.DONE  # a change of the object, or an operator with the adapter, looks again
             assert view.body is not None  # a view without a record keeps its body (for planning)
-            authorized = await runtime._initialize(job, view.body, backend, version)
+            authorized = await runtime.initialize(job, view.body, backend, version)
             # Planned (with submission 1 authorized: its create comes next, urgently) or refused:
             # the next turn starts from what was written.
             return Turn.URGENT if authorized else Turn.AGAIN
@@ -371,9 +378,8 @@ class SupervisionLoop:
         retried: the backend's next word on the job, or the next start, looks again."""
         if name not in self._overseers:
             return Turn.DONE
-        backend = self.runtime.backends[name]
         # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
-        lister: Backend = getattr(backend, "inner", backend)
+        lister = self.runtime.lister(name)
         try:
             objects = tuple(await lister.list(job))
         except asyncio.CancelledError:
@@ -388,18 +394,6 @@ class SupervisionLoop:
         return Turn.AGAIN
 
     # ------------------------------------------------------------------ the finalizer
-
-    async def _patch_finalizers(self, job: str, finalizers: list[str], version: str) -> None:
-        """Set ``metadata.finalizers`` if the object is still at ``version`` (else VersionConflict)."""
-        namespace, name = split_job(job)
-        patch = {"metadata": {"resourceVersion": version, "finalizers": finalizers}}
-        store = self.runtime.store
-        try:
-            store.remember(job, await store.objects.merge_patch(namespace, name, patch))
-        except Conflict:
-            raise VersionConflict(job, version) from None
-        except NotFound:
-            raise JobNotFound(job) from None
 
     async def _delete(self, job: str, backend_name: str) -> None:
         """End every object of the deleted ``job``, then let go of it (remove the finalizer)."""
@@ -416,7 +410,7 @@ class SupervisionLoop:
                     finalizers = list(current["metadata"].get("finalizers") or ())
                     if FINALIZER in finalizers:
                         finalizers.remove(FINALIZER)
-                        await self._patch_finalizers(
+                        await runtime.store.set_finalizers(
                             job, finalizers, str(current["metadata"]["resourceVersion"])
                         )
                     break

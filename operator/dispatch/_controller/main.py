@@ -14,7 +14,7 @@ kopf runs for the admission webhooks and start-up only; it watches no resource (
 finalizer). With ``--leader-elect`` every replica runs kopf (so every replica serves the admission
 webhooks and answers its health endpoint) while the elector campaigns for the Lease in the background; the
 supervision loop (loop.py) starts only once this process holds it (``Runtime.leading``, see
-handlers.py). Losing the Lease stops the process (exit 1), as before.
+runtime.py). Losing the Lease stops the process (exit 1).
 """
 
 from __future__ import annotations
@@ -28,19 +28,16 @@ import logging
 import math
 import os
 import re
-import signal
 import sys
-from asyncio import sslproto
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import kopf
 import yaml
 
 from .. import _registry
 from .._constants import LEASE_NAME, WEBHOOK_VALIDATE_ID
-from .._decide import Step
 from .._errors import BackendError, ConfigError
 from .._kubeclient import (
     DEFAULT_WRITE_BURST,
@@ -54,8 +51,8 @@ from .._kubeclient import (
     load_configuration,
     server_sheds_load,
 )
-from .._model import Record
 from .._protocols import Backend
+from .._supervisor import Listener
 from .._version import __version__
 from . import webhook
 from .listeners import Fanout
@@ -63,42 +60,18 @@ from .loop import DEFAULT_WORKERS
 from .runtime import Runtime
 from .settings import operator_settings
 from .store import KubeRecordStore
+from .tls import read_tls_in_smaller_pieces
+
+if TYPE_CHECKING:  # imported when enabled: each loads its client (Events, prometheus_client)
+    from wsgiref.simple_server import WSGIServer
+
+    from .events import EventRecorder
+    from .metrics import Metrics
 
 log = logging.getLogger("dispatch.operator")
 
 
 ANY_ADDRESS: Final = "0.0.0.0"
-
-CRASH_ENV = "DISPATCH_TEST_CRASH_AFTER"
-"""Test hook: ``Step[:n]`` (a step's class name, optionally a submission number) makes the operator
-SIGKILL itself right after that step has landed: a crash at an exact point of the protocol."""
-
-
-class CrashAfter:
-    """A listener that SIGKILLs this process after a given step (see :data:`CRASH_ENV`)."""
-
-    def __init__(self, spec: str) -> None:
-        step, _, n = spec.partition(":")
-        self.step = step
-        self.submission = int(n) if n else None
-
-    def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
-        if type(step).__name__ != self.step:
-            return
-        n = getattr(step, "submission", None)
-        if n is None:
-            n = before.current.n if before.current is not None else 0
-        if self.submission is None or n == self.submission:
-            log.warning("%s=%s: killing this process after %s of %s", CRASH_ENV, self.step, step, job)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def conflicted(self, job: str) -> None:
-        pass
-
-    def errored(self, job: str, step: Step, error: Exception) -> None:
-        pass
-
 
 WRITE_QPS_AUTO: Final = "auto"
 
@@ -124,9 +97,8 @@ async def choose_write_limit(api: Client, write_qps: float | str) -> float:
     A number is what the user chose. ``auto`` asks the API server: one with API Priority and
     Fairness queues and sheds load itself, so no limit, as controller-runtime's clients do since
     v0.21 on SIG API Machinery's advice; a limit on top of it makes a mass preemption of 1,000
-    wait 80 s for tokens while the server idles (BENCHMARKS.md, fifteenth round). Without it (or
-    when it cannot say), Kueue's client default. The loop still bounds what is in flight: its
-    workers and the request pool.
+    wait for tokens while the server idles. Without it (or when it cannot say), Kueue's client
+    default. The loop still bounds what is in flight: its workers and the request pool.
     """
     if write_qps != WRITE_QPS_AUTO:
         return float(write_qps)
@@ -473,10 +445,12 @@ async def run(
     *,
     backends: dict[str, Backend] | None = None,
     stop_flag: asyncio.Event | None = None,
+    listeners: Sequence[Listener] = (),
 ) -> int:
     """Run the operator until it is stopped (a signal, ``stop_flag``, or a lost Lease).
 
-    ``backends`` replaces the adapters the arguments would open (for embedding and tests).
+    ``backends`` replaces the adapters the arguments would open (for embedding and tests);
+    ``listeners`` are told of every step first, before the Events and the metrics.
     """
     started_by = asyncio.current_task()
     leading = asyncio.Event()
@@ -486,8 +460,8 @@ async def run(
     if getattr(args, "health_port", 0):
         health = Health(leading, webhook_port=args.webhook_port)
         await health.start(args.health_port, getattr(args, "health_addr", None) or ANY_ADDRESS)
-    metrics: Any = None
-    server: Any = None
+    metrics: Metrics | None = None
+    server: WSGIServer | None = None
     if args.metrics_port:
         from . import metrics as metrics_module
 
@@ -508,23 +482,22 @@ async def run(
     store = KubeRecordStore(api, namespaces=namespaces)
     if backends is None:
         backends = await open_backends(api, args, namespaces)
-    listener = Fanout()
-    if os.environ.get(CRASH_ENV):
-        listener.add(CrashAfter(os.environ[CRASH_ENV]))
-    events: Any = None
+    listener = Fanout(listeners)
+    events: EventRecorder | None = None
     if not args.no_events:
         try:
-            from .events import EventRecorder
+            from .events import EventRecorder as Recorder
         except ImportError:
             log.info("events are not available in this build")
         else:
-            events = EventRecorder.for_client(
+            events = Recorder.for_client(
                 api, on_dropped=metrics.event_dropped if metrics is not None else None
             )
             listener.add(events)
+    opened = backends
     if metrics is not None:
         listener.add(metrics)
-        backends = {name: metrics.observe_backend(b) for name, b in backends.items()}
+        backends = {name: metrics.observe_backend(b) for name, b in opened.items()}
     runtime = Runtime(
         store=store,
         backends=backends,
@@ -532,6 +505,7 @@ async def run(
         poll_interval=args.poll_interval,
         events=events,
         metrics=metrics,
+        unobserved=opened if metrics is not None else {},
         leading=leading,
         workers=args.workers,
     )
@@ -602,9 +576,9 @@ async def run(
     async def wind_down() -> None:
         """Stop everything of ours and let go of the Lease, once. Called by kopf's cleanup activity:
         kopf waits up to 5 s for every task started after it (our loop's workers, watches and
-        Lease renewals run until cancelled) before it cancels them, so a stop took 5.5 s and kept
-        the Lease from a successor for that long (BENCHMARKS.md, the tenth round); and again on
-        the way out, for a start that never reached the activities."""
+        Lease renewals run until cancelled) before it cancels them, which would keep the Lease
+        from a successor for that long; and again on the way out, for a start that never reached
+        the activities."""
         nonlocal wound_down
         if wound_down:
             return
@@ -673,25 +647,11 @@ def tasks_left(besides: set[asyncio.Task[Any] | None]) -> list[str]:
     return sorted(t.get_name() for t in asyncio.all_tasks() if t not in besides and not t.done())
 
 
-TLS_READ_SIZE: Final = 64 * 1024
-"""What asyncio reads from a TLS connection at once: a TLS record is at most 16 KiB."""
-
-
-def read_tls_in_smaller_pieces() -> None:
-    """Each TLS connection's read buffer is :data:`TLS_READ_SIZE` instead of asyncio's 256 KiB.
-
-    asyncio's ``SSLProtocol`` allocates its ``max_size`` for every connection and holds it while
-    the connection is open; a mass preemption's writes keep about 70 open (``REQUEST_CONNECTIONS``):
-    about 18 MiB, most of the burst's cost (BENCHMARKS.md, fourteenth round). Each read also
-    allocates ``max_size`` for what it reads (``ssl``'s ``read(n)``). The API server's TLS records
-    are 16 KiB at most, so 64 KiB reads lose nothing. Only where asyncio has the attribute."""
-    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_SIZE:
-        sslproto.SSLProtocol.max_size = TLS_READ_SIZE
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, listeners: Sequence[Listener] = ()) -> int:
     """The console script. Exit status: 0 stopped, 1 failed while running (a lost Lease), 2 a
-    mistake in the command line or the files it names (one line on stderr, no traceback)."""
+    mistake in the command line or the files it names (one line on stderr, no traceback).
+
+    ``listeners`` are told of every step (see :func:`run`), for embedding and tests."""
     p = parser()
     args = p.parse_args(argv)
     try:
@@ -705,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args.log_format, args.log_level)
     read_tls_in_smaller_pieces()
     try:
-        return asyncio.run(run(args))
+        return asyncio.run(run(args, listeners=listeners))
     except KeyboardInterrupt:
         return 130
     except ConfigError as error:  # a kubeconfig or adapter config we cannot use

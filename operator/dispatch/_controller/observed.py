@@ -7,8 +7,9 @@ already makes. Only when the supervisor has nothing to do but wait (a write step
 another decision anyway) and only when they changed: an idle job costs no write.
 
 A record write carries the observed fields of the decision that made it (a recovery's authorize
-writes ``recovering``/``preempted`` along with the new submission), so the wait at the end of a
-recovery finds them unchanged and writes nothing: one status write per recovery fewer.
+writes ``recovering``/``preempted`` along with the new submission: :meth:`ObservingSupervisor.write`
+passes them to the store's ``put``), so the wait at the end of a recovery finds them unchanged and
+writes nothing: one status write per recovery fewer.
 
 ``status.observedNote`` says why the current object does not run: held outside dispatch (with a
 Warning Event, once per holder), or its pods unschedulable (the kit's ``waiting``: no Event of
@@ -22,12 +23,13 @@ import contextlib
 from collections.abc import Callable
 
 from .._constants import STATUS_OBSERVED_NOTE
-from .._decide import WRITES, Done, Wait
+from .._decide import Done, Wait
 from .._dispatchjob import observed_fields
 from .._errors import VersionConflict
-from .._model import ObjectView
+from .._model import ObjectView, Record
+from .._protocols import Backend
 from .._supervisor import Intent, Supervisor
-from .store import KubeRecordStore
+from .ports import DispatchJobStore, StepListener
 
 
 def _canonical(intent: Intent) -> ObjectView | None:
@@ -44,7 +46,21 @@ def _note(view: ObjectView | None) -> str:
 
 
 class ObservingSupervisor(Supervisor):
-    """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields."""
+    """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields,
+    and whose record writes carry them."""
+
+    store: DispatchJobStore
+    listener: StepListener | None
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: DispatchJobStore,
+        *,
+        listener: StepListener | None = None,
+        poll_interval: float = 5.0,
+    ) -> None:
+        super().__init__(backend, store, listener=listener, poll_interval=poll_interval)
 
     defer_note: Callable[[str], bool] | None = None
     """Asked before a write that would change the note alone: True puts it off, and the caller
@@ -56,7 +72,7 @@ class ObservingSupervisor(Supervisor):
         intent = await super().prepare(job)
         decision = intent.decision
         store = self.store
-        if isinstance(decision.step, Wait | Done) and isinstance(store, KubeRecordStore):
+        if isinstance(decision.step, Wait | Done):
             view = _canonical(intent)
             note = _note(view)
             hold = view.note if view is not None else ""
@@ -69,18 +85,14 @@ class ObservingSupervisor(Supervisor):
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
                 written = await store.observe(job, decision.state, decision.cause, intent.version, note)
-                held = getattr(self.listener, "held", None)
-                if written is not None and hold and hold != before and held is not None:
+                if written is not None and hold and hold != before and self.listener is not None:
                     # Once per new holder: an Event says what status now shows. A wait for
                     # capacity has none of its own: kube-scheduler's FailedScheduling is on the pod.
-                    held(job, hold)
+                    self.listener.held(job, hold)
         return intent
 
-    async def perform(self, intent: Intent) -> None:
-        store = self.store
-        if isinstance(intent.decision.step, WRITES) and isinstance(store, KubeRecordStore):
-            decision = intent.decision
-            store.observing(
-                intent.record.job, observed_fields(decision.state, decision.cause, _note(_canonical(intent)))
-            )
-        await super().perform(intent)
+    async def write(self, intent: Intent, record: Record) -> None:
+        """Write ``record`` with the observed fields its decision shows (the PUT replaces the status)."""
+        decision = intent.decision
+        observed = observed_fields(decision.state, decision.cause, _note(_canonical(intent)))
+        await self.store.put(record, intent.version, observed)

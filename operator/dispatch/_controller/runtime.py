@@ -5,8 +5,11 @@ by the record store's shared watch and the backends' (no daemon, no task per job
 deletion finalizer too, so kopf watches no resource: it keeps the admission webhooks, start-up and
 the health endpoint's readiness.
 
-The record is written only by :class:`~dispatch._controller.store.KubeRecordStore` (PUT of /status
-carrying the resourceVersion read).
+The record is written only by the record store (:class:`~dispatch._controller.ports.DispatchJobStore`,
+:class:`~dispatch._controller.store.KubeRecordStore`: a PUT of /status carrying the resourceVersion
+read). The loop sees the Runtime as :class:`~dispatch._controller.ports.Supervising`: it plans and
+refuses through :meth:`Runtime.initialize` and :meth:`Runtime.refuse`, and imports nothing of this
+module.
 
 Leadership (``--leader-elect``): every replica runs kopf, so every replica serves the admission
 webhooks, but only the Lease holder supervises. ``Runtime.leading`` is an :class:`asyncio.Event` the
@@ -21,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from .._constants import (
     REASON_INVALID_SPEC,
@@ -31,12 +34,13 @@ from .._constants import (
 from .._decide import Authorize, apply, decide
 from .._dispatchjob import SpecError, job_spec, new_record
 from .._errors import PlanError, VersionConflict
+from .._kubeclient import Body
 from .._model import SUPERVISOR
 from .._plan import make_plan
 from .._protocols import Backend
-from .._supervisor import Listener, log_step
+from .._supervisor import log_step
 from .loop import DEFAULT_WORKERS, SupervisionLoop
-from .store import KubeRecordStore
+from .ports import DispatchJobStore, JobEvents, JobMetrics, Keeper, StepListener
 
 log = logging.getLogger("dispatch.operator")
 
@@ -48,16 +52,19 @@ Kueue is not installed does: the spec is fixed, so the job is created again once
 
 @dataclass
 class Runtime:
-    """What the handlers share: the store, a backend per ``spec.backend``, the listener, options."""
+    """What the loop shares: the store, a backend per ``spec.backend``, the listener, options."""
 
-    store: KubeRecordStore
+    store: DispatchJobStore
     backends: Mapping[str, Backend]
-    listener: Listener | None = None
+    listener: StepListener | None = None
     poll_interval: float = 5.0
-    events: Any = None
-    """An EventRecorder (dispatch._controller.events) or None."""
-    metrics: Any = None
-    """A Metrics (dispatch._controller.metrics) or None: told each record read and each job deleted."""
+    events: JobEvents | None = None
+    """The Event recorder (dispatch._controller.events), or None: no Events."""
+    metrics: JobMetrics | None = None
+    """The metrics (dispatch._controller.metrics), or None: told each record read and each job deleted."""
+    unobserved: Mapping[str, Backend] = field(default_factory=dict)
+    """The backends as opened, where ``backends`` wraps them to time what they show (the metrics'
+    :meth:`~dispatch._controller.metrics.Metrics.observe_backend`); empty: ``backends`` are."""
     leading: asyncio.Event | None = None
     """Set while this process may supervise (holds the Lease); None: always (no leader election)."""
     loop: SupervisionLoop | None = None
@@ -69,6 +76,11 @@ class Runtime:
     @property
     def is_leading(self) -> bool:
         return self.leading is None or self.leading.is_set()
+
+    def lister(self, name: str) -> Backend:
+        """The backend ``name`` as opened (past the metrics' wrapper): a settled job's ended objects
+        are listed with it, as they are no failure to time."""
+        return self.unobserved.get(name) or self.backends[name]
 
     def start_loop(self) -> SupervisionLoop:
         """Start supervising every job (call once this process holds the Lease)."""
@@ -82,14 +94,14 @@ class Runtime:
         if self.loop is not None:
             self.loop.abandon()
 
-    async def _initialize(self, job: str, body: Mapping[str, Any], backend: Backend, version: str) -> bool:
+    async def initialize(self, job: str, body: Body, backend: Backend, version: str) -> bool:
         """Plan on first sight and write the first record by compare-and-swap; refuse what cannot run.
 
         True when the record written authorizes submission 1 (its create is the next step)."""
         try:
             spec = job_spec(body)
         except SpecError as error:
-            await self._refuse(job, REASON_INVALID_SPEC, str(error), version)
+            await self.refuse(job, REASON_INVALID_SPEC, str(error), version)
             return False
         try:
             plan = make_plan(job, spec, backend.capabilities, supervised=True)
@@ -98,9 +110,9 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     self.events.refused(job, error)
             if error.field is not None:  # spec.queue where Kueue cannot queue the job
-                await self._refuse(job, REASON_UNQUEUEABLE, f"{error.field}: {error.reason}", version)
+                await self.refuse(job, REASON_UNQUEUEABLE, f"{error.field}: {error.reason}", version)
                 return False
-            await self._refuse(job, REASON_UNENFORCEABLE, f"rules[{error.rule}]: {error.reason}", version)
+            await self.refuse(job, REASON_UNENFORCEABLE, f"rules[{error.rule}]: {error.reason}", version)
             return False
         planned = new_record(body, spec, plan)
         # The first decision on a planned record is pure (nothing is authorized, so no object can
@@ -121,14 +133,17 @@ class Runtime:
                 self.listener.stepped(job, first.step, planned, record)
         return record is not planned  # read again: the supervisor starts from the written record
 
-    async def _refuse(self, job: str, reason: str, message: str, version: str) -> None:
+    async def refuse(self, job: str, reason: str, message: str, version: str) -> None:
+        """Write the job's refusal at ``version``; a lost compare-and-swap is not an error (the
+        winner's event brings the job back)."""
         with contextlib.suppress(VersionConflict):
             await self.store.refuse(job, reason, message, version)
             log.warning("job %s refused (%s): %s", job, reason, message, extra={"job": job})
 
     def forget_keepers(self, job: str) -> None:
         """The job is gone: events and metrics forget it."""
-        for keeper in (self.events, self.metrics):
+        keepers: tuple[Keeper | None, ...] = (self.events, self.metrics)
+        for keeper in keepers:
             if keeper is not None:
                 with contextlib.suppress(Exception):
                     keeper.forget(job)

@@ -4,15 +4,19 @@ The record of job ``"<namespace>/<name>"`` is the DispatchJob's ``.status`` (plu
 the object holds): :meth:`KubeRecordStore.get` reads the object and builds the record, its version
 being ``metadata.resourceVersion``; :meth:`KubeRecordStore.put` is a PUT of ``/status`` carrying the
 resourceVersion read, so a stale writer gets 409 (:class:`~dispatch.VersionConflict`) and decides
-again. Nothing else writes the status: kopf's handlers return None. The operator is its only user,
+again. Nothing else writes the status (kopf watches no DispatchJob). The operator is its only user,
 so it lives here; how an object maps to a record, a refusal and conditions is
-:mod:`dispatch._dispatchjob`'s (shared with the webhook, the handlers and the kubectl plugin).
+:mod:`dispatch._dispatchjob`'s (shared with the webhook, the runtime and the kubectl plugin). The
+store calls it once per body it is shown (:func:`~dispatch._dispatchjob.read_status`, in
+:func:`view_of`), once per record it parses (:func:`~dispatch._dispatchjob.record_from`) and once
+per status it writes (:func:`~dispatch._dispatchjob.record_write`,
+:func:`~dispatch._dispatchjob.refusal_write`); the codec calls nothing back.
 
-What the store keeps of a job is a :class:`JobView` (issue 13, "slim caches"): the metadata and
-status fields the loop and the writes need, and the part of the body its record is read from,
-packed (its JSON text deflated: :class:`~dispatch._kubeclient.Packed`); the whole body only while
-there is no record (planning reads it). A record is parsed from that when a turn needs it, and the
-last few parsed are kept (:data:`PARSED`).
+What the store keeps of a job is a :class:`JobView`, small because it is kept for every job: the
+metadata and status fields the loop and the writes need, and the part of the body its record is
+read from, packed (its JSON text deflated: :class:`~dispatch._kubeclient.Packed`); the whole body
+only while there is no record (planning reads it). A record is parsed from that when a turn needs
+it, and the last few parsed are kept (:data:`PARSED`).
 """
 
 from __future__ import annotations
@@ -33,17 +37,13 @@ import msgspec
 from .._constants import API_VERSION, KIND
 from .._dispatchjob import (
     OBSERVED_FIELDS,
-    cancel_time,
-    conditions_for,
     has_record,
     job_id,
     observed_fields,
-    observed_of,
+    read_status,
     record_from,
-    record_status,
-    refusal,
-    refusal_conditions,
-    render_conditions,
+    record_write,
+    refusal_write,
     utcnow,
 )
 from .._errors import JobExists, JobNotFound, VersionConflict
@@ -69,8 +69,9 @@ OnEvent = Callable[[str, Body | None], None]
 
 
 PARSED: Final = 64
-"""Records kept parsed, the most recently used (twice the loop's default workers): a turn parses its
-job's record once and its steps find it; a parsed Record is about 18 KB, its packed text under 200 bytes."""
+"""Records kept parsed, the most recently used (as many as the loop's default workers): a turn
+parses its job's record once and its steps find it; a parsed Record is about 18 KB, its packed
+text under 200 bytes."""
 
 
 @dataclass(slots=True)
@@ -154,9 +155,9 @@ def view_of(
     status = body.get("status") or {}
     spec = body.get("spec") or {}
     observed_generation = status.get("observedGeneration")
-    recorded = has_record(body)
+    read = read_status(body, clock)  # the codec's one pass over the status
+    recorded = read.recorded
     text: Packed | None = None
-    cancelled_at: datetime | None = None
     if recorded:
         kept = {
             "metadata": {k: meta[k] for k in _TEXT_METADATA if k in meta},
@@ -164,8 +165,6 @@ def view_of(
             "status": {k: v for k, v in status.items() if k != "conditions" and k not in OBSERVED_FIELDS},
         }
         text = pack(kept)
-        if spec.get("cancel") and "cancel" not in status:
-            cancelled_at = cancel_time(body, clock)
     elif "managedFields" in meta and not spec.get("cancel"):
         meta = {k: v for k, v in meta.items() if k != "managedFields"}
         body = {**body, "metadata": meta}
@@ -177,13 +176,13 @@ def view_of(
         deleting=bool(meta.get("deletionTimestamp")),
         backend=sys.intern(str(spec.get("backend", ""))),
         recorded=recorded,
-        refusal=refusal(body),
+        refusal=read.refusal,
         observed_generation=None if observed_generation is None else int(observed_generation),
         packed_conditions=_pack(status.get("conditions") or ()),
-        observed={k: sys.intern(v) for k, v in observed_of(body).items()},  # a few words, every job
+        observed={k: sys.intern(v) for k, v in read.observed.items()},  # a few words, every job
         body=None if recorded else body,
         text=text,
-        cancelled_at=cancelled_at,
+        cancelled_at=read.cancelled_at,
     )
 
 
@@ -229,7 +228,7 @@ def read_dispatchjobs(raw: bytes) -> Body:
     :func:`~dispatch._dispatchjob.cancel_time`).
 
     They are about 40 % of a DispatchJob's JSON and most of its small dicts; nothing else reads
-    them, and a restart decodes every DispatchJob (issue 13). JSON of another shape (a DispatchJob's
+    them, and a restart decodes every DispatchJob. JSON of another shape (a DispatchJob's
     metadata not an object) is decoded whole."""
     try:
         decoded = _decoder.decode(raw)
@@ -298,7 +297,6 @@ class KubeRecordStore:
         self._subscribers: dict[str, list[Wake]] = {}
         self._watches: list[asyncio.Task[None]] = []
         self._listeners: list[OnEvent] = []
-        self._observing: dict[str, dict[str, str]] = {}
         self._listed: set[str | None] = set()
         self._on_synced: list[Callable[[], None]] = []
         self.writes = 0
@@ -369,10 +367,19 @@ class KubeRecordStore:
             raise JobNotFound(job)
         return {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid, "controller": True}
 
-    def remember(self, job: str, body: Body) -> None:
-        """A version of ``job`` this process wrote otherwise (the loop's finalizer patch), kept as if
-        read: the next step finds it without a GET, and its write is not a 409 against it."""
-        self._remember(job, self._view_of(body))
+    async def set_finalizers(self, job: str, finalizers: list[str], expected: str) -> None:
+        """Set ``metadata.finalizers`` if the object is still at ``expected`` (else VersionConflict):
+        a merge patch carrying the resourceVersion read. The version written is kept as if read: the
+        next step finds it without a GET, and its write is not a 409 against it."""
+        namespace, name = split_job(job)
+        patch = {"metadata": {"resourceVersion": expected, "finalizers": finalizers}}
+        try:
+            written = await self.objects.merge_patch(namespace, name, patch)
+        except Conflict:
+            raise VersionConflict(job, expected) from None
+        except NotFound:
+            raise JobNotFound(job) from None
+        self._remember(job, self._view_of(written))
 
     # -- writing
 
@@ -387,21 +394,19 @@ class KubeRecordStore:
             except VersionConflict:
                 continue
 
-    async def put(self, record: Record, expected: str) -> str:
-        status = record_status(record)
+    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+        """Write ``record`` at version ``expected`` (VersionConflict when stale).
+
+        The PUT replaces the status, so it carries the observed fields: ``observed`` (what the
+        decision that made this write shows), else those of version ``expected``."""
         seen = await self._seen_at(record.job, expected)
-        status["observedGeneration"] = seen.generation
-        status["conditions"] = render_conditions(
-            conditions_for(record), seen.conditions(), seen.generation, self.clock()
+        status = record_write(
+            record,
+            previous=seen.conditions(),
+            generation=seen.generation,
+            now=self.clock(),
+            observed=observed if observed is not None else seen.observed,
         )
-        # The PUT replaces the status: carry the observed fields over (or those of the decision that
-        # made this write: :meth:`observing`), or set them when the record settles (nothing changes
-        # after that, so the observer would only write them again).
-        observing = self._observing.pop(record.job, None)
-        if record.settled:
-            status.update(observed_fields(record.state, record.cause))
-        else:
-            status.update(observing if observing is not None else seen.observed)
         # The status written holds the record (its cancel request too): the new version's record is
         # this one, so it is not parsed again.
         return await self._put_status(record.job, status, expected, record)
@@ -410,10 +415,6 @@ class KubeRecordStore:
         """The observed fields of the last version of ``job`` this store read or wrote ({} if none)."""
         seen = self._views.get(job)
         return dict(seen.observed) if seen is not None else {}
-
-    def observing(self, job: str, fields: dict[str, str]) -> None:
-        """The observed fields the next :meth:`put` of ``job`` writes (what its decision shows)."""
-        self._observing[job] = fields
 
     async def observe(
         self, job: str, state: State, cause: Cause, expected: str, note: str = ""
@@ -438,12 +439,9 @@ class KubeRecordStore:
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused (Ready=False, Stalled=True, why)."""
         seen = await self._seen_at(job, expected)
-        status = {
-            "observedGeneration": seen.generation,
-            "conditions": render_conditions(
-                refusal_conditions(reason, message), seen.conditions(), seen.generation, self.clock()
-            ),
-        }
+        status = refusal_write(
+            reason, message, previous=seen.conditions(), generation=seen.generation, now=self.clock()
+        )
         return await self._put_status(job, status, expected)
 
     async def _seen_at(self, job: str, expected: str) -> JobView:

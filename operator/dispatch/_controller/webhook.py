@@ -66,6 +66,7 @@ from .._dispatchjob import SpecError, backend_of, job_spec
 from .._errors import PlanError
 from .._model import ActorKind, Capabilities
 from .._plan import make_plan
+from .ports import Configured
 
 log = logging.getLogger("dispatch.webhook")
 
@@ -85,15 +86,13 @@ def default_capabilities(backend: str) -> Capabilities | None:
     return info.capabilities if info is not None and info.in_spec else None
 
 
-def runtime_capabilities(runtime: Any) -> CapabilitiesOf:
+def runtime_capabilities(runtime: Configured) -> CapabilitiesOf:
     """The capabilities of the operator's configured adapters, else the defaults."""
 
     def of(backend: str) -> Capabilities | None:
-        backends: Mapping[str, Any] = getattr(runtime, "backends", None) or {}
-        configured = backends.get(backend)
+        configured = runtime.backends.get(backend)
         if configured is not None:
-            caps: Capabilities = configured.capabilities
-            return caps
+            return configured.capabilities
         return default_capabilities(backend)
 
     return of
@@ -427,16 +426,16 @@ def setup(
     registry: kopf.OperatorRegistry,
     settings: kopf.OperatorSettings,
     port: int,
-    runtime: Any = None,
+    runtime: Configured | None = None,
     args: argparse.Namespace | None = None,
     capabilities: CapabilitiesOf | None = None,
     **given: Any,
 ) -> Options:
     """Register the webhooks and configure kopf's webhook server (and managed configurations).
 
-    ``runtime`` (the operator's handlers.Runtime) supplies the capabilities of the configured
-    adapters; ``args`` the flags of :func:`add_arguments`; ``given`` overrides (``addr``, ``host``,
-    ``cert_dir``, ``managed``, ``extra_sans``).
+    ``runtime`` (the operator's :class:`~dispatch._controller.runtime.Runtime`) supplies the
+    capabilities of the configured adapters; ``args`` the flags of :func:`add_arguments`; ``given``
+    overrides (``addr``, ``host``, ``cert_dir``, ``managed``, ``extra_sans``).
     """
     opts = options(port, args, **given)
     caps = capabilities or (runtime_capabilities(runtime) if runtime is not None else default_capabilities)
