@@ -34,6 +34,7 @@ MUTATIONS: Mapping[str, tuple[str, str]] = {
         "from .._backends.memory import _adapter",
     ),
     "The controller and the kubectl plugin do not import": ("_cli/main.py", "from .. import _controller"),
+    "The operator process's modules": ("_controller/loop.py", "from . import runtime"),
     "A package's private modules": ("_cli/main.py", "from .._kubeclient import _transport"),
 }
 
