@@ -68,13 +68,10 @@ from .._kubeclient import (
 )
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Others, Unsubscribe, Wake
-from ._classify import (
-    POD,
+from ._classify import Verdict, classify, vanished
+from ._evidence import (
     Evidence,
-    Verdict,
     best,
-    classify,
-    ended_annotation,
     event_about,
     event_evidence,
     event_objects,
@@ -82,16 +79,10 @@ from ._classify import (
     kind_evidence,
     needs_node,
     node_ready,
-    object_shape,
-    owner_of,
-    parse_time,
-    project_event,
-    project_object,
-    project_pod,
-    restart_budget,
-    vanished,
 )
-from ._kind import Body, Kind, Refused, Target, object_name, reader
+from ._fields import ended_annotation, owner_of, parse_time, restart_budget
+from ._kept import POD, object_shape, project_event, project_object, project_pod
+from ._kind import Kind, Refused, Target, object_name
 from ._kueue import (
     Workloads,
     WorkloadView,
@@ -102,6 +93,7 @@ from ._kueue import (
     stop_patch,
     whole_for_release,
 )
+from ._mask import Body, reader
 from ._release import release_ops
 
 SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"

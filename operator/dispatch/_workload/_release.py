@@ -3,11 +3,10 @@
 A release must never unsuspend an object that dispatch has stopped (``dispatch.dev/ended``), that
 is being deleted, or that something else already released. A merge patch carrying the
 resourceVersion read says so too, but also fails on every write the precondition does not care
-about: the training operator's status update right after the create lands between the read and
-the release in about half the recoveries (bench/operator_scale.py's reaction phase: 0.47 409s per
-recovery at c18eef4..f333831, each one a read and a second turn, ~100 ms). The API server applies a
-JSON patch to the object as it is when the write lands (retrying its own conflicts), so ``test``
-operations on exactly those fields are the precondition, and a status update no longer fails it.
+about: a controller's status update right after the create often lands between the read and the
+release, and each such 409 costs a read and a second turn. The API server applies a JSON patch
+to the object as it is when the write lands (retrying its own conflicts), so ``test`` operations
+on exactly those fields are the precondition, and a status update no longer fails it.
 
 A ``test`` with the value ``null`` passes when the member is absent (evanphx/json-patch v4, the
 API server's: ``if val == nil { if op.value() == nil || op.value().raw == nil { return nil } }``).
@@ -20,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .._constants import ANNOTATION_ENDED, ANNOTATION_RELEASED
-from ._kind import Body, Kind
+from ._kind import Kind
+from ._mask import Body
 
 
 def pointer(*keys: str) -> str:
