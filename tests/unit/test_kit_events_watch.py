@@ -21,7 +21,7 @@ from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
 from dispatch._kubeclient import Informer
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend
-from dispatch._workload import _backend as backend_module
+from dispatch._workload import _events as backend_module
 from dispatch._workload._evidence import event_evidence, event_objects, evidence_events
 from dispatch._workload._kept import EVENT, project_event
 from tests.support.recorded import RecordedApi, final, late_clock, load, orders, replay, restarted

@@ -9,14 +9,8 @@ See docs/backends.md, "The kit's API".
 
 from __future__ import annotations
 
-from ._backend import (
-    OwnerLookup,
-    WorkloadBackend,
-    dispatchjob_owner,
-    explain,
-    refused_for_good,
-    split_id,
-)
+from ._api import OwnerLookup, dispatchjob_owner, explain, refused_for_good, split_id
+from ._backend import WorkloadBackend
 from ._classify import Verdict, classify
 from ._evidence import Evidence, container_restarts, pod_evidence
 from ._fields import detail, parse_time, true_condition
