@@ -62,6 +62,7 @@ def measure(tree: Path) -> dict[str, float]:
     from dispatch._dispatchjob import record_from
     from dispatch._kubeclient import _informer
     from dispatch._workload import POD, project, project_object, project_pod
+
     mask_reader: Any = None
     try:  # where the kit keeps its masks in their own modules
         from dispatch._workload._kept import object_shape

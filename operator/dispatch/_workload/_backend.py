@@ -21,8 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from .. import _registry
-from .._errors import BackendError, ObjectExists
+from .._errors import ObjectExists
 from .._kubeclient import Client, Informer, KubeError, Packed, request
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
@@ -33,7 +32,7 @@ from ._fence import Fence
 from ._fields import owner_of, restart_budget
 from ._kept import object_shape, project_object, project_pod
 from ._kind import Kind, Refused, Target
-from ._kueue import Workloads, hold_for_queue, served
+from ._kueue import Workloads, hold_for_queue, workloads_for
 from ._mask import Body
 from ._release import Releaser
 from ._stop import Stopper
@@ -138,22 +137,14 @@ class WorkloadBackend:
     async def prepare(self) -> None:
         """Once, at open: watch Kueue's Workloads (shared by the kit backends of this API client)
         when Kueue can queue this kind and the API server serves them."""
-        info = _registry.get(self.kind.name)
-        if self._kueue_wanted is False or self._workloads is not None or info is None:
+        if self._verdicts.workloads is not None:
             return
-        if not info.capabilities.queues:
-            return
-        try:
-            found = await served(self.api)
-        except KubeError as error:
-            raise explain(error, "look for Kueue's Workloads (kueue.x-k8s.io/v1beta2)") from None
-        if not found:
-            if self._kueue_wanted:
-                raise BackendError("Kueue's Workloads (workloads.kueue.x-k8s.io/v1beta2) are not served")
-            self._log.info("Kueue is not installed: jobs with spec.queue are refused")
-            return
-        workloads = self._verdicts.workloads = Workloads.shared(self.api, self.namespaces)
-        self._unwatch_kueue = workloads.subscribe(self.kind.resource.kind, self._workload_changed)
+        workloads = await workloads_for(
+            self.kind, self.api, self.namespaces, wanted=self._kueue_wanted, log=self._log
+        )
+        if workloads is not None:
+            self._verdicts.workloads = workloads
+            self._unwatch_kueue = workloads.subscribe(self.kind.resource.kind, self._workload_changed)
 
     def _workload_changed(self, oid: str) -> None:
         """A Workload of one of our objects changed: its verdict may have (admitted, evicted)."""
@@ -261,7 +252,7 @@ class WorkloadBackend:
             views.append(view)
         views.extend(v for v in self._cache.tombstones.values() if v.job == job)
         views.extend(v for v in self._cache.refused.values() if v.job == job)
-        views = [self._terminating(v) for v in views]
+        views = [self._verdicts.terminating(v) for v in views]
         views.sort(key=lambda v: (v.submission, v.id))
         return views
 
@@ -281,25 +272,6 @@ class WorkloadBackend:
             state.restarts = view.restarts
         view = vanished(view) if state.ended_by_us else self._stopper.view(oid, body, verdict, view)
         state.last_view = kept_view(view)
-        return view
-
-    def _terminating(self, view: ObjectView) -> ObjectView:
-        """Ended, but a pod of it still runs (a deletion's grace period, a stop the controller has not
-        carried out yet): the job must not settle yet. A pod being deleted on a lost node is not
-        waited for: no kubelet will ever confirm it."""
-        if view.phase is not Phase.ENDED:
-            return view
-        tracked = self._cache.tracked.get(view.id)
-        if tracked is None:
-            return view
-        lost = self._verdicts.lost_nodes()
-        for pod in tracked.pod_bodies():
-            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            deleting = pod.get("metadata", {}).get("deletionTimestamp")
-            if deleting and pod.get("spec", {}).get("nodeName") in lost:
-                continue
-            return view.model_copy(update={"terminating": True})
         return view
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:

@@ -57,28 +57,82 @@ def classify(
 
     ``restarts_seen``: the in-place restarts the adapter counted over every incarnation of the
     object's pods (a recreated pod starts again from 0)."""
-    owner = owner_of(body)
-    job, submission = owner if owner is not None else ("", 0)
-    oid = object_id(body)
-    meta = body.get("metadata", {})
-    annotations = meta.get("annotations") or {}
-    restarts_in_place = kind.in_place(body)
     pods = list(pods)
+    restarts, budget, past_budget = _in_place_restarts(kind, body, pods, restarts_seen)
+    said = _read_pods(kind, body, pods, now=now, gone_nodes=gone_nodes, retained=retained)
+    # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
+    restart_cause = last_restart or (said.restart_causes[-1] if said.restart_causes else None)
+    view = _Views.of(body, restarts)
+    ended = _ended(kind, body, view, said.evidence, restart_cause)
+    if ended is not None:
+        return ended
+    if past_budget:
+        # Its scheduler ends it too, normally at once; but a controller may delete the pods before
+        # it writes Failed, and when that write fails its next pass no longer sees the restarts
+        # and creates the pods anew: a run the rule does not allow. Stopped after the grace unless
+        # the scheduler has ended it by then.
+        cause = restart_cause or Cause(
+            kind=CauseKind.NON_ZERO_EXIT, detail=f"restarted in place past the rule's budget of {budget}"
+        )
+        return Verdict(view(Phase.ENDED, cause), stop=cause, stop_after_grace=True)
+    kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=no_capacity_after(body))
+    if kueue is not None:
+        return Verdict(
+            view(kueue.phase, kueue.cause, kueue.cancelled, waiting=kueue.waiting),
+            stop=kueue.cause if kueue.stop else None,
+            recheck_at=kueue.recheck_at,
+        )
+    if kind.suspended(body):
+        if (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_RELEASED):
+            # Released by dispatch, suspended since by someone else (Kueue evicting it, a person):
+            # theirs to resume. Shown as queued, so decide never releases it a second time.
+            return Verdict(view(Phase.QUEUED, note=held_outside(kind, body)))
+        return Verdict(view(Phase.HELD))
+    if said.running or kind.running(body):
+        return Verdict(view(Phase.RUNNING, waiting=said.waiting), recheck_at=said.recheck)
+    return Verdict(view(Phase.QUEUED, waiting=said.waiting), recheck_at=said.recheck)
 
-    restarts = 0
-    past_budget = False
-    if restarts_in_place:
-        own = kind.object_restarts(body)
-        restarts = own if own is not None else max(sum(kind.restarts(dict(p)) for p in pods), restarts_seen)
-        budget = restart_budget(body)
-        if budget is not None:
-            # One failure more than the rule's budget ends the object (the scheduler's own limit,
-            # e.g. the training operator's backoffLimit = budget + 1, says so too).
-            past_budget = restarts > budget
-            restarts = min(restarts, budget)
 
+def _in_place_restarts(
+    kind: Kind, body: Body, pods: list[Mapping[str, Any]], restarts_seen: int
+) -> tuple[int, int | None, bool]:
+    """(restarts shown, the rule's budget, past it) for an object restarting pods in place."""
+    if not kind.in_place(body):
+        return 0, None, False
+    own = kind.object_restarts(body)
+    restarts = own if own is not None else max(sum(kind.restarts(dict(p)) for p in pods), restarts_seen)
+    budget = restart_budget(body)
+    if budget is None:
+        return restarts, None, False
+    # One failure more than the rule's budget ends the object (the scheduler's own limit, e.g. a
+    # backoffLimit of budget + 1, says so too).
+    return min(restarts, budget), budget, restarts > budget
+
+
+@dataclass(frozen=True, slots=True)
+class _PodsSay:
+    """What the object's pods say together."""
+
+    evidence: Evidence | None
+    """The best terminal evidence (what was retained of pods gone included)."""
+    restart_causes: list[Cause]
+    """The causes of in-place restarts, in the pods' order."""
+    recheck: float | None
+    running: bool
+    waiting: str
+
+
+def _read_pods(
+    kind: Kind,
+    body: Body,
+    pods: list[Mapping[str, Any]],
+    *,
+    now: float,
+    gone_nodes: Container[str],
+    retained: Evidence | None,
+) -> _PodsSay:
     terminal: list[Evidence] = [retained] if retained is not None else []
-    restart_causes: list[Cause] = [last_restart] if last_restart is not None else []
+    restart_causes: list[Cause] = []
     recheck: float | None = None
     running = False
     waiting = ""
@@ -99,30 +153,56 @@ def classify(
             "deletionTimestamp"
         ):
             running = True
-    evidence = best(terminal)
-    # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
-    restart_cause = last_restart or (restart_causes[-1] if restart_causes else None)
+    return _PodsSay(best(terminal), restart_causes, recheck, running, waiting)
 
-    # Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended).
-    held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
 
-    def view(
-        phase: Phase, cause: Cause | None = None, cancelled: bool = False, note: str = "", waiting: str = ""
+@dataclass(frozen=True, slots=True)
+class _Views:
+    """Makes the views of one object: what every view of it shares, and its phase."""
+
+    oid: str
+    job: str
+    submission: int
+    restarts: int
+    held: bool
+    """Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended)."""
+
+    @classmethod
+    def of(cls, body: Body, restarts: int) -> _Views:
+        owner = owner_of(body)
+        job, submission = owner if owner is not None else ("", 0)
+        meta = body.get("metadata", {})
+        held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
+        return cls(object_id(body), job, submission, restarts, held)
+
+    def __call__(
+        self,
+        phase: Phase,
+        cause: Cause | None = None,
+        cancelled: bool = False,
+        note: str = "",
+        waiting: str = "",
     ) -> ObjectView:
         return ObjectView(
-            id=oid,
-            job=job,
-            submission=submission,
+            id=self.oid,
+            job=self.job,
+            submission=self.submission,
             phase=phase,
             cause=cause,
             cancelled=cancelled,
-            restarts=restarts,
-            retained=held,
+            restarts=self.restarts,
+            retained=self.held,
             note=note,
             waiting=waiting,
         )
 
-    ended = annotations.get(ANNOTATION_ENDED)
+
+def _ended(
+    kind: Kind, body: Body, view: _Views, evidence: Evidence | None, restart_cause: Cause | None
+) -> Verdict | None:
+    """The end that dispatch's annotation, the object's own status, its deletion or its pods say."""
+    meta = body.get("metadata", {})
+    ended = (meta.get("annotations") or {}).get(ANNOTATION_ENDED)
     if ended:
         try:
             cause = Cause.model_validate(json.loads(ended))
@@ -140,31 +220,7 @@ def classify(
         return Verdict(view(Phase.ENDED, cause, cancelled=evidence is None))
     if evidence is not None:
         return Verdict(view(Phase.ENDED, evidence.cause), stop=evidence.cause)
-    if past_budget:
-        # Its scheduler ends it too, normally at once; but the training operator deletes the pods
-        # before it writes Failed, and when that write fails its next pass no longer sees the
-        # restarts and creates the pods anew: a run the rule does not allow. Stopped after the
-        # grace unless the scheduler has ended it by then.
-        cause = restart_cause or Cause(
-            kind=CauseKind.NON_ZERO_EXIT, detail=f"restarted in place past the rule's budget of {budget}"
-        )
-        return Verdict(view(Phase.ENDED, cause), stop=cause, stop_after_grace=True)
-    kueue = queued_verdict(kind, body, pods, workload, now=now, no_capacity_after=wait_limit)
-    if kueue is not None:
-        return Verdict(
-            view(kueue.phase, kueue.cause, kueue.cancelled, waiting=kueue.waiting),
-            stop=kueue.cause if kueue.stop else None,
-            recheck_at=kueue.recheck_at,
-        )
-    if kind.suspended(body):
-        if annotations.get(ANNOTATION_RELEASED):
-            # Released by dispatch, suspended since by someone else (Kueue evicting it, a person):
-            # theirs to resume. Shown as queued, so decide never releases it a second time.
-            return Verdict(view(Phase.QUEUED, note=held_outside(kind, body)))
-        return Verdict(view(Phase.HELD))
-    if running or kind.running(body):
-        return Verdict(view(Phase.RUNNING, waiting=waiting), recheck_at=recheck)
-    return Verdict(view(Phase.QUEUED, waiting=waiting), recheck_at=recheck)
+    return None
 
 
 def held_outside(kind: Kind, body: Body) -> str:

@@ -8,6 +8,7 @@ and the release waits here only for what has not landed yet (usually nothing).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from .._constants import LABEL_JOB
 from .._kubeclient import key_of
@@ -21,17 +22,15 @@ from ._stop import Stopper
 from ._verdicts import Verdicts
 
 
+@dataclass(eq=False)
 class Fence:
     """Stops, and waits for, every older object of a job before one of its objects is released."""
 
-    def __init__(
-        self, objects: ObjectApi, cache: Cache, verdicts: Verdicts, stopper: Stopper, log: logging.Logger
-    ) -> None:
-        self.objects = objects
-        self.cache = cache
-        self.verdicts = verdicts
-        self.stopper = stopper
-        self.log = log
+    objects: ObjectApi
+    cache: Cache
+    verdicts: Verdicts
+    stopper: Stopper
+    log: logging.Logger
 
     async def hold(self, job: str, submission: int, releasing: str) -> None:
         """Make sure no object of ``job`` older than ``submission`` can run any more.

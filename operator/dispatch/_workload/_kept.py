@@ -64,7 +64,7 @@ containers' states (every container's: the first one stands in when the kind's i
 node. Messages only ever shown in a cause's detail are cut to the detail's length."""
 
 
-_OBJECT_SHAPES: weakref.WeakKeyDictionary[Kind, Mask] = weakref.WeakKeyDictionary()
+_OBJECT_MASKS: weakref.WeakKeyDictionary[Kind, Mask] = weakref.WeakKeyDictionary()
 
 
 def object_shape(kind: Kind) -> Mask:
@@ -72,16 +72,16 @@ def object_shape(kind: Kind) -> Mask:
     metadata, when its controller started it (``status.startTime``) and who owns its suspend field
     (``managedFields``, for :func:`held_outside`).
 
-    One shape object per kind (cached, never to be changed): :func:`~._kind.project` keeps each
-    shape's compiled projector for the life of the process, so a new shape for every backend
+    One mask per kind (cached, never to be changed): :func:`~._mask.project` keeps each
+    mask's compiled projector for the life of the process, so a new mask for every backend
     would add one more for every backend made."""
-    shape = _OBJECT_SHAPES.get(kind)
-    if shape is None:
-        shape = _OBJECT_SHAPES[kind] = _object_shape(kind)
-    return shape
+    mask = _OBJECT_MASKS.get(kind)
+    if mask is None:
+        mask = _OBJECT_MASKS[kind] = _object_mask(kind)
+    return mask
 
 
-def _object_shape(kind: Kind) -> Mask:
+def _object_mask(kind: Kind) -> Mask:
     path: list[str] = []
     step: Any = kind.suspend_patch(True)
     while isinstance(step, dict) and len(step) == 1:
@@ -96,10 +96,10 @@ def _object_shape(kind: Kind) -> Mask:
     return merge(kit, kind.projection)
 
 
-def project_object(shape: Mask, body: Body) -> Body:
-    """``body`` as the kit caches it (``shape`` from :func:`object_shape`); managedFields entries
+def project_object(mask: Mask, body: Body) -> Body:
+    """``body`` as the kit caches it (``mask`` from :func:`object_shape`); managedFields entries
     that own nothing of the suspend field are left out (:func:`held_outside` skips them)."""
-    kept: Body = project(body, shape)
+    kept: Body = project(body, mask)
     meta = kept.get("metadata")
     if not isinstance(meta, dict):
         return kept

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from .. import _registry
 from .._constants import (
     ANNOTATION_PRIORITY_CLASS,
     ANNOTATION_QUEUE,
@@ -35,8 +36,10 @@ from .._constants import (
     KUEUE_LABEL_QUEUE,
     KUEUE_VERSION,
 )
+from .._errors import BackendError
 from .._kubeclient import Client, Informer, KubeError, request
 from .._model import Cause, CauseKind, JobSpec, Phase
+from ._api import explain
 from ._fields import detail, parse_time
 from ._kind import Kind, Resource
 from ._mask import Body, Clip, Mask, conditions, project
@@ -365,6 +368,29 @@ async def served(api: Client) -> bool:
             return False
         raise
     return any(r.get("name") == WORKLOADS.plural for r in found.get("resources") or ())
+
+
+async def workloads_for(
+    kind: Kind, api: Client, namespaces: tuple[str, ...] | None, *, wanted: bool | None, log: logging.Logger
+) -> Workloads | None:
+    """The shared watch of Kueue's Workloads for a kit backend of ``kind``, when Kueue can queue
+    that kind and the API server serves them; None otherwise (``wanted``: False never looks,
+    True makes unserved Workloads an error)."""
+    info = _registry.get(kind.name)
+    if wanted is False or info is None:
+        return None
+    if not info.capabilities.queues:
+        return None
+    try:
+        found = await served(api)
+    except KubeError as error:
+        raise explain(error, "look for Kueue's Workloads (kueue.x-k8s.io/v1beta2)") from None
+    if not found:
+        if wanted:
+            raise BackendError("Kueue's Workloads (workloads.kueue.x-k8s.io/v1beta2) are not served")
+        log.info("Kueue is not installed: jobs with spec.queue are refused")
+        return None
+    return Workloads.shared(api, namespaces)
 
 
 OnOwner = Callable[[str], None]

@@ -105,62 +105,76 @@ def _compile(mask: Mask) -> Projector | None:
     if mask is True:
         return None
     if isinstance(mask, Clip):
-        limit = mask.limit
-
-        def clip(value: Any) -> Any:
-            return value[:limit] if type(value) is str else value
-
-        return clip
+        return _clip(mask.limit)
     if isinstance(mask, Shared):
-
-        def shared(value: Any) -> Any:
-            return sys.intern(value) if type(value) is str else value
-
-        return shared
+        return _shared
     if isinstance(mask, Prefixed):
-        prefixes = mask.prefixes
-
-        def prefixed(value: Any) -> Any:
-            if not isinstance(value, dict):
-                return value
-            kept = {
-                sys.intern(k): sys.intern(v) if type(v) is str else v
-                for k, v in value.items()
-                if k.startswith(prefixes)
-            }
-            same = len(kept) == len(value) and all(
-                k is sys.intern(k) and kept[k] is v for k, v in value.items()
-            )
-            return value if same else kept
-
-        return prefixed
+        return _prefixed(mask.prefixes)
     if isinstance(mask, Select):
-        key, values = mask.key, mask.values
-        item = _compile(mask.mask) or _identity
-
-        def where(value: Any) -> Any:
-            if not isinstance(value, list):
-                return value
-            # Only a string names a wanted element: any other value (even an unhashable one) does not.
-            items = [item(i) for i in value if not isinstance(i, dict) or _named(i.get(key), values)]
-            same = len(items) == len(value) and all(a is b for a, b in zip(items, value, strict=True))
-            return value if same else items
-
-        return where
+        return _select(mask)
     if isinstance(mask, tuple):
-        compiled = _compile(mask[0])
-        if compiled is None:
-            return None
-        element: Projector = compiled
+        return _each(mask[0])
+    return _mapping(mask)
 
-        def each(value: Any) -> Any:
-            if not isinstance(value, list):
-                return value
-            items = [element(i) for i in value]
-            same = all(a is b for a, b in zip(items, value, strict=True))
-            return value if same else items
 
-        return each
+def _clip(limit: int) -> Projector:
+    def clip(value: Any) -> Any:
+        return value[:limit] if type(value) is str else value
+
+    return clip
+
+
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def _prefixed(prefixes: tuple[str, ...]) -> Projector:
+    def prefixed(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        kept = {
+            sys.intern(k): sys.intern(v) if type(v) is str else v
+            for k, v in value.items()
+            if k.startswith(prefixes)
+        }
+        same = len(kept) == len(value) and all(k is sys.intern(k) and kept[k] is v for k, v in value.items())
+        return value if same else kept
+
+    return prefixed
+
+
+def _select(mask: Select) -> Projector:
+    key, values = mask.key, mask.values
+    item = _compile(mask.mask) or _identity
+
+    def where(value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        # Only a string names a wanted element: any other value (even an unhashable one) does not.
+        items = [item(i) for i in value if not isinstance(i, dict) or _named(i.get(key), values)]
+        same = len(items) == len(value) and all(a is b for a, b in zip(items, value, strict=True))
+        return value if same else items
+
+    return where
+
+
+def _each(mask: Mask) -> Projector | None:
+    compiled = _compile(mask)
+    if compiled is None:
+        return None
+    element: Projector = compiled
+
+    def each(value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        items = [element(i) for i in value]
+        same = all(a is b for a, b in zip(items, value, strict=True))
+        return value if same else items
+
+    return each
+
+
+def _mapping(mask: Mapping[str, Mask]) -> Projector:
     # The mask's own key strings, not the body's: one copy of each key for every cached object.
     fields = tuple((key, _compile(sub)) for key, sub in mask.items())
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,24 +85,16 @@ def release_ops(kind: Kind, body: Mapping[str, Any], released_at: str) -> list[B
     return ops
 
 
+@dataclass(eq=False)
 class Releaser:
     """Releases one held object: after the fence, by the JSON patch above or Kueue's merge patch."""
 
-    def __init__(
-        self,
-        kind: Kind,
-        objects: ObjectApi,
-        cache: Cache,
-        fence: Fence,
-        clock: Callable[[], float],
-        log: logging.Logger,
-    ) -> None:
-        self.kind = kind
-        self.objects = objects
-        self.cache = cache
-        self.fence = fence
-        self.clock = clock
-        self.log = log
+    kind: Kind
+    objects: ObjectApi
+    cache: Cache
+    fence: Fence
+    clock: Callable[[], float]
+    log: logging.Logger
 
     async def release(self, object_id: str) -> None:
         namespace, name = split_id(object_id, "object")

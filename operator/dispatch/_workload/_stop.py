@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Final
 
 from .._constants import ANNOTATION_ENDED
@@ -33,33 +34,25 @@ from ._wakes import Wakes
 STOP_RETRY: Final = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
+@dataclass(eq=False)
 class Stopper:
     """Decides, starts, writes and awaits the stops of the cache's objects."""
 
-    def __init__(
-        self,
-        kind: Kind,
-        objects: ObjectApi,
-        cache: Cache,
-        verdicts: Verdicts,
-        wakes: Wakes,
-        *,
-        enabled: bool,
-        grace: float,
-        pod_cleanup_after: float,
-        started: Callable[[], bool],
-        log: logging.Logger,
-    ) -> None:
-        self.kind = kind
-        self.objects = objects
-        self.cache = cache
-        self.verdicts = verdicts
-        self.wakes = wakes
-        self.enabled = enabled
-        self.grace = grace
-        self.pod_cleanup_after = pod_cleanup_after
-        self.started = started
-        self.log = log
+    kind: Kind
+    objects: ObjectApi
+    cache: Cache
+    verdicts: Verdicts
+    wakes: Wakes
+    _: KW_ONLY
+    enabled: bool
+    """False: a read-only observer, which never stops an object whose pods say it has ended."""
+    grace: float
+    """How long a stop the controller will make itself waits for it before dispatch writes it."""
+    pod_cleanup_after: float
+    """How long after a stop the pods may still run before dispatch deletes them itself."""
+    started: Callable[[], bool]
+    """The watches run (a stop is started from a watch event only then)."""
+    log: logging.Logger
 
     def stopped(self, body: Body) -> bool:
         """The API server says this object can run nothing any more, for good: stopped by dispatch

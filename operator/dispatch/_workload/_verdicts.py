@@ -13,7 +13,7 @@ from typing import Final
 from .._constants import ANNOTATION_ENDED, LABEL_JOB, LABEL_SUBMISSION
 from .._errors import BackendError
 from .._kubeclient import Client, KubeError, request, resource_version
-from .._model import CauseKind, Phase
+from .._model import CauseKind, ObjectView, Phase
 from ._api import split_id
 from ._cache import Cache
 from ._classify import Verdict, classify
@@ -68,6 +68,25 @@ class Verdicts:
         """The nodes this process found gone or not Ready, and has not looked up again since."""
         now = time.monotonic()
         return {node for node, (is_lost, until) in self.nodes.items() if is_lost and until > now}
+
+    def terminating(self, view: ObjectView) -> ObjectView:
+        """Ended, but a pod of it still runs (a deletion's grace period, a stop the controller has not
+        carried out yet): the job must not settle yet. A pod being deleted on a lost node is not
+        waited for: no kubelet will ever confirm it."""
+        if view.phase is not Phase.ENDED:
+            return view
+        tracked = self.cache.tracked.get(view.id)
+        if tracked is None:
+            return view
+        lost = self.lost_nodes()
+        for pod in tracked.pod_bodies():
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            deleting = pod.get("metadata", {}).get("deletionTimestamp")
+            if deleting and pod.get("spec", {}).get("nodeName") in lost:
+                continue
+            return view.model_copy(update={"terminating": True})
+        return view
 
     def now(self, oid: str, body: Body) -> Verdict:
         """Without I/O: nodes are taken as present unless this process already found them gone."""
