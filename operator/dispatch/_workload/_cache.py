@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
-from .._kubeclient import Client, Packed, Packer, resource_version
+from .._kubeclient import Client, Packer, resource_version
 from .._model import ObjectView
 from ._events import EventIndex
 from ._fields import owner_of
@@ -98,11 +98,6 @@ class Cache:
         self.index(oid, job if job is not None else (owner[0] if owner is not None else None))
         self.tombstones.pop(oid, None)
         self.events.claim(oid, body)
-
-    def overlaid(self, oid: str) -> Packed | None:
-        """Our own last write of ``oid`` while the watch has not shown the object at all."""
-        state = self.tracked.get(oid)
-        return state.overlay if state is not None and state.body is None else None
 
     def tombstone(self, view: ObjectView) -> None:
         self.tombstones[view.id] = view
