@@ -62,7 +62,13 @@ def measure(tree: Path) -> dict[str, float]:
     from dispatch._dispatchjob import record_from
     from dispatch._kubeclient import _informer
     from dispatch._workload import POD, project, project_object, project_pod
-    from dispatch._workload._classify import object_shape
+
+    mask_reader: Any = None
+    try:  # where the kit keeps its masks in their own modules
+        from dispatch._workload._kept import object_shape
+        from dispatch._workload._mask import reader as mask_reader
+    except ImportError:
+        from dispatch._workload._classify import object_shape  # type: ignore[attr-defined,no-redef]
 
     handler_projects = (
         "new = self._project(new)"
@@ -72,7 +78,8 @@ def measure(tree: Path) -> dict[str, float]:
     shape = object_shape(PYTORCHJOB)
     from dispatch._workload import _kind
 
-    reader: Any = getattr(_kind, "reader", None)  # trees with it decode a page into projections
+    # trees with it decode a page into projections
+    reader: Any = mask_reader or getattr(_kind, "reader", None)
     gc.disable()  # as during a restart (StartupCollector)
     out: dict[str, float] = {}
     recorded = bodies()

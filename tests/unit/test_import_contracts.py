@@ -34,7 +34,7 @@ MUTATIONS: Mapping[str, tuple[str, str]] = {
         "from .._backends.memory import _adapter",
     ),
     "The controller and the kubectl plugin do not import": ("_cli/main.py", "from .. import _controller"),
-    "The operator process's modules": ("_controller/loop.py", "from . import runtime"),
+    "No import cycles among sibling modules": ("_workload/_mask.py", "from . import _kind"),
     "A package's private modules": ("_cli/main.py", "from .._kubeclient import _transport"),
 }
 

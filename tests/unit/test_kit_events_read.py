@@ -16,7 +16,7 @@ from typing import Any
 from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._errors import BackendError
 from dispatch._workload import WorkloadBackend
-from dispatch._workload._classify import evidence_events
+from dispatch._workload._evidence import evidence_events
 from tests.support.recorded import JsonResponse
 
 EVENT = {"metadata": {"name": "e1", "namespace": "team"}, "reason": "Preempted"}

@@ -21,8 +21,9 @@ from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
 from dispatch._kubeclient import Informer
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend
-from dispatch._workload import _backend as backend_module
-from dispatch._workload._classify import EVENT, event_evidence, event_objects, evidence_events, project_event
+from dispatch._workload import _events as backend_module
+from dispatch._workload._evidence import event_evidence, event_objects, evidence_events
+from dispatch._workload._kept import EVENT, project_event
 from tests.support.recorded import RecordedApi, final, late_clock, load, orders, replay, restarted
 from tests.unit.test_projection import BACKENDS
 

@@ -17,7 +17,7 @@ from dispatch import CauseKind, Phase
 from dispatch._backends.kubeflow._adapter import KubeflowBackend
 from dispatch._protocols import SelfWaking
 from dispatch._workload import WorkloadBackend
-from dispatch._workload import _backend as kit_backend
+from dispatch._workload import _verdicts as kit_backend
 from tests.support.recorded import RecordedApi
 from tests.unit.test_kit_events_watch import pytorchjob
 from tests.unit.test_kit_restart import preempted_pod

@@ -20,7 +20,7 @@ from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
 from dispatch._errors import TransientBackendError
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import classify, parse_time, pod_evidence
-from dispatch._workload._classify import WAITING_AFTER
+from dispatch._workload._evidence import WAITING_AFTER
 from tests.support import recorded
 from tests.support.recorded import final, late_clock, names
 

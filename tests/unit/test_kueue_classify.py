@@ -237,7 +237,7 @@ def test_the_held_object_has_no_kueue_label_and_the_release_is_one_patch_leaving
 
 def test_a_deactivation_stays_a_cancel_once_dispatch_has_stopped_the_object() -> None:
     # What a restarted operator reads: the stop's annotation, the Workload gone with the object.
-    from dispatch._workload._classify import ended_annotation
+    from dispatch._workload._fields import ended_annotation
 
     steps = list(replay("deactivated"))
     cause = steps[-1].verdict.stop

@@ -15,7 +15,7 @@ from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._kubeclient import Packed, Packer, resource_version
 from dispatch._kubeclient._informer import SAMPLE_MAX
 from dispatch._workload import project_object, project_pod
-from dispatch._workload._classify import object_shape
+from dispatch._workload._kept import object_shape
 from tests.support.recorded import states
 
 DATA = Path(__file__).parent / "data" / "kubeflow"

@@ -37,7 +37,7 @@ from dispatch._workload import (
     Select,
     Shared,
     WorkloadBackend,
-    _kind,
+    _mask,
     classify,
     conditions,
     container_restarts,
@@ -48,17 +48,10 @@ from dispatch._workload import (
     project_object,
     project_pod,
 )
-from dispatch._workload._classify import (
-    METADATA,
-    best,
-    event_evidence,
-    held_outside,
-    kind_evidence,
-    needs_node,
-    no_capacity_after,
-    owner_of,
-    restart_budget,
-)
+from dispatch._workload._classify import held_outside
+from dispatch._workload._evidence import best, event_evidence, kind_evidence, needs_node
+from dispatch._workload._fields import no_capacity_after, owner_of, restart_budget
+from dispatch._workload._kept import METADATA
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted
 
 DATA = Path(__file__).parent / "data"
@@ -292,7 +285,7 @@ ANY_SHAPE: dict[str, Any] = {
     "shared": SHARED,
     "labels": Prefixed(("dispatch.dev/",)),
     "each": ({"a": True, "b": SHARED},),
-    "conditions": conditions("Ready", shape={"type": SHARED, "status": True}),
+    "conditions": conditions("Ready", mask={"type": SHARED, "status": True}),
     "nested": {"x": {"y": True}},
 }
 KEYS = st.sampled_from([*ANY_SHAPE, "a", "b", "x", "y", "type", "status", "dispatch.dev/job", "other"])
@@ -338,7 +331,7 @@ def _check(value: Any, shape: Any, kept: Any) -> None:
             ]
             assert len(kept) == len(wanted)
             for a, b in zip(wanted, kept, strict=True):
-                _check(a, shape.shape, b)
+                _check(a, shape.mask, b)
         else:
             assert kept is value
     elif isinstance(shape, tuple):
@@ -380,8 +373,8 @@ def test_backends_of_one_kind_share_one_shape_and_one_compiled_projector() -> No
     """The compiled projectors live as long as the process: making backends must not add more."""
     body = {"metadata": {"name": "x", "namespace": "team"}, "spec": {}}
     KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
-    before = len(_kind._PROJECTORS)
+    before = len(_mask._PROJECTORS)
     for _ in range(5):
         KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
-    assert len(_kind._PROJECTORS) == before
+    assert len(_mask._PROJECTORS) == before
     assert object_shape(PYTORCHJOB) is object_shape(PYTORCHJOB)

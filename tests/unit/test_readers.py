@@ -23,8 +23,9 @@ from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._backends.trainjob._adapter import TRAINJOB
 from dispatch._controller.store import read_dispatchjobs, view_of
 from dispatch._workload import project_object, project_pod
-from dispatch._workload._classify import POD, object_shape
-from dispatch._workload._kind import Kind, reader
+from dispatch._workload._kept import POD, object_shape
+from dispatch._workload._kind import Kind
+from dispatch._workload._mask import reader
 from tests.support.recorded import states
 
 DATA = Path(__file__).parent / "data"

@@ -25,7 +25,8 @@ from dispatch._model import (
 )
 from dispatch._plan import make_plan
 from dispatch._workload import Kind, classify
-from dispatch._workload._backend import _Tracked, kept_view
+from dispatch._workload._tracked import Tracked as _Tracked
+from dispatch._workload._tracked import kept_view
 
 RULES = [
     (),

@@ -9,57 +9,31 @@ See docs/backends.md, "The kit's API".
 
 from __future__ import annotations
 
-from ._backend import (
-    OwnerLookup,
-    WorkloadBackend,
-    dispatchjob_owner,
-    explain,
-    refused_for_good,
-    split_id,
-)
-from ._classify import (
-    POD,
-    Evidence,
-    Verdict,
-    classify,
-    container_restarts,
-    detail,
-    object_shape,
-    parse_time,
-    pod_evidence,
-    project_object,
-    project_pod,
-    true_condition,
-)
+from ._backend import WorkloadBackend
+from ._classify import Verdict, classify
+from ._evidence import Evidence, container_restarts, pod_evidence
+from ._fields import detail, parse_time, true_condition
+from ._kept import POD, object_shape, project_object, project_pod
 from ._kind import (
-    CONDITION,
-    SHARED,
     SPEC_SUSPEND,
-    Body,
-    Clip,
     HeldBySpecSuspend,
     Kind,
-    Mask,
     Outcome,
-    Prefixed,
     Refused,
     Resource,
-    Select,
-    Shared,
     Target,
     check_env,
     check_size,
-    conditions,
     container,
     failed_exit,
     labels,
-    merge,
     metadata,
     object_name,
-    project,
     restart_budget,
 )
+from ._mask import CONDITION, SHARED, Body, Clip, Mask, Prefixed, Select, Shared, conditions, merge, project
 from ._open import open_workload
+from ._requests import OwnerLookup, dispatchjob_owner, explain, refused_for_good, split_id
 
 __all__ = [
     "CONDITION",

@@ -1,4 +1,4 @@
-"""Kueue in front (issue 15): a queued object's release, stop and verdict, and the shared Workload watch.
+"""Kueue in front: a queued object's release, stop and verdict, and the shared Workload watch.
 
 A job with ``spec.queue`` has each submission's object created held as any other (suspended, and
 without Kueue's ``kueue.x-k8s.io/queue-name`` label, so Kueue does not manage it: Kueue reconciles
@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from .. import _registry
 from .._constants import (
     ANNOTATION_PRIORITY_CLASS,
     ANNOTATION_QUEUE,
@@ -35,10 +36,13 @@ from .._constants import (
     KUEUE_LABEL_QUEUE,
     KUEUE_VERSION,
 )
+from .._errors import BackendError
 from .._kubeclient import Client, Informer, KubeError, request
 from .._model import Cause, CauseKind, JobSpec, Phase
-from . import _classify  # the module: it imports this one (classify reads queued_verdict)
-from ._kind import Body, Clip, Kind, Mask, Resource, conditions, project
+from ._fields import detail, parse_time
+from ._kind import Kind, Resource
+from ._mask import Body, Clip, Mask, conditions, project
+from ._requests import explain
 
 log = logging.getLogger("dispatch.kueue")
 
@@ -100,7 +104,7 @@ _KEPT_CONDITIONS: Final = frozenset(
 )
 
 
-WORKLOAD_SHAPE: Final[Mask] = {
+WORKLOAD_MASK: Final[Mask] = {
     "metadata": {
         "name": True,
         "namespace": True,
@@ -111,7 +115,7 @@ WORKLOAD_SHAPE: Final[Mask] = {
     "status": {
         "conditions": conditions(
             *_KEPT_CONDITIONS,
-            shape={"type": True, "status": True, "reason": True, "message": Clip(_MAX_DETAIL)},
+            mask={"type": True, "status": True, "reason": True, "message": Clip(_MAX_DETAIL)},
         ),
         "schedulingStats": {"evictions": ({"reason": True, "underlyingCause": True, "count": True},)},
     },
@@ -121,7 +125,7 @@ reads, nothing of its pod sets, admission or resource usage."""
 
 
 def project_workload(body: Body) -> Body:
-    kept: Body = project(body, WORKLOAD_SHAPE)
+    kept: Body = project(body, WORKLOAD_MASK)
     return kept
 
 
@@ -183,23 +187,23 @@ def hold_for_queue(body: Body, spec: JobSpec) -> Body:
 
 
 KUEUE_RUNTIME_PATCH_MANAGER: Final = "kueue.x-k8s.io/manager"
-"""The ``spec.runtimePatches`` entry Kueue's TrainJob integration writes its node selectors and
-tolerations into on admission (kueue pkg/controller/jobs/trainjob: the controller refuses to start
-a TrainJob without it, "kueue runtime patch not found")."""
+"""The ``spec.runtimePatches`` entry Kueue writes its node selectors and tolerations into on
+admission, for the kinds whose controller starts an object only with it (``"kueue runtime patch not
+found"``): :attr:`Kind.kueue_runtime_patch`."""
 
 
 def whole_for_release(kind: Kind) -> bool:
     """A queued object of this kind is released from a fresh read of the whole object (not the
-    kit's projection): a TrainJob's release may write its whole ``runtimePatches`` list."""
-    return kind.resource.kind == "TrainJob"
+    kit's projection): its release may write its whole ``runtimePatches`` list."""
+    return kind.kueue_runtime_patch
 
 
 def runtime_patches(kind: Kind, body: Mapping[str, Any]) -> list[Any] | None:
-    """A TrainJob's ``runtimePatches`` with Kueue's entry added, when it has none; None otherwise.
-    Kueue's mutating webhook appends that entry to every TrainJob at creation; where the webhook
-    does not run, the release adds it (the list is keyed by manager, so it is never added twice,
-    and it may change while the TrainJob is suspended). ``body`` must be whole: a merge patch
-    replaces the list."""
+    """The object's ``runtimePatches`` with Kueue's entry added, for a kind that needs it
+    (:attr:`Kind.kueue_runtime_patch`) and an object that has none; None otherwise. Kueue's mutating
+    webhook appends that entry at creation; where the webhook does not run, the release adds it
+    (the list is keyed by manager, so it is never added twice, and it may change while the object
+    is suspended). ``body`` must be whole: a merge patch replaces the list."""
     if not whole_for_release(kind):
         return None
     patches = list((body.get("spec") or {}).get("runtimePatches") or ())
@@ -213,8 +217,8 @@ def release_patch(body: Mapping[str, Any], released_at: str, kind: Kind | None =
     """The one merge patch that hands a queued object to Kueue (its labels, ``dispatch.dev/released``;
     ``suspend`` stays true: Kueue unsuspends it on admission); None for an unqueued object. Kueue's
     label may be added while the object is suspended (jobframework validation.go,
-    validateUpdateForQueueName), and so may the priority class. For a TrainJob it also carries
-    Kueue's runtime patch entry where it is missing (:func:`runtime_patches`)."""
+    validateUpdateForQueueName), and so may the priority class. It also carries Kueue's runtime
+    patch entry where the kind needs it and it is missing (:func:`runtime_patches`)."""
     queue = queue_of(body)
     if queue is None:
         return None
@@ -263,14 +267,6 @@ class QueuedVerdict:
     recheck_at: float | None = None
 
 
-def _time(value: object) -> float | None:
-    return _classify.parse_time(value)
-
-
-def _detail(*parts: object) -> str:
-    return _classify.detail(*parts)
-
-
 def _unschedulable(pods: Iterable[Mapping[str, Any]]) -> str | None:
     for pod in pods:
         status = pod.get("status") or {}
@@ -282,7 +278,7 @@ def _unschedulable(pods: Iterable[Mapping[str, Any]]) -> str | None:
                 and c.get("status") == "False"
                 and c.get("reason") == "Unschedulable"
             ):
-                return _detail(f"pod {(pod.get('metadata') or {}).get('name', '?')}", c.get("message"))
+                return detail(f"pod {(pod.get('metadata') or {}).get('name', '?')}", c.get("message"))
     return None
 
 
@@ -302,25 +298,25 @@ def eviction_verdict(workload: WorkloadView, pods: Sequence[Mapping[str, Any]]) 
         message = f"evicted before (status.schedulingStats.evictions: {reason} {underlying})".strip()
     where = f"Workload {workload.name}"
     if reason == EVICTED_BY_DEACTIVATION:
-        cause = Cause(kind=CauseKind.NONE, detail=_detail(f"deactivated in Kueue ({where})", message))
+        cause = Cause(kind=CauseKind.NONE, detail=detail(f"deactivated in Kueue ({where})", message))
         return QueuedVerdict(Phase.ENDED, cause, cancelled=True, stop=True)
     if reason == EVICTED_BY_PREEMPTION:
         preempted = workload.true(COND_PREEMPTED)
         how = preempted.reason if preempted is not None else ""
-        text = _detail(f"preempted by Kueue ({where})", how, preempted.message if preempted else message)
+        text = detail(f"preempted by Kueue ({where})", how, preempted.message if preempted else message)
         return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.PREEMPTED, detail=text), stop=True)
     if reason == EVICTED_BY_PODS_READY_TIMEOUT:
         unschedulable = _unschedulable(pods)
         if unschedulable is not None:
-            text = _detail(f"Kueue's PodsReady timeout ({where}), a pod unschedulable", unschedulable)
+            text = detail(f"Kueue's PodsReady timeout ({where}), a pod unschedulable", unschedulable)
             return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.NO_CAPACITY, detail=text), stop=True)
-        text = _detail(f"Kueue's PodsReady timeout ({where}): its pods did not start", message)
+        text = detail(f"Kueue's PodsReady timeout ({where}): its pods did not start", message)
         return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.LAUNCH_FAILED, detail=text), stop=True)
     if reason == EVICTED_BY_NODE_FAILURES:
-        text = _detail(f"evicted by Kueue for node failures ({where})", message)
+        text = detail(f"evicted by Kueue for node failures ({where})", message)
         return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.NODE_LOST, detail=text), stop=True)
     # ClusterQueueStopped, LocalQueueStopped, AdmissionCheck...: handed back to the queue by Kueue.
-    text = _detail(f"evicted by Kueue ({where})", reason, message)
+    text = detail(f"evicted by Kueue ({where})", reason, message)
     return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.REQUEUED, detail=text), stop=True)
 
 
@@ -351,10 +347,10 @@ def queued_verdict(
         return QueuedVerdict(Phase.QUEUED, waiting=f"admitted by Kueue in queue {queue}; starting")
     pending = workload.condition(COND_QUOTA_RESERVED) if workload is not None else None
     why = pending.message if pending is not None and pending.message else "no Workload yet"
-    since = _time(annotations.get(ANNOTATION_RELEASED)) or now
+    since = parse_time(annotations.get(ANNOTATION_RELEASED)) or now
     deadline = since + no_capacity_after
     if now >= deadline:
-        text = _detail(f"not admitted by Kueue in queue {queue} for more than {no_capacity_after}s", why)
+        text = detail(f"not admitted by Kueue in queue {queue} for more than {no_capacity_after}s", why)
         return QueuedVerdict(Phase.ENDED, Cause(kind=CauseKind.NO_CAPACITY, detail=text), stop=True)
     waiting = f"waiting for Kueue admission in queue {queue}: {why}"
     return QueuedVerdict(Phase.QUEUED, waiting=waiting[:_MAX_DETAIL], recheck_at=deadline)
@@ -372,6 +368,29 @@ async def served(api: Client) -> bool:
             return False
         raise
     return any(r.get("name") == WORKLOADS.plural for r in found.get("resources") or ())
+
+
+async def workloads_for(
+    kind: Kind, api: Client, namespaces: tuple[str, ...] | None, *, wanted: bool | None, log: logging.Logger
+) -> Workloads | None:
+    """The shared watch of Kueue's Workloads for a kit backend of ``kind``, when Kueue can queue
+    that kind and the API server serves them; None otherwise (``wanted``: False never looks,
+    True makes unserved Workloads an error)."""
+    info = _registry.get(kind.name)
+    if wanted is False or info is None:
+        return None
+    if not info.capabilities.queues:
+        return None
+    try:
+        found = await served(api)
+    except KubeError as error:
+        raise explain(error, "look for Kueue's Workloads (kueue.x-k8s.io/v1beta2)") from None
+    if not found:
+        if wanted:
+            raise BackendError("Kueue's Workloads (workloads.kueue.x-k8s.io/v1beta2) are not served")
+        log.info("Kueue is not installed: jobs with spec.queue are refused")
+        return None
+    return Workloads.shared(api, namespaces)
 
 
 OnOwner = Callable[[str], None]

@@ -127,6 +127,7 @@ class BatchJobKind(HeldBySpecSuspend):
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "FailedCreate"
+    kueue_runtime_patch: Final = False
     projection: Final[Mask] = merge(
         SPEC_SUSPEND,
         {"spec": {"backoffLimit": True}, "status": {"conditions": OUTCOME_CONDITIONS, "ready": True}},

@@ -151,6 +151,7 @@ class JobSetKind(HeldBySpecSuspend):
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "JobCreationFailed"
+    kueue_runtime_patch: Final = False
     """The JobSet controller's event when it cannot create a child Job (pods are the Jobs' to create:
     their refusals are ``FailedCreate`` events on the child Job)."""
     projection: Final[Mask] = merge(

@@ -128,6 +128,7 @@ class PyTorchJobKind:
     resource: Final = RESOURCE
     container: Final = PYTORCH_CONTAINER
     create_failure_reason: Final = "FailedCreatePod"
+    kueue_runtime_patch: Final = False
     projection: Final[Mask] = {
         "spec": {
             "runPolicy": {"suspend": True},

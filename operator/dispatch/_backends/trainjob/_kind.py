@@ -107,6 +107,7 @@ class TrainJobKind(HeldBySpecSuspend):
     resource: Final = RESOURCE
     container: Final = CONTAINER
     create_failure_reason: Final = "TrainJobResourcesCreationFailed"
+    kueue_runtime_patch: Final = True
     """The Trainer's Warning event when it cannot build the TrainJob's objects (trainjob_controller.go)."""
     projection: Final[Mask] = merge(
         SPEC_SUSPEND,
