@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import _registry
 from ._errors import PlanError
 from ._model import (
     FAILURE_CAUSES,
@@ -52,11 +53,16 @@ def _queue(spec: JobSpec, capabilities: Capabilities) -> QueuePlan | None:
         raise PlanError(
             None,
             f"Kueue cannot queue this backend's jobs (LocalQueue {spec.queue!r}): spec.queue works only "
-            "with a backend whose kind Kueue integrates (kubeflow, job, jobset, trainjob), on a cluster "
-            "that serves workloads.kueue.x-k8s.io",
+            f"with a backend whose kind Kueue integrates ({', '.join(_queueing_backends())}), on a "
+            "cluster that serves workloads.kueue.x-k8s.io",
             field="spec.queue",
         )
     return QueuePlan(queue=spec.queue, workload_priority_class=spec.workload_priority_class)
+
+
+def _queueing_backends() -> tuple[str, ...]:
+    """The registered backends whose kinds Kueue integrates (their declared capabilities say so)."""
+    return tuple(name for name, info in _registry.registered().items() if info.capabilities.queues)
 
 
 def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> Enforcer:
