@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import time
@@ -24,9 +23,8 @@ import yaml
 
 from dispatch._constants import CRD_NAME, LEASE_NAME
 from dispatch._kubeclient import Client, KubeError, request
-from e2e.support import CHART, REPO, Release, kubectl_json
+from e2e.support import CHART, REPO, Release, assert_no_forbidden, kubectl_json, kubectl_wait, start_operator
 from tests.integration.conftest import (
-    OperatorProcess,
     ReleaseMonitor,
     apply,
     await_for,
@@ -41,33 +39,6 @@ from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.e2e
 
-FORBIDDEN_IN_LOG = re.compile(r"\b403 Forbidden\b|\bforbidden\b|\bForbidden\b")
-
-
-def start_operator(
-    release: Release,
-    namespace: str,
-    tmp_path: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    tag: str = "",
-) -> OperatorProcess:
-    op = OperatorProcess(
-        kubeconfig=release.sa_kubeconfig(),
-        namespace=namespace,
-        log_path=tmp_path / f"operator{tag}.log",
-        args=args,
-        env=env or {},
-    )
-    return op.start()
-
-
-def assert_no_forbidden(*ops: OperatorProcess) -> None:
-    for op in ops:
-        log = op.log()
-        bad = [line for line in log.splitlines() if FORBIDDEN_IN_LOG.search(line)]
-        assert not bad, f"{op.log_path.name}: the chart's RBAC refused the operator:\n" + "\n".join(bad[:20])
-
 
 async def released_pj(cluster: KubeCluster, namespace: str, job: str, submission: int) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
@@ -80,18 +51,6 @@ async def released_pj(cluster: KubeCluster, namespace: str, job: str, submission
 
     found: dict[str, Any] = await await_for(f"{job}: submission {submission} released", probe, within=120)
     return found
-
-
-async def kubectl_wait(cluster: KubeCluster, namespace: str, name: str, condition_type: str) -> None:
-    await asyncio.to_thread(
-        cluster.kubectl,
-        "wait",
-        f"--namespace={namespace}",
-        f"dispatchjob/{name}",
-        f"--for=condition={condition_type}",
-        "--timeout=120s",
-        timeout=150,
-    )
 
 
 def assert_one_object_per_submission(

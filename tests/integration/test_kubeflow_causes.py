@@ -41,8 +41,8 @@ from tests.integration.conftest import (
     dispatch_job,
     get_job,
     history,
-    owner_manifest,
 )
+from tests.support.builders import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
 

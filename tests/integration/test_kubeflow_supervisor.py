@@ -28,7 +28,7 @@ from dispatch import (
 )
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._model import SUPERVISOR
-from tests.integration.conftest import owner_manifest
+from tests.support.builders import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
 

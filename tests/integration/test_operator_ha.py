@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch._constants import LEASE_NAME
 from dispatch._kubeclient import request
 from tests.integration.conftest import (
     OperatorProcess,
@@ -44,9 +43,10 @@ from tests.integration.conftest import (
     pytorchjobs,
     users_may_submit,
 )
-from tests.integration.test_webhook_operator import scrape, seed_job
+from tests.support.builders import seed_job
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
+from tests.support.operator_probe import holder, lease_path, samples, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -59,18 +59,6 @@ def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), json.loads(error.read() or b"{}")
-
-
-def samples(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def of_job(cluster: KubeCluster, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -92,15 +80,6 @@ async def released(cluster: KubeCluster, namespace: str, job: str, submission: i
 
     found: dict[str, Any] = await await_for(f"{job} submission {submission} released", probe)
     return found
-
-
-def lease_path(namespace: str) -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE_NAME}"
-
-
-async def holder(api: Any, namespace: str) -> str:
-    lease = await request(api, "GET", lease_path(namespace))
-    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 async def held_by(api: Any, namespace: str, prefix: str) -> bool:

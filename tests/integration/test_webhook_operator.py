@@ -14,7 +14,6 @@ import re
 import secrets
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,26 +31,16 @@ from tests.integration.conftest import (
     pytorchjobs,
     users_may_submit,
 )
+from tests.support.builders import seed_job
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
+from tests.support.operator_probe import scrape
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
-
-
-def seed_job(name: str, **spec: Any) -> str:
-    body = yaml.safe_load((ROOT / "examples" / "seed-dispatchjob.yaml").read_text())
-    body["metadata"]["name"] = name
-    body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
-    return yaml.safe_dump(body)
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
 
 
 async def released(cluster: KubeCluster, namespace: str, submission: int) -> dict[str, Any]:
