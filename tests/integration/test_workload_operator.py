@@ -1,13 +1,14 @@
-"""The `jobset` and `trainjob` backends through the operator, driven as a user drives them:
-``kubectl apply`` of a DispatchJob with ``spec.backend: jobset`` or ``trainjob``, on the lab with its
-extras (JobSet v0.11.1 with its webhooks, Kubeflow Trainer v2.2.0 and its torch-distributed
-runtime; the child Jobs run by kube-controller-manager, pods placed by kube-scheduler, kwok as the
-kubelet).
+"""The kit's kinds through the operator, driven as a user drives them: ``kubectl apply`` of a
+DispatchJob with ``spec.backend: job``, ``jobset`` or ``trainjob`` on the lab (kube-controller-manager's
+real Job controller, kube-scheduler, kwok as the kubelet; for JobSet and TrainJob the lab's extras:
+JobSet v0.11.1 with its webhooks, Kubeflow Trainer v2.2.0 and its torch-distributed runtime).
 
-Lifecycle with a preemption by kube-scheduler recovered, exit codes and OOM, a native rule enforced
-by JobSet's failure policy, cancel and delete, and the operator SIGKILLed mid-protocol with never
-two released objects of one DispatchJob (a watch checks every state the API server held).
-Run: ``.venv/bin/pytest -m integration tests/integration/test_jobset_operator.py``.
+Each behaviour runs for each kind: the lifecycle with a preemption by kube-scheduler recovered,
+exit codes and OOM, cancel and delete, and the operator SIGKILLed mid-protocol with never two
+released objects of one DispatchJob (a watch checks every state the API server held); a native
+rule is enforced by the kind's own controller where the kind has one (the Job controller's
+podFailurePolicy, JobSet's failurePolicy).
+Run: ``.venv/bin/pytest -m integration tests/integration/test_workload_operator.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration.conftest import (
     WAIT,
@@ -33,59 +33,70 @@ from tests.integration.conftest import (
     history,
     settled,
 )
+from tests.support.builders import PREEMPTED_ONCE, SEED_HISTORY, lab_manifest
 from tests.support.kube import KubeCluster
-from tests.support.lab import Kubeflow, Lab
+from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
-
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
-PREEMPTED_ONCE = [{"on": ["preempted"], "budget": 1}]
 
 
 @dataclass(frozen=True)
 class Kind:
+    """A kind as these tests see it: its backend, its API resource, the container of its pods
+    that exits, the conditions that end it, and whether it needs the lab's extras."""
+
     backend: str
     resource: tuple[str, str, str]
     container: str
     finished: tuple[str, ...]
+    extras: bool
 
     @property
     def plural(self) -> str:
         return f"{self.resource[2]}.{self.resource[0]}"
 
 
-JOBSET = Kind("jobset", ("jobset.x-k8s.io", "v1alpha2", "jobsets"), "main", ("Completed", "Failed"))
-TRAINJOB = Kind("trainjob", ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "node", ("Complete", "Failed"))
-KINDS = [pytest.param(JOBSET, id="jobset"), pytest.param(TRAINJOB, id="trainjob")]
+JOB_ENDED = ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+JOB = Kind("job", ("batch", "v1", "jobs"), "main", JOB_ENDED, extras=False)
+JOBSET = Kind(
+    "jobset", ("jobset.x-k8s.io", "v1alpha2", "jobsets"), "main", ("Completed", "Failed"), extras=True
+)
+TRAINJOB = Kind(
+    "trainjob", ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "node", ("Complete", "Failed"), extras=True
+)
+KINDS = [pytest.param(kind, id=kind.backend) for kind in (JOB, JOBSET, TRAINJOB)]
+EVERY_STEP = ("Create:1", "Release:1", "Authorize:2", "Create:2", "Release:2")
+CRASH_POINTS = [
+    *(pytest.param(JOB, p, id=f"job-{p}") for p in EVERY_STEP),
+    *(
+        pytest.param(k, p, id=f"{k.backend}-{p}")
+        for k in (JOBSET, TRAINJOB)
+        for p in ("Release:1", "Create:2")
+    ),
+]
+"""Every step of the protocol for the Job (the template kind), the two that matter most (the first
+release and the replacement's create) for the kinds of the extras."""
 
 
 def manifest(kind: Kind, name: str, rules: list[dict[str, Any]], **spec: Any) -> str:
-    body = {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": name},
-        "spec": {
-            "backend": kind.backend,
-            "command": ["python", "train.py"],
-            kind.backend: {
-                "image": "example.invalid/train:1",
-                "resources": {"cpu": "1", "memory": "1Gi"},
-                **({"runtime": "torch-distributed"} if kind is TRAINJOB else {}),
-            },
-            "recovery": {"rules": rules},
-            **spec,
-        },
-    }
-    return yaml.safe_dump(body, sort_keys=False)
+    return lab_manifest(kind.backend, name, rules, **spec)
 
 
 @pytest.fixture
-async def monitor(
-    lab_extras: Lab, crds: KubeCluster, namespace: str, request: pytest.FixtureRequest
-) -> AsyncIterator[ReleaseMonitor]:
+def kind_on_the_lab(request: pytest.FixtureRequest) -> Kind:
+    """The test's kind, with the lab's extras started first when the kind needs them (a sync
+    fixture: the extras start outside the test's event loop)."""
+    kind: Kind = request.node.callspec.params["kind"]
+    if kind.extras:
+        request.getfixturevalue("lab_extras")
+    return kind
+
+
+@pytest.fixture
+async def monitor(crds: KubeCluster, namespace: str, kind_on_the_lab: Kind) -> AsyncIterator[ReleaseMonitor]:
     """Every state of every object of the test's kind in the namespace: never two released at once
     per DispatchJob."""
-    kind: Kind = request.node.callspec.params["kind"]
+    kind = kind_on_the_lab
     watcher = ReleaseMonitor(
         suspended=lambda o: bool((o.get("spec") or {}).get("suspend")), finished=kind.finished
     )
@@ -123,7 +134,7 @@ async def one_pod(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_preemption_is_recovered(
+async def test_preemption_is_recovered_and_the_object_is_built_as_documented(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
@@ -136,6 +147,10 @@ async def test_preemption_is_recovered(
     first = await released(crds, kind, namespace, "finetune", 1)
     assert first["metadata"]["ownerReferences"][0]["kind"] == "DispatchJob"
     assert "dispatch.dev/record-before-delete" in first["metadata"]["finalizers"]
+    if kind is JOB:
+        assert first["spec"]["podReplacementPolicy"] == "Failed"
+        assert first["spec"]["backoffLimit"] == 0
+        assert first["spec"]["template"]["spec"]["containers"][0]["name"] == "main"
     await kubeflow.preempt_pod(namespace, await one_pod(kubeflow, namespace, "finetune", 1))
     await released(crds, kind, namespace, "finetune", 2)
     await kubeflow.exit_pod(
@@ -180,8 +195,8 @@ async def test_exit_codes_and_oom_fail_the_job_with_their_cause(
     monitor.assert_held()
 
 
-@pytest.mark.parametrize("kind", [pytest.param(JOBSET, id="jobset")])
-async def test_a_native_rule_is_enforced_by_jobset(
+@pytest.mark.parametrize("kind", [pytest.param(JOB, id="job"), pytest.param(JOBSET, id="jobset")])
+async def test_a_native_rule_is_enforced_by_the_kinds_own_controller(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
@@ -189,27 +204,47 @@ async def test_a_native_rule_is_enforced_by_jobset(
     monitor: ReleaseMonitor,
     kind: Kind,
 ) -> None:
-    """restart on exactly [non-zero-exit out-of-memory]: planned for the scheduler, built as the
-    JobSet's failurePolicy (maxRestarts 1); JobSet restarts itself after the exit (one object, one
-    submission, every pod recreated) and the second exit fails it with ReachedMaxRestarts."""
+    """restart on exactly [non-zero-exit out-of-memory]: planned for the scheduler, and built so
+    that the kind's controller restarts after an exit (one object, one submission).
+
+    A Job: backoffLimit + podFailurePolicy; the Job controller replaces the failed pod, the restart
+    is on the record, and the replacement succeeds. A JobSet: its failurePolicy (maxRestarts 1);
+    JobSet restarts itself (every pod recreated) and the second exit fails it with
+    ReachedMaxRestarts."""
     rules = [{"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 1}]
     operator("--backend", kind.backend)
     await asyncio.to_thread(apply, crds, namespace, manifest(kind, "native", rules))
     obj = await released(crds, kind, namespace, "native", 1)
-    assert obj["spec"]["failurePolicy"]["maxRestarts"] == 1
+    if kind is JOB:
+        assert obj["spec"]["backoffLimit"] == 1
+        assert [r["action"] for r in obj["spec"]["podFailurePolicy"]["rules"]] == ["FailJob", "Count"]
+    else:
+        assert obj["spec"]["failurePolicy"]["maxRestarts"] == 1
     first = await one_pod(kubeflow, namespace, "native", 1)
     await kubeflow.exit_pod(namespace, first, 1, container=kind.container)
     second = await one_pod(kubeflow, namespace, "native", 1, besides=(first,))
-    await kubeflow.exit_pod(namespace, second, 1, container=kind.container)
+    if kind is JOB:
+        await await_for(
+            "the restart recorded",
+            lambda: (
+                (get_job(crds, namespace, "native")["status"].get("submissions") or [{}])[0].get("restarts")
+                == 1
+            ),
+        )
+    await kubeflow.exit_pod(namespace, second, 0 if kind is JOB else 1, container=kind.container)
     body = await settled(crds, namespace, "native")
     status = body["status"]
-    assert status["state"] == "failed"
-    assert status["cause"]["kind"] == "non-zero-exit"
     assert status["plan"]["rules"][0]["enforcer"] == "scheduler"
     assert [s["n"] for s in status["submissions"]] == [1]
-    (jobset,) = await asyncio.to_thread(objects, crds, kind, namespace)
-    failed = {c["type"]: c for c in jobset["status"]["conditions"]}["Failed"]
-    assert (failed["reason"], jobset["status"]["restarts"]) == ("ReachedMaxRestarts", 1)
+    (only,) = await asyncio.to_thread(objects, crds, kind, namespace)
+    if kind is JOB:
+        assert status["state"] == "succeeded"
+        assert only["metadata"]["name"] == "native-1"
+    else:
+        assert status["state"] == "failed"
+        assert status["cause"]["kind"] == "non-zero-exit"
+        failed = {c["type"]: c for c in only["status"]["conditions"]}["Failed"]
+        assert (failed["reason"], only["status"]["restarts"]) == ("ReachedMaxRestarts", 1)
     monitor.assert_held()
 
 
@@ -240,8 +275,7 @@ async def test_cancel_then_delete_leaves_nothing(
     )
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("point", ["Release:1", "Create:2"])
+@pytest.mark.parametrize(("kind", "point"), CRASH_POINTS)
 async def test_sigkill_mid_protocol_never_two_released_objects(
     crds: KubeCluster,
     namespace: str,
