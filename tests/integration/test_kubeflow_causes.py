@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -30,10 +29,8 @@ from dispatch import (
     Rule,
     State,
     Supervisor,
-    make_plan,
 )
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
-from dispatch._model import SUPERVISOR
 from tests.integration.conftest import (
     OperatorProcess,
     apply,
@@ -45,6 +42,7 @@ from tests.integration.conftest import (
 from tests.support.builders import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
+from tests.support.supervised import stored
 
 pytestmark = pytest.mark.integration
 
@@ -104,17 +102,7 @@ async def supervise(
             recovery=RecoveryPolicy(rules=rules),
             kubeflow=KubeflowOptions(**options),
         )
-        store = MemoryStore()
-        await store.create(
-            Record(
-                job=job,
-                spec=spec,
-                plan=make_plan(job, spec, CAPABILITIES, supervised=True),
-                submitted_by=SUPERVISOR,
-                submitted_at=datetime.now(UTC),
-                supervised=True,
-            )
-        )
+        store, _ = await stored(job, spec, CAPABILITIES)
         backend = KubeflowBackend(api)
         task = asyncio.create_task(Supervisor(backend, store).run(job))
         run = Run(job, name, namespace, store, backend, task)

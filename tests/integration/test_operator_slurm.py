@@ -20,14 +20,7 @@ import yaml
 
 from dispatch._backends.slurm._adapter import open_adapter
 from dispatch._dispatchjob import record_from
-from tests.integration.conftest import (
-    OperatorProcess,
-    apply,
-    await_for,
-    condition,
-    get_job,
-    history,
-)
+from tests.integration.conftest import OperatorProcess, apply, await_for, condition, get_job, history
 from tests.support.builders import SEED_HISTORY, manifest
 from tests.support.kube import KubeCluster
 from tests.support.slurmlab import SlurmLab

@@ -83,10 +83,9 @@ def manifest(kind: Kind, name: str, rules: list[dict[str, Any]], **spec: Any) ->
 
 
 @pytest.fixture
-def kind_on_the_lab(request: pytest.FixtureRequest) -> Kind:
-    """The test's kind, with the lab's extras started first when the kind needs them (a sync
-    fixture: the extras start outside the test's event loop)."""
-    kind: Kind = request.node.callspec.params["kind"]
+def kind_on_the_lab(kind: Kind, request: pytest.FixtureRequest) -> Kind:
+    """The test's kind (its parameter), with the lab's extras started first when the kind needs
+    them (a sync fixture: the extras start outside the test's event loop)."""
     if kind.extras:
         request.getfixturevalue("lab_extras")
     return kind
@@ -133,37 +132,76 @@ async def one_pod(
     return pod
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_preemption_is_recovered_and_the_object_is_built_as_documented(
+@dataclass
+class Run:
+    """One test's lab, operator and watch for its kind: what every test below starts from."""
+
+    crds: KubeCluster
+    namespace: str
+    operator: Callable[..., OperatorProcess]
+    kubeflow: Kubeflow
+    monitor: ReleaseMonitor
+    kind: Kind
+
+    async def submit(self, name: str, rules: list[dict[str, Any]], **spec: Any) -> None:
+        """``kubectl apply`` of a DispatchJob of the kind named ``name``."""
+        await asyncio.to_thread(apply, self.crds, self.namespace, manifest(self.kind, name, rules, **spec))
+
+    async def start(self, name: str, rules: list[dict[str, Any]], **env: str) -> OperatorProcess:
+        """An operator for the kind (with ``env``), then the DispatchJob ``name`` applied."""
+        op = self.operator("--backend", self.kind.backend, env=env)
+        await self.submit(name, rules)
+        return op
+
+    async def released(self, name: str, n: int) -> dict[str, Any]:
+        return await released(self.crds, self.kind, self.namespace, name, n)
+
+    async def one_pod(self, name: str, n: int, besides: tuple[str, ...] = ()) -> str:
+        return await one_pod(self.kubeflow, self.namespace, name, n, besides)
+
+    async def exit_pod(self, pod: str, code: int, reason: str | None = None) -> None:
+        await self.kubeflow.exit_pod(self.namespace, pod, code, reason=reason, container=self.kind.container)
+
+    async def settled(self, name: str) -> dict[str, Any]:
+        return await settled(self.crds, self.namespace, name)
+
+    async def objects(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(objects, self.crds, self.kind, self.namespace)
+
+
+@pytest.fixture
+def run(
     crds: KubeCluster,
     namespace: str,
     operator: Callable[..., OperatorProcess],
     kubeflow: Kubeflow,
     monitor: ReleaseMonitor,
-    kind: Kind,
-) -> None:
-    operator("--backend", kind.backend)
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "finetune", PREEMPTED_ONCE))
-    first = await released(crds, kind, namespace, "finetune", 1)
+    kind_on_the_lab: Kind,
+) -> Run:
+    return Run(crds, namespace, operator, kubeflow, monitor, kind_on_the_lab)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_preemption_is_recovered_and_the_object_is_built_as_documented(run: Run) -> None:
+    await run.start("finetune", PREEMPTED_ONCE)
+    first = await run.released("finetune", 1)
     assert first["metadata"]["ownerReferences"][0]["kind"] == "DispatchJob"
     assert "dispatch.dev/record-before-delete" in first["metadata"]["finalizers"]
-    if kind is JOB:
+    if run.kind is JOB:
         assert first["spec"]["podReplacementPolicy"] == "Failed"
         assert first["spec"]["backoffLimit"] == 0
         assert first["spec"]["template"]["spec"]["containers"][0]["name"] == "main"
-    await kubeflow.preempt_pod(namespace, await one_pod(kubeflow, namespace, "finetune", 1))
-    await released(crds, kind, namespace, "finetune", 2)
-    await kubeflow.exit_pod(
-        namespace, await one_pod(kubeflow, namespace, "finetune", 2), 0, container=kind.container
-    )
-    body = await settled(crds, namespace, "finetune")
+    await run.kubeflow.preempt_pod(run.namespace, await run.one_pod("finetune", 1))
+    await run.released("finetune", 2)
+    await run.exit_pod(await run.one_pod("finetune", 2), 0)
+    body = await run.settled("finetune")
     status = body["status"]
     assert history(body) == SEED_HISTORY
     assert status["submissions"][0]["cause"]["kind"] == "preempted"
     assert status["plan"]["rules"][0]["enforcer"] == "supervisor"
-    monitor.assert_held()
-    assert monitor.max_live.get("finetune", 0) == 1
-    assert monitor.released["finetune"] == {"finetune-1", "finetune-2"}
+    run.monitor.assert_held()
+    assert run.monitor.max_live.get("finetune", 0) == 1
+    assert run.monitor.released["finetune"] == {"finetune-1", "finetune-2"}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -171,39 +209,22 @@ async def test_preemption_is_recovered_and_the_object_is_built_as_documented(
     ("code", "reason", "cause"), [(3, None, "non-zero-exit"), (137, "OOMKilled", "out-of-memory")]
 )
 async def test_exit_codes_and_oom_fail_the_job_with_their_cause(
-    crds: KubeCluster,
-    namespace: str,
-    operator: Callable[..., OperatorProcess],
-    kubeflow: Kubeflow,
-    monitor: ReleaseMonitor,
-    kind: Kind,
-    code: int,
-    reason: str | None,
-    cause: str,
+    run: Run, code: int, reason: str | None, cause: str
 ) -> None:
     """For a TrainJob the exit is a restart in place by the kubelet (the runtime's pods are
     OnFailure): no rule asked for it, so dispatch stops the TrainJob and the job fails with it."""
-    operator("--backend", kind.backend)
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "fails", PREEMPTED_ONCE))
-    pod = await one_pod(kubeflow, namespace, "fails", 1)
-    await kubeflow.exit_pod(namespace, pod, code, reason=reason, container=kind.container)
-    body = await settled(crds, namespace, "fails")
+    await run.start("fails", PREEMPTED_ONCE)
+    await run.exit_pod(await run.one_pod("fails", 1), code, reason)
+    body = await run.settled("fails")
     status = body["status"]
     assert status["state"] == "failed"
     assert status["cause"]["kind"] == cause
     assert status["cause"]["exitCode"] == code
-    monitor.assert_held()
+    run.monitor.assert_held()
 
 
 @pytest.mark.parametrize("kind", [pytest.param(JOB, id="job"), pytest.param(JOBSET, id="jobset")])
-async def test_a_native_rule_is_enforced_by_the_kinds_own_controller(
-    crds: KubeCluster,
-    namespace: str,
-    operator: Callable[..., OperatorProcess],
-    kubeflow: Kubeflow,
-    monitor: ReleaseMonitor,
-    kind: Kind,
-) -> None:
+async def test_a_native_rule_is_enforced_by_the_kinds_own_controller(run: Run) -> None:
     """restart on exactly [non-zero-exit out-of-memory]: planned for the scheduler, and built so
     that the kind's controller restarts after an exit (one object, one submission).
 
@@ -211,33 +232,33 @@ async def test_a_native_rule_is_enforced_by_the_kinds_own_controller(
     is on the record, and the replacement succeeds. A JobSet: its failurePolicy (maxRestarts 1);
     JobSet restarts itself (every pod recreated) and the second exit fails it with
     ReachedMaxRestarts."""
-    rules = [{"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 1}]
-    operator("--backend", kind.backend)
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "native", rules))
-    obj = await released(crds, kind, namespace, "native", 1)
-    if kind is JOB:
+    is_job = run.kind is JOB
+    await run.start("native", [{"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 1}])
+    obj = await run.released("native", 1)
+    if is_job:
         assert obj["spec"]["backoffLimit"] == 1
         assert [r["action"] for r in obj["spec"]["podFailurePolicy"]["rules"]] == ["FailJob", "Count"]
     else:
         assert obj["spec"]["failurePolicy"]["maxRestarts"] == 1
-    first = await one_pod(kubeflow, namespace, "native", 1)
-    await kubeflow.exit_pod(namespace, first, 1, container=kind.container)
-    second = await one_pod(kubeflow, namespace, "native", 1, besides=(first,))
-    if kind is JOB:
+    first = await run.one_pod("native", 1)
+    await run.exit_pod(first, 1)
+    second = await run.one_pod("native", 1, besides=(first,))
+    if is_job:
         await await_for(
             "the restart recorded",
             lambda: (
-                (get_job(crds, namespace, "native")["status"].get("submissions") or [{}])[0].get("restarts")
+                (get_job(run.crds, run.namespace, "native")["status"].get("submissions") or [{}])[0].get(
+                    "restarts"
+                )
                 == 1
             ),
         )
-    await kubeflow.exit_pod(namespace, second, 0 if kind is JOB else 1, container=kind.container)
-    body = await settled(crds, namespace, "native")
-    status = body["status"]
+    await run.exit_pod(second, 0 if is_job else 1)
+    status = (await run.settled("native"))["status"]
     assert status["plan"]["rules"][0]["enforcer"] == "scheduler"
     assert [s["n"] for s in status["submissions"]] == [1]
-    (only,) = await asyncio.to_thread(objects, crds, kind, namespace)
-    if kind is JOB:
+    (only,) = await run.objects()
+    if is_job:
         assert status["state"] == "succeeded"
         assert only["metadata"]["name"] == "native-1"
     else:
@@ -245,25 +266,18 @@ async def test_a_native_rule_is_enforced_by_the_kinds_own_controller(
         assert status["cause"]["kind"] == "non-zero-exit"
         failed = {c["type"]: c for c in only["status"]["conditions"]}["Failed"]
         assert (failed["reason"], only["status"]["restarts"]) == ("ReachedMaxRestarts", 1)
-    monitor.assert_held()
+    run.monitor.assert_held()
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_cancel_then_delete_leaves_nothing(
-    crds: KubeCluster,
-    namespace: str,
-    operator: Callable[..., OperatorProcess],
-    kubeflow: Kubeflow,
-    monitor: ReleaseMonitor,
-    kind: Kind,
-) -> None:
-    operator("--backend", kind.backend)
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "stopme", PREEMPTED_ONCE))
-    await one_pod(kubeflow, namespace, "stopme", 1)
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "stopme", PREEMPTED_ONCE, cancel=True))
-    body = await settled(crds, namespace, "stopme")
+async def test_cancel_then_delete_leaves_nothing(run: Run) -> None:
+    await run.start("stopme", PREEMPTED_ONCE)
+    await run.one_pod("stopme", 1)
+    await run.submit("stopme", PREEMPTED_ONCE, cancel=True)
+    body = await run.settled("stopme")
     assert body["status"]["state"] == "cancelled"
-    assert await asyncio.to_thread(objects, crds, kind, namespace) == []
+    assert await run.objects() == []
+    crds, namespace = run.crds, run.namespace
     await asyncio.to_thread(crds.kubectl, "delete", "dispatchjob", "stopme", "-n", namespace, "--timeout=60s")
     await await_for(
         "no pods left",
@@ -276,27 +290,18 @@ async def test_cancel_then_delete_leaves_nothing(
 
 
 @pytest.mark.parametrize(("kind", "point"), CRASH_POINTS)
-async def test_sigkill_mid_protocol_never_two_released_objects(
-    crds: KubeCluster,
-    namespace: str,
-    operator: Callable[..., OperatorProcess],
-    kubeflow: Kubeflow,
-    monitor: ReleaseMonitor,
-    kind: Kind,
-    point: str,
-) -> None:
+async def test_sigkill_mid_protocol_never_two_released_objects(run: Run, point: str) -> None:
     """The operator SIGKILLed right after a step of the protocol (its test hook), restarted without
     the hook: the seed's history, each submission authorized once, and at no moment two released
     objects of the DispatchJob."""
-    op = operator("--backend", kind.backend, env={"DISPATCH_TEST_CRASH_AFTER": point})
-    await asyncio.to_thread(apply, crds, namespace, manifest(kind, "crash", PREEMPTED_ONCE))
+    op = await run.start("crash", PREEMPTED_ONCE, DISPATCH_TEST_CRASH_AFTER=point)
     acted: set[str] = set()
     deadline = time.monotonic() + 2 * WAIT
     body: dict[str, Any] = {}
     while time.monotonic() < deadline:
         if not op.running:
             op.start(env={"DISPATCH_TEST_CRASH_AFTER": ""})
-        for obj in await asyncio.to_thread(objects, crds, kind, namespace):
+        for obj in await run.objects():
             name = obj["metadata"]["name"]
             if (
                 name in acted
@@ -305,13 +310,13 @@ async def test_sigkill_mid_protocol_never_two_released_objects(
             ):
                 continue
             n = int(obj["metadata"]["labels"]["dispatch.dev/submission"])
-            running = await kubeflow.wait_workload_pods(namespace, "crash", n)
+            running = await run.kubeflow.wait_workload_pods(run.namespace, "crash", n)
             acted.add(name)
             if n == 1:
-                await kubeflow.preempt_pod(namespace, running[0])
+                await run.kubeflow.preempt_pod(run.namespace, running[0])
             else:
-                await kubeflow.exit_pod(namespace, running[0], 0, container=kind.container)
-        body = await asyncio.to_thread(get_job, crds, namespace, "crash")
+                await run.exit_pod(running[0], 0)
+        body = await asyncio.to_thread(get_job, run.crds, run.namespace, "crash")
         if (body.get("status") or {}).get("settled"):
             break
         await asyncio.sleep(0.3)
@@ -319,7 +324,7 @@ async def test_sigkill_mid_protocol_never_two_released_objects(
     assert op.starts == 2, f"expected one crash at {point}:\n{op.log()[-3000:]}"
     assert history(body) == SEED_HISTORY
     assert [s["n"] for s in body["status"]["submissions"]] == [1, 2]
-    monitor.assert_held()
-    assert monitor.max_live.get("crash", 0) <= 1
+    run.monitor.assert_held()
+    assert run.monitor.max_live.get("crash", 0) <= 1
     canonicals = {s["canonical"].split("/", 1)[1] for s in body["status"]["submissions"]}
-    assert monitor.released.get("crash", set()) <= canonicals
+    assert run.monitor.released.get("crash", set()) <= canonicals

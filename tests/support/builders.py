@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel
 
-from dispatch._model import Action, CauseKind, Enforcer, JobSpec, PlannedRule, Resources
+from dispatch._model import Action, Actor, ActorKind, CauseKind, Enforcer, JobSpec, PlannedRule, Resources
 from dispatch._workload import Target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +25,8 @@ RESOURCES: Mapping[str, str] = {"cpu": "1", "memory": "1Gi"}
 
 SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 """The seed scenario's transitions (from, to, submission, cause): preempted once, then succeeded."""
+ALICE = Actor(kind=ActorKind.HUMAN, id="alice")
+"""The user who submits the library-mode tests' jobs."""
 PREEMPTED_ONCE: list[dict[str, Any]] = [{"on": ["preempted"], "budget": 1}]
 """The smallest recovery that makes the seed scenario: one resubmission after a preemption."""
 
