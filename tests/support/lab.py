@@ -58,11 +58,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.controlplane import detached_cli
+from tests.support.lab_api import *  # noqa: F403
 
 # Every public name of the lab's three modules is importable from here (their __all__).
 from tests.support.lab_cluster import *  # noqa: F403
 from tests.support.lab_cluster import Lab, release_trainer_cert_dir
 from tests.support.lab_facade import *  # noqa: F403
+from tests.support.lab_failures import *  # noqa: F403
 from tests.support.lab_setup import *  # noqa: F403
 from tests.support.lab_setup import EXTRAS
 

@@ -7,18 +7,12 @@ taints, node loss, eviction) and the audit log. See :mod:`tests.support.lab` for
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
-import secrets
 import shutil
-import subprocess
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,6 +32,7 @@ from tests.support.controlplane import (
     _write,
     resolve_binaries,
 )
+from tests.support.lab_failures import LabFailures
 from tests.support.lab_setup import (
     APISERVER_TOLERATION_FLAGS,
     AUDIT_POLICY,
@@ -49,15 +44,7 @@ from tests.support.lab_setup import (
     KUEUE_NAMESPACE,
     KUEUE_SECRET,
     KWOK_CONFIG,
-    KWOK_NODE_LABEL,
     LOW_PRIORITY,
-    NODE_CPU,
-    NODE_GPU,
-    NODE_MEMORY,
-    NODE_PODS,
-    NODE_PREFIX,
-    PREEMPT_ATTEMPTS,
-    TAINT_KEY,
     TRAINER_CERT_DIR,
     TRAINER_NAMESPACE,
     TRAINER_WEBHOOKS,
@@ -65,6 +52,7 @@ from tests.support.lab_setup import (
     TRAINING_OPERATOR_SA,
     WEBHOOK_NAME,
     WRITE_VERBS,
+    ApiStatus,
     LabBinaries,
     LabError,
     expand_extras,
@@ -75,7 +63,7 @@ from tests.support.lab_setup import (
 )
 
 
-class Lab:
+class Lab(LabFailures):
     """The whole lab. ``start()``/``stop()`` or a context manager; see the module docstring."""
 
     def __init__(
@@ -88,7 +76,6 @@ class Lab:
         extras: Sequence[str] = (),
     ) -> None:
         self.dir = Path(workdir).resolve()
-        self.node_count = nodes
         self.start_timeout = start_timeout
         self.with_training_operator = training_operator
         self.extras = expand_extras(extras)
@@ -110,26 +97,9 @@ class Lab:
         self.start_seconds = 0.0
         self.ports: dict[str, int] = {}
         self._to_kubeconfig: Path | None = None
-        self._ssl: Any = None
+        super().__init__(self.cp, nodes)
 
     # ---- lifecycle -----------------------------------------------------------------
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.cp.kubeconfig
-
-    @property
-    def server(self) -> str:
-        return self.cp.server
-
-    @property
-    def kubectl_bin(self) -> str:
-        assert self.cp.binaries is not None
-        return self.cp.binaries.kubectl
-
-    @property
-    def nodes(self) -> list[str]:
-        return [f"{NODE_PREFIX}{i}" for i in range(self.node_count)]
 
     def __enter__(self) -> Lab:
         try:
@@ -227,7 +197,7 @@ class Lab:
             self.start_training_operator(detach=detach)
         self.start_extras(self.extras, detach=detach)
         while True:
-            ready = self._ready_nodes()
+            ready = self.ready_nodes()
             if all(n in ready for n in self.nodes):
                 break
             if kwok.popen is not None and kwok.popen.poll() is not None:
@@ -754,364 +724,6 @@ class Lab:
     def _release_trainer_cert_dir(self) -> None:
         release_trainer_cert_dir(self.dir)
 
-    # ---- API access ----------------------------------------------------------------
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
-    ) -> str:
-        argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
-        if check and proc.returncode != 0:
-            raise LabError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
-        return proc.stdout
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        query: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """One API request as the admin (no kubectl process); raises ApiStatus on non-2xx."""
-        if self._ssl is None:
-            self._ssl = self.cp.admin_ssl_context()
-        url = self.server + path + (("?" + urllib.parse.urlencode(query)) if query else "")
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
-        try:
-            with urllib.request.urlopen(req, timeout=30, context=self._ssl) as resp:
-                out: dict[str, Any] = json.loads(resp.read() or b"{}")
-                return out
-        except urllib.error.HTTPError as e:
-            text = e.read().decode(errors="replace")
-            e.close()
-            raise ApiStatus(e.code, f"{method} {path}: HTTP {e.code}: {text}") from None
-
-    def mint_user(self, name: str, groups: Sequence[str] = ()) -> Path:
-        return self.cp.mint_user(name, groups)
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except ApiStatus as e:
-            if e.code == 404:
-                return None
-            raise
-
-    def pods(self, namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
-        query = {"labelSelector": label_selector} if label_selector else None
-        out = self.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query)
-        return list(out.get("items") or [])
-
-    def node(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self.request("GET", f"/api/v1/nodes/{name}")
-        except ApiStatus as e:
-            if e.code == 404:
-                return None
-            raise
-
-    def _ready_nodes(self) -> set[str]:
-        items = self.request("GET", "/api/v1/nodes").get("items") or []
-        return {
-            n["metadata"]["name"]
-            for n in items
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions") or ()
-            )
-        }
-
-    def wait(self, what: str, probe: Any, timeout: float = 90.0, interval: float = 0.1) -> Any:
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = probe()
-            if last:
-                return last
-            time.sleep(interval)
-        raise LabError(f"timed out waiting for {what}; last: {last!r}")
-
-    def pod_node(self, namespace: str, name: str, timeout: float = 60.0) -> str:
-        """The node a pod is bound to (waits for the binding)."""
-
-        def bound() -> str:
-            pod = self.pod(namespace, name)
-            return str((pod or {}).get("spec", {}).get("nodeName") or "")
-
-        return str(self.wait(f"pod {namespace}/{name} bound to a node", bound, timeout))
-
-    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        self.request(
-            "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}",
-            {"metadata": {"annotations": dict(annotations)}},
-            content_type="application/merge-patch+json",
-        )
-
-    # ---- what a kubelet reports (kwok stages) --------------------------------------
-
-    def exit_pod(
-        self,
-        namespace: str,
-        name: str,
-        code: int,
-        *,
-        reason: str | None = None,
-        message: str | None = None,
-        container: str = "pytorch",
-    ) -> None:
-        """A container exits with CODE (kwok stage lab-container-exit; see kwok.yaml)."""
-        ann = {"lab.dispatch.io/exit-code": str(code), "lab.dispatch.io/exit-container": container}
-        if reason:
-            ann["lab.dispatch.io/exit-reason"] = reason
-        if message:
-            ann["lab.dispatch.io/exit-message"] = message
-        self._wait_running(namespace, name)
-        self.annotate_pod(namespace, name, ann)
-
-    def deadline_pod(self, namespace: str, name: str) -> None:
-        """The kubelet's activeDeadlineSeconds kill: Failed, reason DeadlineExceeded."""
-        self.annotate_pod(namespace, name, {"lab.dispatch.io/deadline": "true"})
-
-    def shutdown_pod(self, namespace: str, name: str) -> None:
-        """The kubelet's graceful node shutdown: Failed, DisruptionTarget TerminationByKubelet."""
-        self.annotate_pod(namespace, name, {"lab.dispatch.io/node-shutdown": "true"})
-
-    def waiting_pod(
-        self, namespace: str, name: str, reason: str, message: str = "", container: str = "pytorch"
-    ) -> None:
-        """The container goes waiting with REASON (e.g. CreateContainerConfigError)."""
-        self.annotate_pod(
-            namespace,
-            name,
-            {
-                "lab.dispatch.io/waiting-reason": reason,
-                "lab.dispatch.io/waiting-message": message,
-                "lab.dispatch.io/waiting-container": container,
-            },
-        )
-
-    def _wait_running(self, namespace: str, name: str) -> None:
-        def running() -> bool:
-            pod = self.pod(namespace, name)
-            return bool(pod and pod.get("status", {}).get("phase") == "Running")
-
-        self.wait(f"pod {namespace}/{name} Running", running, 60)
-
-    # ---- what the control plane does (real mechanisms) -----------------------------
-
-    def preempt_pod(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        keep: bool = False,
-        whole_node: bool = False,
-        timeout: float = 60.0,
-    ) -> str:
-        """Real preemption by kube-scheduler: a ``lab-high`` pod for the victim's node that needs
-        the victim's cpu and refuses to share the node with it (required pod anti-affinity on a
-        label put on the victim). The scheduler's smallest set of victims is then exactly that
-        pod, whatever else runs or arrives on the node meanwhile (so concurrent preemptions never
-        take a neighbour). With ``whole_node`` the preemptor asks for the node's whole cpu (a full
-        node) and every lower-priority pod there goes.
-        Returns the preemptor's name; unless ``keep``, it is deleted once it is bound."""
-        node_name = self.pod_node(namespace, name)
-        node = self.node(node_name)
-        victim = self.pod(namespace, name)
-        if node is None or victim is None:
-            raise LabError(f"pod {namespace}/{name} or its node {node_name} does not exist")
-        uid = victim["metadata"]["uid"]
-        token = secrets.token_hex(3)
-        spec: dict[str, Any] = {
-            "priorityClassName": HIGH_PRIORITY,
-            "nodeSelector": {"kubernetes.io/hostname": node_name},
-            "terminationGracePeriodSeconds": 0,
-        }
-        if whole_node:
-            cpu = node["status"]["allocatable"]["cpu"]
-        else:
-            self.request(
-                "PATCH",
-                f"/api/v1/namespaces/{namespace}/pods/{name}",
-                {"metadata": {"labels": {"lab.dispatch.io/victim": token}}},
-                content_type="application/merge-patch+json",
-            )
-            cpu = f"{max(_millicpu(_pod_cpu(victim)), 1)}m"
-            spec["affinity"] = {
-                "podAntiAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": [
-                        {
-                            "labelSelector": {"matchLabels": {"lab.dispatch.io/victim": token}},
-                            "topologyKey": "kubernetes.io/hostname",
-                        }
-                    ]
-                }
-            }
-        spec["containers"] = [
-            {"name": "hog", "image": "lab.invalid/hog:1", "resources": {"requests": {"cpu": cpu}}}
-        ]
-
-        def disrupted() -> bool:
-            pod = self.pod(namespace, name)
-            if pod is None or pod["metadata"]["uid"] != uid:
-                return True
-            return any(
-                c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                for c in pod.get("status", {}).get("conditions") or ()
-            )
-
-        def bound(pod_name: str) -> bool:
-            return bool((self.pod(namespace, pod_name) or {}).get("spec", {}).get("nodeName"))
-
-        def preempts(preemptor: str) -> bool:
-            """Create ``preemptor``; True once the victim is disrupted, False when the preemptor
-            was bound beside it (then deleted again)."""
-            self.request(
-                "POST",
-                f"/api/v1/namespaces/{namespace}/pods",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": preemptor, "labels": {"lab.dispatch.io/preemptor": "true"}},
-                    "spec": spec,
-                },
-            )
-            try:
-                # A preemptor is bound only once its victims are gone, so bound while the victim
-                # stays undisrupted means kube-scheduler found room beside it: its cache did not
-                # have the victim's new label yet (the anti-affinity could not hold).
-                self.wait(
-                    f"preemption of {namespace}/{name} on {node_name}",
-                    lambda: disrupted() or bound(preemptor),
-                    timeout,
-                )
-                if disrupted():
-                    if not keep:
-                        self.wait(f"preemptor {preemptor} bound", lambda: bound(preemptor), timeout)
-                    return True
-            except LabError as e:
-                raise LabError(f"{e}; preemptor: {self.pod(namespace, preemptor)}") from None
-            self.delete_pod(namespace, preemptor, grace_seconds=0)
-            self.wait(f"preemptor {preemptor} gone", lambda: self.pod(namespace, preemptor) is None, timeout)
-            return False
-
-        for attempt in range(1, PREEMPT_ATTEMPTS + 1):
-            preemptor = f"lab-preemptor-{token}-{attempt}"
-            if preempts(preemptor):
-                break
-        else:
-            raise LabError(f"{PREEMPT_ATTEMPTS} preemptors of {namespace}/{name} were bound beside it")
-        if not keep:
-            self.delete_pod(namespace, preemptor, grace_seconds=0)
-        return preemptor
-
-    def evict_pod(self, namespace: str, name: str) -> None:
-        """The Eviction API (what ``kubectl drain`` uses): DisruptionTarget EvictionByEvictionAPI."""
-        self.request(
-            "POST",
-            f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
-            {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": name, "namespace": namespace},
-            },
-        )
-
-    def delete_pod(self, namespace: str, name: str, *, grace_seconds: int | None = None) -> None:
-        query = {"gracePeriodSeconds": str(grace_seconds)} if grace_seconds is not None else None
-        with contextlib.suppress(ApiStatus):
-            self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", query=query)
-
-    def _patch_node(self, name: str, change: Any) -> None:
-        for _ in range(20):
-            node = self.node(name)
-            if node is None:
-                raise LabError(f"node {name} does not exist")
-            patch = change(node)
-            if patch is None:
-                return
-            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
-            try:
-                self.request(
-                    "PATCH", f"/api/v1/nodes/{name}", patch, content_type="application/merge-patch+json"
-                )
-                return
-            except ApiStatus as e:
-                if e.code != 409:
-                    raise
-        raise LabError(f"node {name} kept changing")
-
-    def taint_node(self, name: str, key: str = TAINT_KEY, effect: str = "NoExecute") -> None:
-        """A taint on the node; with NoExecute the taint-eviction controller deletes the pods
-        that do not tolerate it (DisruptionTarget DeletionByTaintManager)."""
-
-        def change(node: dict[str, Any]) -> dict[str, Any] | None:
-            taints = list(node.get("spec", {}).get("taints") or [])
-            if any(t["key"] == key and t["effect"] == effect for t in taints):
-                return None
-            return {"spec": {"taints": [*taints, {"key": key, "value": "true", "effect": effect}]}}
-
-        self._patch_node(name, change)
-
-    def untaint_node(self, name: str, key: str = TAINT_KEY) -> None:
-        def change(node: dict[str, Any]) -> dict[str, Any] | None:
-            taints = list(node.get("spec", {}).get("taints") or [])
-            kept = [t for t in taints if t["key"] != key]
-            return None if kept == taints else {"spec": {"taints": kept}}
-
-        if self.node(name) is not None:
-            self._patch_node(name, change)
-
-    def node_not_ready(self, name: str) -> None:
-        """kwok stops managing the node (as if its kubelet died): no lease renewals, its pods no
-        longer played. node-lifecycle marks it Ready=Unknown after the grace period and taints it
-        unreachable:NoExecute; its pods are evicted after their toleration (5 s in the lab)."""
-        self._patch_node(name, lambda node: {"metadata": {"labels": {KWOK_NODE_LABEL: None}}})
-
-    def node_ready(self, name: str) -> None:
-        """kwok manages the node again: Ready, lease renewed; node-lifecycle lifts its taints."""
-        if self.node(name) is None:
-            return
-        self._patch_node(name, lambda node: {"metadata": {"labels": {KWOK_NODE_LABEL: "fake"}}})
-
-    def delete_node(self, name: str) -> None:
-        """Delete the Node object: pod GC force-deletes its pods (after ~40-60 s, hard-coded)."""
-        with contextlib.suppress(ApiStatus):
-            self.request("DELETE", f"/api/v1/nodes/{name}")
-
-    def add_node(
-        self,
-        name: str,
-        *,
-        cpu: str = NODE_CPU,
-        memory: str = NODE_MEMORY,
-        gpu: int = NODE_GPU,
-        pods: str = NODE_PODS,
-    ) -> str:
-        """A new kwok node (Ready within a second or so)."""
-        self.kubectl(
-            "create",
-            "-f",
-            "-",
-            input=yaml.safe_dump(node_manifest(name, cpu=cpu, memory=memory, gpu=gpu, pods=pods)),
-        )
-        self.wait(f"node {name} Ready", lambda: name in self._ready_nodes(), 60)
-        return name
-
-    def restore_nodes(self) -> None:
-        """Bring the base nodes back to their start state (after a test changed them)."""
-        for name in self.nodes:
-            node = self.node(name)
-            if node is None:
-                self.add_node(name)
-                continue
-            self.untaint_node(name)
-            self.node_ready(name)
-
     # ---- the audit log -------------------------------------------------------------
 
     def audit_mark(self) -> int:
@@ -1163,26 +775,6 @@ class Lab:
         state_file.write_text(json.dumps(state, indent=2))
 
 
-def _millicpu(quantity: str) -> int:
-    q = str(quantity)
-    return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
-
-
-def _pod_cpu(pod: dict[str, Any]) -> str:
-    """A pod's cpu request as the scheduler counts it: the sum over its containers (requests,
-    or limits when only limits are set), or the largest init container's if that is more."""
-    spec = pod.get("spec") or {}
-
-    def cpu(c: dict[str, Any]) -> int:
-        res = c.get("resources") or {}
-        value = (res.get("requests") or {}).get("cpu") or (res.get("limits") or {}).get("cpu") or "0"
-        return _millicpu(str(value))
-
-    main = sum(cpu(c) for c in spec.get("containers") or ())
-    init = max((cpu(c) for c in spec.get("initContainers") or ()), default=0)
-    return f"{max(main, init)}m"
-
-
 def cert_dir_holder(owner_file: Path) -> str | None:
     """The lab dir holding Trainer's global cert dir, or None when no recorded holder lives.
     A dir without owner.json yet is held (its creator is between mkdir and the write)."""
@@ -1211,16 +803,7 @@ def release_trainer_cert_dir(lab_dir: Path | str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-class ApiStatus(LabError):
-    """The API server answered with an error status."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 __all__ = [
-    "ApiStatus",
     "Lab",
     "cert_dir_holder",
     "release_trainer_cert_dir",

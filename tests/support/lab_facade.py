@@ -10,14 +10,12 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tests.support.lab_cluster import (
-    ApiStatus,
-    Lab,
-)
+from tests.support.lab_cluster import Lab
 from tests.support.lab_setup import (
     NODE_CPU,
     NODE_GPU,
     NODE_MEMORY,
+    ApiStatus,
 )
 
 # ---- the async facade for tests (the old fake's method names) ---------------------------

@@ -84,6 +84,14 @@ class LabError(RuntimeError):
     """The lab could not start, or a failure mechanism did not take effect."""
 
 
+class ApiStatus(LabError):
+    """The API server answered with an error status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class Kubectl(Protocol):
     """kubectl against one cluster (the lab's, the tests' ``KubeCluster``, hack/'s recorders'):
     its arguments in, its stdout out; ``check=False`` returns instead of raising on an error."""
@@ -253,6 +261,7 @@ __all__ = [
     "UNPULLABLE_IMAGE",
     "WEBHOOK_NAME",
     "WRITE_VERBS",
+    "ApiStatus",
     "Kubectl",
     "LabBinaries",
     "LabError",
