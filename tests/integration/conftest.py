@@ -413,17 +413,22 @@ def released(pj: Mapping[str, Any]) -> bool:
     return not bool(((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
 
 
-async def released_pj(cluster: KubeCluster, namespace: str, submission: int) -> dict[str, Any]:
-    """The namespace's released PyTorchJob of ``submission`` (waits up to WAIT)."""
+async def released_pj(
+    cluster: KubeCluster, namespace: str, submission: int, *, job: str | None = None, within: float = WAIT
+) -> dict[str, Any]:
+    """The namespace's released PyTorchJob of ``submission`` (of DispatchJob ``job`` when named;
+    waits up to ``within``)."""
 
     def probe() -> dict[str, Any] | None:
         for pj in pytorchjobs(cluster, namespace):
             labels = pj["metadata"].get("labels") or {}
-            if labels.get("dispatch.dev/submission") == str(submission) and released(pj):
+            mine = job is None or labels.get("dispatch.dev/job") == job
+            if mine and labels.get("dispatch.dev/submission") == str(submission) and released(pj):
                 return pj
         return None
 
-    found: dict[str, Any] = await await_for(f"submission {submission} released", probe)
+    what = f"{job} submission {submission} released" if job else f"submission {submission} released"
+    found: dict[str, Any] = await await_for(what, probe, within=within)
     return found
 
 

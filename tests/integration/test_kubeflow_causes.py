@@ -39,7 +39,7 @@ from tests.integration.conftest import (
     get_job,
     history,
 )
-from tests.support.builders import owner_manifest
+from tests.support.builders import SEED_HISTORY, owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
 from tests.support.supervised import stored
@@ -414,10 +414,7 @@ async def test_preemption_while_the_operator_is_killed_is_still_preempted(
             return body if (body.get("status") or {}).get("settled") else None
 
         body = await await_for("the job to settle", settled, within=GUARD)
-    assert history(body) == [
-        ("pending", "recovering", 2, "preempted"),
-        ("recovering", "succeeded", 2, "none"),
-    ]
+    assert history(body) == SEED_HISTORY
     first = body["status"]["submissions"][0]["cause"]
     assert "Preempted" in first["detail"], first
 

@@ -17,6 +17,8 @@ from dispatch._model import Action, Actor, ActorKind, CauseKind, Enforcer, JobSp
 from dispatch._workload import Target
 
 REPO = Path(__file__).resolve().parents[2]
+SEED_EXAMPLE = REPO / "examples" / "seed-dispatchjob.yaml"
+"""The seed's DispatchJob as the tutorial gives it."""
 API_VERSION = "dispatch.dev/v1alpha1"
 IMAGE = "example.invalid/train:1"
 """The image of a DispatchJob on the lab (kwok runs no container, so it is never pulled)."""
@@ -146,7 +148,7 @@ def owner_manifest(namespace: str, name: str, image: str = IMAGE) -> dict[str, A
 def seed_job(name: str, **spec: Any) -> str:
     """The seed's DispatchJob (``examples/seed-dispatchjob.yaml``) on Kubeflow, named ``name``,
     with ``spec`` on top: the tutorial's job as the user applies it."""
-    body = yaml.safe_load((REPO / "examples" / "seed-dispatchjob.yaml").read_text())
+    body = yaml.safe_load(SEED_EXAMPLE.read_text())
     body["metadata"]["name"] = name
     body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
     return yaml.safe_dump(body)
