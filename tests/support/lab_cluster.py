@@ -1,7 +1,7 @@
 """The lab itself (:class:`Lab`): starting and stopping its processes (the control plane, kwok,
-the training operator and the extras, with the Trainer's machine-global cert dir), API access,
-what a kubelet reports (kwok stages), the control plane's real failure mechanisms (preemption,
-taints, node loss, eviction) and the audit log. See :mod:`tests.support.lab` for the whole lab.
+the training operator and the extras, with the Trainer's machine-global cert dir) and reading its
+audit log. API access comes from :class:`~tests.support.lab_api.LabApi` and the failures from
+:class:`~tests.support.lab_failures.LabFailures`; see :mod:`tests.support.lab` for the whole lab.
 """
 
 from __future__ import annotations
