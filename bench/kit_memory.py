@@ -38,7 +38,7 @@ from dispatch._errors import BackendError  # noqa: E402
 from dispatch._kubeclient import new_client, request  # noqa: E402
 from dispatch._workload import WorkloadBackend, object_shape, project_object, project_pod  # noqa: E402
 from dispatch._workload._requests import SELECTOR  # noqa: E402
-from tests.unit.test_projection import BACKENDS  # noqa: E402
+from tests.support.kit import BACKENDS  # noqa: E402
 
 DATA = REPO / "tests" / "unit" / "data"
 Body = dict[str, Any]

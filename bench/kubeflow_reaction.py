@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +42,15 @@ from dispatch import (  # noqa: E402
     CauseKind,
     JobSpec,
     KubeflowOptions,
-    MemoryStore,
-    Record,
     RecoveryPolicy,
     Resources,
     Rule,
     Supervisor,
-    make_plan,
 )
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend  # noqa: E402
 from dispatch._kubeclient import Informer, new_client  # noqa: E402
-from dispatch._model import SUPERVISOR  # noqa: E402
 from tests.support.lab import Lab  # noqa: E402
+from tests.support.supervised import stored  # noqa: E402
 
 NAMESPACE = "bench"
 JOB = "preempted"
@@ -120,17 +116,7 @@ async def run(lab: Lab, preemptions: int, crd: Path = DISPATCH_CRD) -> dict[str,
         recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED,), budget=preemptions),)),
         kubeflow=KubeflowOptions(image="example.invalid/train:1", resources=Resources(cpu="1", memory="1Gi")),
     )
-    store = MemoryStore()
-    await store.create(
-        Record(
-            job=job,
-            spec=spec,
-            plan=make_plan(job, spec, CAPABILITIES, supervised=True),
-            submitted_by=SUPERVISOR,
-            submitted_at=datetime.now(UTC),
-            supervised=True,
-        )
-    )
+    store, _ = await stored(job, spec, CAPABILITIES)
     clock = Clock()
     watcher_api = await new_client(str(lab.kubeconfig))
     watches = [

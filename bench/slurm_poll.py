@@ -30,7 +30,7 @@ sys.path[:0] = [str(REPO), str(REPO / "operator")]
 from dispatch import SlurmOptions  # noqa: E402
 from dispatch._backends.slurm._adapter import SlurmBackend, SlurmConfig, open_adapter  # noqa: E402
 from dispatch._model import JobSpec, Plan  # noqa: E402
-from tests.unit.test_slurm_polling import FakeSlurm  # noqa: E402
+from tests.support.fake_slurm import FakeSlurm  # noqa: E402
 
 SIZES = (1, 100, 1000)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch._constants import CRD_NAME
+from tests.integration.conftest import OperatorProcess
 from tests.support.kube import KubeCluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,3 +147,46 @@ def kubectl_json(cluster: KubeCluster, *args: str) -> Any:
 
 def lines(text: str) -> Iterator[str]:
     yield from (line for line in text.splitlines() if line.strip())
+
+
+FORBIDDEN_IN_LOG = re.compile(r"\b403 Forbidden\b|\bforbidden\b|\bForbidden\b")
+
+
+def start_operator(
+    release: Release,
+    namespace: str,
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    tag: str = "",
+) -> OperatorProcess:
+    """An operator process under the release's service account (the chart's RBAC), started."""
+    op = OperatorProcess(
+        kubeconfig=release.sa_kubeconfig(),
+        namespace=namespace,
+        log_path=tmp_path / f"operator{tag}.log",
+        args=args,
+        env=env or {},
+    )
+    return op.start()
+
+
+def assert_no_forbidden(*ops: OperatorProcess) -> None:
+    """No line of the operators' logs says the API server refused them (a hole in the chart's RBAC)."""
+    for op in ops:
+        log = op.log()
+        bad = [line for line in log.splitlines() if FORBIDDEN_IN_LOG.search(line)]
+        assert not bad, f"{op.log_path.name}: the chart's RBAC refused the operator:\n" + "\n".join(bad[:20])
+
+
+async def kubectl_wait(cluster: KubeCluster, namespace: str, name: str, condition_type: str) -> None:
+    """``kubectl wait`` for a condition of a DispatchJob, as a user (or a pipeline) waits."""
+    await asyncio.to_thread(
+        cluster.kubectl,
+        "wait",
+        f"--namespace={namespace}",
+        f"dispatchjob/{name}",
+        f"--for=condition={condition_type}",
+        "--timeout=120s",
+        timeout=150,
+    )

@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from dispatch._registry import kubernetes_backends
-from e2e.support import REPO, Release
-from e2e.test_chart_e2e import assert_no_forbidden, kubectl_wait, start_operator
+from e2e.support import REPO, Release, assert_no_forbidden, kubectl_wait, start_operator
 from tests.integration.conftest import apply, await_for, get_job
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow, Lab

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import time
@@ -24,9 +23,8 @@ import yaml
 
 from dispatch._constants import CRD_NAME, LEASE_NAME
 from dispatch._kubeclient import Client, KubeError, request
-from e2e.support import CHART, REPO, Release, kubectl_json
+from e2e.support import CHART, REPO, Release, assert_no_forbidden, kubectl_json, kubectl_wait, start_operator
 from tests.integration.conftest import (
-    OperatorProcess,
     ReleaseMonitor,
     apply,
     await_for,
@@ -34,64 +32,12 @@ from tests.integration.conftest import (
     dispatch_job,
     get_job,
     pytorchjobs,
-    released,
+    released_pj,
 )
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.e2e
-
-FORBIDDEN_IN_LOG = re.compile(r"\b403 Forbidden\b|\bforbidden\b|\bForbidden\b")
-
-
-def start_operator(
-    release: Release,
-    namespace: str,
-    tmp_path: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    tag: str = "",
-) -> OperatorProcess:
-    op = OperatorProcess(
-        kubeconfig=release.sa_kubeconfig(),
-        namespace=namespace,
-        log_path=tmp_path / f"operator{tag}.log",
-        args=args,
-        env=env or {},
-    )
-    return op.start()
-
-
-def assert_no_forbidden(*ops: OperatorProcess) -> None:
-    for op in ops:
-        log = op.log()
-        bad = [line for line in log.splitlines() if FORBIDDEN_IN_LOG.search(line)]
-        assert not bad, f"{op.log_path.name}: the chart's RBAC refused the operator:\n" + "\n".join(bad[:20])
-
-
-async def released_pj(cluster: KubeCluster, namespace: str, job: str, submission: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        for pj in pytorchjobs(cluster, namespace):
-            labels = pj["metadata"].get("labels") or {}
-            mine = labels.get("dispatch.dev/job") == job
-            if mine and labels.get("dispatch.dev/submission") == str(submission) and released(pj):
-                return pj
-        return None
-
-    found: dict[str, Any] = await await_for(f"{job}: submission {submission} released", probe, within=120)
-    return found
-
-
-async def kubectl_wait(cluster: KubeCluster, namespace: str, name: str, condition_type: str) -> None:
-    await asyncio.to_thread(
-        cluster.kubectl,
-        "wait",
-        f"--namespace={namespace}",
-        f"dispatchjob/{name}",
-        f"--for=condition={condition_type}",
-        "--timeout=120s",
-        timeout=150,
-    )
 
 
 def assert_one_object_per_submission(
@@ -138,11 +84,11 @@ async def test_install_and_a_full_lifecycle_under_the_chart_identity(
 
     op = start_operator(rel, namespace, tmp_path)
     await asyncio.to_thread(apply, cluster, namespace, dispatch_job("finetune"))
-    first = await released_pj(cluster, namespace, "finetune", 1)
+    first = await released_pj(cluster, namespace, 1, job="finetune", within=120)
     name1 = first["metadata"]["name"]
     await asyncio.wait_for(kubeflow.wait_pods(namespace, name1, 2), 60)
     await kubeflow.preempt(namespace, name1)
-    second = await released_pj(cluster, namespace, "finetune", 2)
+    second = await released_pj(cluster, namespace, 2, job="finetune", within=120)
     name2 = second["metadata"]["name"]
     await asyncio.wait_for(kubeflow.wait_pods(namespace, name2, 2), 60)
     await kubeflow.succeed(namespace, name2)
@@ -156,7 +102,7 @@ async def test_install_and_a_full_lifecycle_under_the_chart_identity(
     assert release_monitor.max_live.get("finetune", 0) == 1
     # Cancel, as a user would, and the operator (still under the chart's identity) ends the job.
     await asyncio.to_thread(apply, cluster, namespace, dispatch_job("cancelled"))
-    await released_pj(cluster, namespace, "cancelled", 1)
+    await released_pj(cluster, namespace, 1, job="cancelled", within=120)
     cluster.kubectl(
         "patch",
         "dispatchjob",
@@ -379,7 +325,7 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     standby = next(p for p in ops if p != leader)
 
     await asyncio.to_thread(apply, cluster, namespace, dispatch_job("ha"))
-    pj1 = await released_pj(cluster, namespace, "ha", 1)
+    pj1 = await released_pj(cluster, namespace, 1, job="ha", within=120)
     name1 = pj1["metadata"]["name"]
     await asyncio.wait_for(kubeflow.wait_pods(namespace, name1, 2), 60)
 
@@ -389,7 +335,7 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     await kubeflow.preempt(namespace, name1)
     second = await _until_holder(api, rel.namespace, lambda h: h.startswith(f"{standby}_"))
     lease_takeover = time.monotonic() - killed_at
-    pj2 = await released_pj(cluster, namespace, "ha", 2)
+    pj2 = await released_pj(cluster, namespace, 2, job="ha", within=120)
     resumed = time.monotonic() - killed_at
     name2 = pj2["metadata"]["name"]
 

@@ -31,12 +31,12 @@ from tests.integration.conftest import (
     pytorchjobs,
 )
 from tests.support import gitops
+from tests.support.builders import REPO
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 TABLE_TITLE = "### What each tool says"
 
 

@@ -51,6 +51,7 @@ from tests.integration.conftest import (
     pytorchjobs,
     users_may_submit,
 )
+from tests.support.builders import SEED_HISTORY
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
 
@@ -403,10 +404,7 @@ async def test_the_image_runs_a_lifecycle_with_a_preemption_and_serves_the_webho
     )
     body = get_job(cluster, namespace, "finetune")
     assert body["status"]["state"] == "succeeded"
-    assert history(body) == [
-        ("pending", "recovering", 2, "preempted"),
-        ("recovering", "succeeded", 2, "none"),
-    ]
+    assert history(body) == SEED_HISTORY
     assert body["status"]["submittedBy"] == {"kind": "human", "id": "alice"}, "the mutating webhook"
     release_monitor.assert_held()
     assert release_monitor.max_live.get("finetune", 0) == 1

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dispatch._kubeclient import KubeClient, new_client, streamed
+from tests.support import builders
 from tests.support.crash_after import CRASH_ENV
 from tests.support.kube import KubeCluster
+from tests.support.lab import Kubeflow
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"
@@ -166,22 +167,12 @@ def dispatch_job(
 ) -> str:
     """A DispatchJob manifest as a user would write it (YAML text)."""
     spec: dict[str, Any] = {
-        "backend": backend,
-        "command": ["torchrun", "train.py"],
         "nodes": nodes,
-        "kubeflow": {"image": image, "resources": {"cpu": "1", "memory": "1Gi"}},
+        "kubeflow": {"image": image, "resources": dict(builders.RESOURCES)},
         "recovery": {"rules": rules if rules is not None else [{"on": ["preempted"], "budget": 2}]},
     }
     spec.update(extra_spec or {})
-    return yaml.safe_dump(
-        {
-            "apiVersion": "dispatch.dev/v1alpha1",
-            "kind": "DispatchJob",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-        sort_keys=False,
-    )
+    return builders.manifest(name, backend=backend, command=["torchrun", "train.py"], **spec)
 
 
 def apply(
@@ -199,16 +190,6 @@ def apply(
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl apply failed: {proc.stderr}")
     return proc
-
-
-def owner_manifest(namespace: str, name: str, image: str = "example.invalid/train:1") -> dict[str, Any]:
-    """A DispatchJob to own the PyTorchJobs of a library-level test (no operator runs for it)."""
-    return {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"backend": "kubeflow", "command": ["python", "train.py"], "kubeflow": {"image": image}},
-    }
 
 
 def get_job(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -432,6 +413,46 @@ async def api(crds: KubeCluster) -> AsyncIterator[KubeClient]:
 
 def released(pj: Mapping[str, Any]) -> bool:
     return not bool(((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+
+async def released_pj(
+    cluster: KubeCluster, namespace: str, submission: int, *, job: str | None = None, within: float = WAIT
+) -> dict[str, Any]:
+    """The namespace's released PyTorchJob of ``submission`` (of DispatchJob ``job`` when named;
+    waits up to ``within``)."""
+
+    def probe() -> dict[str, Any] | None:
+        for pj in pytorchjobs(cluster, namespace):
+            labels = pj["metadata"].get("labels") or {}
+            mine = job is None or labels.get("dispatch.dev/job") == job
+            if mine and labels.get("dispatch.dev/submission") == str(submission) and released(pj):
+                return pj
+        return None
+
+    what = f"{job} submission {submission} released" if job else f"submission {submission} released"
+    found: dict[str, Any] = await await_for(what, probe, within=within)
+    return found
+
+
+async def running_pj(
+    cluster: KubeCluster, namespace: str, job: str, submission: int, kubeflow: Kubeflow
+) -> str:
+    """The released PyTorchJob of (job, submission) once its pods run; returns its name."""
+
+    def probe() -> str | None:
+        for pj in pytorchjobs(cluster, namespace):
+            labels = pj["metadata"].get("labels") or {}
+            if (
+                labels.get("dispatch.dev/job") == job
+                and labels.get("dispatch.dev/submission") == str(submission)
+                and released(pj)
+            ):
+                return str(pj["metadata"]["name"])
+        return None
+
+    name: str = await await_for(f"{job} submission {submission} released", probe)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, name, 1), 60)
+    return name
 
 
 def pj_conditions(pj: Mapping[str, Any]) -> dict[str, str]:

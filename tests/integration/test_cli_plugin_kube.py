@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ from dispatch._controller.metrics import Metrics
 from dispatch._controller.store import KubeRecordStore
 from dispatch._dispatchjob import job_spec, new_record
 from dispatch._kubeclient import new_client
+from tests.support.builders import SEED_HISTORY
 from tests.support.kube import KubeCluster
+from tests.support.operator_probe import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +79,6 @@ def running(memory: dispatch.MemoryBackend, submission: int) -> str | None:
         if o.submission == submission and o.phase is dispatch.Phase.RUNNING:
             return o.id
     return None
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
 
 
 async def test_seed_scenario_through_the_plugin_events_and_metrics(crds: KubeCluster, namespace: str) -> None:
@@ -176,10 +172,7 @@ async def test_seed_scenario_through_the_plugin_events_and_metrics(crds: KubeClu
         ["recovering", "succeeded", "2", "none", "supervisor:supervisor"],
     ]
     data = json.loads(kubectl_dispatch(cluster, "history", "finetune", "-n", namespace, "-o", "json"))
-    assert [(t["from"], t["to"], t["submission"], t["cause"]["kind"]) for t in data] == [
-        ("pending", "recovering", 2, "preempted"),
-        ("recovering", "succeeded", 2, "none"),
-    ]
+    assert [(t["from"], t["to"], t["submission"], t["cause"]["kind"]) for t in data] == SEED_HISTORY
 
     # get and describe.
     table = kubectl_dispatch(cluster, "get", "-n", namespace).splitlines()

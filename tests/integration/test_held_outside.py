@@ -16,8 +16,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import OperatorProcess, apply, await_for, dispatch_job, get_job, pytorchjobs
-from tests.integration.test_operator_outcomes import running_pj, settled
+from tests.integration.conftest import (
+    OperatorProcess,
+    apply,
+    await_for,
+    dispatch_job,
+    get_job,
+    pytorchjobs,
+    running_pj,
+    settled,
+)
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow, Lab
 

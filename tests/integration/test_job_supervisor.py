@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -27,14 +26,14 @@ from dispatch import (
     Rule,
     State,
     Supervisor,
-    make_plan,
 )
 from dispatch._backends.job import JobOptions
 from dispatch._backends.job._adapter import JOB, JobBackend
 from dispatch._kubeclient import KubeClient, new_client
-from dispatch._model import SUPERVISOR, Enforcer, Resources
+from dispatch._model import Enforcer, Resources
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
+from tests.support.supervised import running, stored
 
 pytestmark = pytest.mark.integration
 
@@ -66,30 +65,8 @@ async def submit(namespace: str, name: str, rules: tuple[Rule, ...]) -> tuple[st
         recovery=RecoveryPolicy(rules=rules),
         options={"job": JobOptions(image="example.invalid/train:1", resources=Resources(cpu="1"))},
     )
-    store = MemoryStore()
-    record = Record(
-        job=job,
-        spec=spec,
-        plan=make_plan(job, spec, JOB.capabilities, supervised=True),
-        submitted_by=SUPERVISOR,
-        submitted_at=datetime.now(UTC),
-        supervised=True,
-    )
-    await store.create(record)
+    store, record = await stored(job, spec, JOB.capabilities)
     return job, store, record
-
-
-async def running(backend: JobBackend, job: str, object_id: str) -> None:
-    woken = asyncio.Event()
-    unsubscribe = backend.subscribe(job, woken.set)
-    try:
-        while True:
-            woken.clear()
-            if any(v.id == object_id and v.phase is Phase.RUNNING for v in await backend.list(job)):
-                return
-            await woken.wait()
-    finally:
-        unsubscribe()
 
 
 async def test_preemption_by_kube_scheduler_is_resubmitted(

@@ -17,8 +17,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from dispatch import CauseKind, Phase, Rule, make_plan
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
-from tests.integration.test_kubeflow_adapter import GUARD, create_owner, phase_is, spec_of, until
 from tests.support.kube import KubeCluster
+from tests.support.kubeflow_adapter import GUARD, create_owner, phase_is, spec_of, until
 from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -30,10 +29,8 @@ from dispatch import (
     Rule,
     State,
     Supervisor,
-    make_plan,
 )
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
-from dispatch._model import SUPERVISOR
 from tests.integration.conftest import (
     OperatorProcess,
     apply,
@@ -41,10 +38,11 @@ from tests.integration.conftest import (
     dispatch_job,
     get_job,
     history,
-    owner_manifest,
 )
+from tests.support.builders import SEED_HISTORY, owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import NODE_GPU, UNPULLABLE_IMAGE, Kubeflow
+from tests.support.supervised import stored
 
 pytestmark = pytest.mark.integration
 
@@ -104,17 +102,7 @@ async def supervise(
             recovery=RecoveryPolicy(rules=rules),
             kubeflow=KubeflowOptions(**options),
         )
-        store = MemoryStore()
-        await store.create(
-            Record(
-                job=job,
-                spec=spec,
-                plan=make_plan(job, spec, CAPABILITIES, supervised=True),
-                submitted_by=SUPERVISOR,
-                submitted_at=datetime.now(UTC),
-                supervised=True,
-            )
-        )
+        store, _ = await stored(job, spec, CAPABILITIES)
         backend = KubeflowBackend(api)
         task = asyncio.create_task(Supervisor(backend, store).run(job))
         run = Run(job, name, namespace, store, backend, task)
@@ -426,10 +414,7 @@ async def test_preemption_while_the_operator_is_killed_is_still_preempted(
             return body if (body.get("status") or {}).get("settled") else None
 
         body = await await_for("the job to settle", settled, within=GUARD)
-    assert history(body) == [
-        ("pending", "recovering", 2, "preempted"),
-        ("recovering", "succeeded", 2, "none"),
-    ]
+    assert history(body) == SEED_HISTORY
     first = body["status"]["submissions"][0]["cause"]
     assert "Preempted" in first["detail"], first
 

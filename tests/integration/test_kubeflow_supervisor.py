@@ -8,46 +8,20 @@ Run: ``.venv/bin/pytest tests/integration/test_kubeflow_supervisor.py``.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from dispatch import (
-    CauseKind,
-    JobSpec,
-    KubeflowOptions,
-    MemoryStore,
-    Phase,
-    Record,
-    RecoveryPolicy,
-    Rule,
-    State,
-    Supervisor,
-    make_plan,
-)
+from dispatch import CauseKind, JobSpec, KubeflowOptions, RecoveryPolicy, Rule, State, Supervisor
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
-from dispatch._model import SUPERVISOR
-from tests.integration.conftest import owner_manifest
+from tests.support.builders import owner_manifest
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
+from tests.support.supervised import running, stored
 
 pytestmark = pytest.mark.integration
 
 GUARD = 120.0
-
-
-async def running(backend: KubeflowBackend, job: str, object_id: str) -> None:
-    woken = asyncio.Event()
-    unsubscribe = backend.subscribe(job, woken.set)
-    try:
-        while True:
-            woken.clear()
-            if any(v.id == object_id and v.phase is Phase.RUNNING for v in await backend.list(job)):
-                return
-            await woken.wait()
-    finally:
-        unsubscribe()
 
 
 async def test_preemption_resubmission_success(
@@ -62,18 +36,7 @@ async def test_preemption_resubmission_success(
         recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED,), budget=2),)),
         kubeflow=KubeflowOptions(image="example.invalid/train:1"),
     )
-    store = MemoryStore()
-    plan = make_plan(job, spec, CAPABILITIES, supervised=True)
-    await store.create(
-        Record(
-            job=job,
-            spec=spec,
-            plan=plan,
-            submitted_by=SUPERVISOR,
-            submitted_at=datetime.now(UTC),
-            supervised=True,
-        )
-    )
+    store, _ = await stored(job, spec, CAPABILITIES)
     backend = KubeflowBackend(api)
     try:
         supervisor = asyncio.create_task(Supervisor(backend, store).run(job))

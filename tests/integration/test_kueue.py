@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration.conftest import (
     WAIT,
@@ -40,6 +39,7 @@ from tests.integration.conftest import (
     history,
     settled,
 )
+from tests.support.builders import SEED_HISTORY, lab_manifest
 from tests.support.kube import KubeCluster
 from tests.support.kueue import (
     HIGH,
@@ -56,7 +56,6 @@ from tests.support.lab import Kubeflow, Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.kueue]
 
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 IMAGE = "example.invalid/train:1"
 DISPATCH_MANAGER = "dispatch-operator"
 """dispatch's field manager (dispatch._kubeclient.FIELD_MANAGER)."""
@@ -122,28 +121,9 @@ def manifest(
     options: Mapping[str, Any] | None = None,
 ) -> str:
     """A DispatchJob as a user writes it for a queue: ``spec.queue`` and ``spec.workloadPriorityClass``."""
-    opts = {
-        "image": IMAGE,
-        "resources": {"cpu": "1", "memory": "1Gi"},
-        **({"runtime": "torch-distributed"} if kind is TRAINJOB else {}),
-        **(options or {}),
-    }
-    spec = {
-        "backend": kind.backend,
-        "command": ["python", "train.py"],
-        "nodes": nodes,
-        kind.backend: opts,
-        "recovery": {"rules": rules},
-        "queue": queue,
-        "workloadPriorityClass": priority,
-    }
-    body = {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-    return yaml.safe_dump(body, sort_keys=False)
+    return lab_manifest(
+        kind.backend, name, rules, options=options, nodes=nodes, queue=queue, workloadPriorityClass=priority
+    )
 
 
 def objects(cluster: KubeCluster, kind: Kind, namespace: str, job: str | None = None) -> list[dict[str, Any]]:

@@ -20,10 +20,9 @@ from tests.integration.conftest import (
     free_port,
     install_crds,
 )
-from tests.integration.test_operator_ha import samples
-from tests.integration.test_webhook_operator import scrape
 from tests.support.kube import KubeCluster, lab_cluster
 from tests.support.lab import Kubeflow
+from tests.support.operator_probe import samples, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -33,12 +33,12 @@ from tests.integration.conftest import (
     pytorchjobs,
     released,
 )
+from tests.support.builders import SEED_HISTORY
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow, replica_count
 
 pytestmark = pytest.mark.integration
 
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 CRASH_POINTS = [
     "Authorize:1",
     "Create:1",

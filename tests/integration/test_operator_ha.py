@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch._constants import LEASE_NAME
 from dispatch._kubeclient import request
 from tests.integration.conftest import (
     OperatorProcess,
@@ -42,15 +41,15 @@ from tests.integration.conftest import (
     get_job,
     history,
     pytorchjobs,
+    released_pj,
     users_may_submit,
 )
-from tests.integration.test_webhook_operator import scrape, seed_job
+from tests.support.builders import SEED_HISTORY, seed_job
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
+from tests.support.operator_probe import holder, lease_path, samples, scrape
 
 pytestmark = pytest.mark.integration
-
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 
 
 def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -61,46 +60,12 @@ def health(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return int(error.code), json.loads(error.read() or b"{}")
 
 
-def samples(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 def of_job(cluster: KubeCluster, namespace: str, job: str) -> list[dict[str, Any]]:
     return [
         pj
         for pj in pytorchjobs(cluster, namespace)
         if (pj["metadata"].get("labels") or {}).get("dispatch.dev/job") == job
     ]
-
-
-async def released(cluster: KubeCluster, namespace: str, job: str, submission: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        for pj in of_job(cluster, namespace, job):
-            labels = pj["metadata"].get("labels") or {}
-            suspended = ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend")
-            if labels.get("dispatch.dev/submission") == str(submission) and not suspended:
-                return pj
-        return None
-
-    found: dict[str, Any] = await await_for(f"{job} submission {submission} released", probe)
-    return found
-
-
-def lease_path(namespace: str) -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE_NAME}"
-
-
-async def holder(api: Any, namespace: str) -> str:
-    lease = await request(api, "GET", lease_path(namespace))
-    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 async def held_by(api: Any, namespace: str, prefix: str) -> bool:
@@ -210,10 +175,10 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
             input=yaml.safe_dump(manifest),
             kubeconfig=alice,
         )
-        first = await released(cluster, namespace, "finetune", 1)
+        first = await released_pj(cluster, namespace, 1, job="finetune")
         await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await kubeflow.preempt(namespace, first["metadata"]["name"])
-        second = await released(cluster, namespace, "finetune", 2)
+        second = await released_pj(cluster, namespace, 2, job="finetune")
         await asyncio.wait_for(kubeflow.wait_pods(namespace, second["metadata"]["name"], 2), 60)
         await kubeflow.succeed(namespace, second["metadata"]["name"])
         await asyncio.to_thread(
@@ -239,7 +204,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         await asyncio.to_thread(
             cluster.kubectl, "apply", "-n", namespace, "-f", "-", input=seed_job("doomed"), kubeconfig=alice
         )
-        doomed = await released(cluster, namespace, "doomed", 1)
+        doomed = await released_pj(cluster, namespace, 1, job="doomed")
         await asyncio.to_thread(
             cluster.kubectl, "delete", "-n", namespace, "dispatchjob/doomed", "--timeout=90s"
         )
@@ -311,7 +276,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         await renewing
         renewing = None
         await await_for("B holding the Lease", lambda: held_by(api, namespace, "replica-b_"))
-        standby = await released(cluster, namespace, "standby", 1)
+        standby = await released_pj(cluster, namespace, 1, job="standby")
         await asyncio.wait_for(kubeflow.wait_pods(namespace, standby["metadata"]["name"], 2), 60)
         await kubeflow.succeed(namespace, standby["metadata"]["name"])
         await asyncio.to_thread(

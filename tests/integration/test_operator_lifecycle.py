@@ -24,14 +24,13 @@ from tests.integration.conftest import (
     history,
     pj_conditions,
     pytorchjobs,
-    released,
+    released_pj,
 )
+from tests.support.builders import SEED_HISTORY
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
 
 pytestmark = pytest.mark.integration
-
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 
 
 # ---- refused by the API server ----------------------------------------------------------------------
@@ -128,18 +127,6 @@ async def test_unenforceable_rule_stalls_the_job_and_creates_nothing(
 
 
 # ---- the seed's scenario through kubectl apply -----------------------------------------------------
-
-
-async def released_pj(cluster: KubeCluster, namespace: str, submission: int) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        for pj in pytorchjobs(cluster, namespace):
-            labels = pj["metadata"].get("labels") or {}
-            if labels.get("dispatch.dev/submission") == str(submission) and released(pj):
-                return pj
-        return None
-
-    found: dict[str, Any] = await await_for(f"submission {submission} released", probe)
-    return found
 
 
 async def test_preemption_is_recovered_with_the_seed_history(

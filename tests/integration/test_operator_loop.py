@@ -22,9 +22,8 @@ from tests.integration.conftest import (
     get_job,
     pytorchjobs,
 )
-from tests.integration.test_operator_ha import holder, samples
-from tests.integration.test_webhook_operator import scrape
 from tests.support.kube import KubeCluster
+from tests.support.operator_probe import holder, samples, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ import asyncio
 import json
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,8 @@ from tests.integration.conftest import (
     get_job,
     history,
     pytorchjobs,
-    released,
+    running_pj,
+    settled,
 )
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow, Lab
@@ -30,38 +30,8 @@ from tests.support.lab import Kubeflow, Lab
 pytestmark = pytest.mark.integration
 
 
-async def running_pj(
-    cluster: KubeCluster, namespace: str, job: str, submission: int, kubeflow: Kubeflow
-) -> str:
-    """The released PyTorchJob of (job, submission) once its pods run; returns its name."""
-
-    def probe() -> str | None:
-        for pj in pytorchjobs(cluster, namespace):
-            labels = pj["metadata"].get("labels") or {}
-            if (
-                labels.get("dispatch.dev/job") == job
-                and labels.get("dispatch.dev/submission") == str(submission)
-                and released(pj)
-            ):
-                return str(pj["metadata"]["name"])
-        return None
-
-    name: str = await await_for(f"{job} submission {submission} released", probe)
-    await asyncio.wait_for(kubeflow.wait_pods(namespace, name, 1), 60)
-    return name
-
-
 def has_history(cluster: KubeCluster, namespace: str, job: str) -> bool:
     return bool((get_job(cluster, namespace, job).get("status") or {}).get("history"))
-
-
-async def settled(cluster: KubeCluster, namespace: str, job: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        body = get_job(cluster, namespace, job)
-        return body if (body.get("status") or {}).get("settled") else None
-
-    body: dict[str, Any] = await await_for(f"{job} settled", probe)
-    return body
 
 
 async def test_uncovered_cause_fails_the_job_with_that_cause(

@@ -18,8 +18,8 @@ from tests.integration.conftest import (
     await_for,
     dispatch_job,
     get_job,
+    released_pj,
 )
-from tests.integration.test_operator_lifecycle import released_pj
 from tests.support.kube import KubeCluster
 from tests.support.lab import Kubeflow
 

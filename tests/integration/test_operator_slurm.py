@@ -20,39 +20,25 @@ import yaml
 
 from dispatch._backends.slurm._adapter import open_adapter
 from dispatch._dispatchjob import record_from
-from tests.integration.conftest import (
-    OperatorProcess,
-    apply,
-    await_for,
-    condition,
-    get_job,
-    history,
-)
+from tests.integration.conftest import OperatorProcess, apply, await_for, condition, get_job, history
+from tests.support.builders import SEED_HISTORY, manifest
 from tests.support.kube import KubeCluster
 from tests.support.slurmlab import SlurmLab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
 NAME = "seed-slurm"
 
 
 def slurm_job(name: str) -> str:
     """The seed's job as a user writes it for Slurm: one node of the CANCEL-mode partition."""
-    return yaml.safe_dump(
-        {
-            "apiVersion": "dispatch.dev/v1alpha1",
-            "kind": "DispatchJob",
-            "metadata": {"name": name},
-            "spec": {
-                "backend": "slurm",
-                "command": ["bash", "-c", "sleep 6"],
-                "nodes": 1,
-                "slurm": {"partition": "lowcxl", "cpusPerTask": 2},
-                "recovery": {"rules": [{"on": ["preempted"], "budget": 2}]},
-            },
-        },
-        sort_keys=False,
+    return manifest(
+        name,
+        backend="slurm",
+        command=["bash", "-c", "sleep 6"],
+        nodes=1,
+        backend_options={"partition": "lowcxl", "cpusPerTask": 2},
+        recovery={"rules": [{"on": ["preempted"], "budget": 2}]},
     )
 
 

@@ -23,8 +23,6 @@ from dispatch._backends.slurm._adapter import SlurmBackend, open_adapter
 from dispatch._cluster import Cluster, compose
 from dispatch._memstore import MemoryStore
 from dispatch._model import (
-    Actor,
-    ActorKind,
     CauseKind,
     JobSpec,
     ObjectView,
@@ -34,12 +32,11 @@ from dispatch._model import (
     State,
 )
 from dispatch._supervisor import Supervisor
+from tests.support.builders import ALICE
 from tests.support.slurmlab import SlurmLab
 from tests.support.slurmproxy import FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-ALICE = Actor(kind=ActorKind.HUMAN, id="alice")
 
 
 def tagged(slurm: SlurmLab, job: str) -> dict[str, dict[str, str]]:

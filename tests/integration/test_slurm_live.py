@@ -14,8 +14,6 @@ from dispatch._cluster import compose
 from dispatch._errors import PlanError
 from dispatch._model import (
     Action,
-    Actor,
-    ActorKind,
     Capabilities,
     CauseKind,
     Enforcer,
@@ -29,11 +27,10 @@ from dispatch._model import (
     State,
 )
 from dispatch._plan import make_plan
+from tests.support.builders import ALICE
 from tests.support.slurmlab import SlurmLab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-ALICE = Actor(kind=ActorKind.HUMAN, id="alice")
 
 
 @pytest.fixture

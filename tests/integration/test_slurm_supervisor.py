@@ -14,8 +14,6 @@ from dispatch._decide import Create, Done, Wait
 from dispatch._memstore import MemoryStore
 from dispatch._model import (
     Action,
-    Actor,
-    ActorKind,
     CauseKind,
     JobSpec,
     Phase,
@@ -24,11 +22,10 @@ from dispatch._model import (
     State,
 )
 from dispatch._supervisor import Supervisor
+from tests.support.builders import ALICE
 from tests.support.slurmlab import SlurmLab
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
-
-ALICE = Actor(kind=ActorKind.HUMAN, id="alice")
 
 
 async def test_seed_scenario_preemption_then_resubmission(slurm: SlurmLab) -> None:

@@ -34,12 +34,12 @@ from dispatch._controller.main import _connection_info
 from dispatch._controller.settings import operator_settings
 from dispatch._kubeclient import load_configuration
 from tests.integration.conftest import USERS_GROUP, free_port, users_may_submit
+from tests.support.builders import SEED_EXAMPLE
 from tests.support.kube import KubeCluster, KubectlError
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-SEED = yaml.safe_load((ROOT / "examples" / "seed-dispatchjob.yaml").read_text())
+SEED = yaml.safe_load(SEED_EXAMPLE.read_text())
 
 
 class WebhookOperator:

@@ -14,7 +14,6 @@ import re
 import secrets
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,43 +29,17 @@ from tests.integration.conftest import (
     get_job,
     history,
     pytorchjobs,
+    released_pj,
     users_may_submit,
 )
+from tests.support.builders import SEED_HISTORY, seed_job
 from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow
+from tests.support.operator_probe import scrape
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-SEED_HISTORY = [("pending", "recovering", 2, "preempted"), ("recovering", "succeeded", 2, "none")]
-
-
-def seed_job(name: str, **spec: Any) -> str:
-    body = yaml.safe_load((ROOT / "examples" / "seed-dispatchjob.yaml").read_text())
-    body["metadata"]["name"] = name
-    body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
-    return yaml.safe_dump(body)
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
-
-
-async def released(cluster: KubeCluster, namespace: str, submission: int) -> dict[str, Any]:
-    """The released PyTorchJob of ``submission`` (by its label)."""
-
-    def probe() -> dict[str, Any] | None:
-        for pj in pytorchjobs(cluster, namespace):
-            labels = pj["metadata"].get("labels") or {}
-            suspended = ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend")
-            if labels.get("dispatch.dev/submission") == str(submission) and not suspended:
-                return pj
-        return None
-
-    found: dict[str, Any] = await await_for(f"submission {submission} released", probe)
-    return found
 
 
 async def test_operator_with_webhook_events_and_metrics(
@@ -113,7 +86,7 @@ async def test_operator_with_webhook_events_and_metrics(
             input=yaml.safe_dump(manifest),
             kubeconfig=alice,
         )
-        first = await released(cluster, namespace, 1)
+        first = await released_pj(cluster, namespace, 1)
         await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await await_for(
             "running",
@@ -125,7 +98,7 @@ async def test_operator_with_webhook_events_and_metrics(
             ),
         )
         await kubeflow.preempt(namespace, first["metadata"]["name"])
-        second = await released(cluster, namespace, 2)
+        second = await released_pj(cluster, namespace, 2)
         await asyncio.wait_for(kubeflow.wait_pods(namespace, second["metadata"]["name"], 2), 60)
         await kubeflow.succeed(namespace, second["metadata"]["name"])
         await await_for(

@@ -163,18 +163,20 @@ def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
     tmp.replace(path)
 
 
-def _make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = _new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (
+def _certificate(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """A week's certificate of ``key`` (back-dated five minutes against clock skew), a CA's or a
+    leaf's: only a CA may sign certificates and revocation lists."""
+    return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now() - dt.timedelta(minutes=5))
         .not_valid_after(_now() + dt.timedelta(days=7))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -182,13 +184,21 @@ def _make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certifi
                 key_encipherment=False,
                 data_encipherment=False,
                 key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
             ),
             critical=True,
         )
+    )
+
+
+def _make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        _certificate(name, name, key, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -214,28 +224,7 @@ def _issue(
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o, _validate=False) for o in organizations]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name, _validate=False))
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - dt.timedelta(minutes=5))
-        .not_valid_after(_now() + dt.timedelta(days=7))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _certificate(x509.Name(attrs), ca_cert.subject, key, ca=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -14,27 +14,27 @@ are checked by e2e/test_gitops.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dispatch import Actor, ActorKind, Cause, CauseKind, JobSpec, Record, RecoveryPolicy, Rule, State
-from dispatch._backends.kubeflow._adapter import CAPABILITIES
-from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, RecordSettled, Write, apply, decide
-from dispatch._dispatchjob import conditions_for, record_status, refusal_conditions, render_conditions
-from dispatch._model import SUPERVISOR, CancelRequest
-from dispatch._plan import make_plan
+from dispatch import Record, State
 from tests.support import gitops
+from tests.support.records import (
+    AUTHORIZED,
+    CANCELLED,
+    FAILED,
+    FAILED_ENDING,
+    PENDING,
+    RECOVERING,
+    SUCCEEDED,
+    SUCCEEDED_ENDING,
+    dispatch_job,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = (REPO / "docs" / "argocd" / "dispatchjob-health.lua").read_text()
-T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-ADA = Actor(kind=ActorKind.HUMAN, id="ada")
-PREEMPTED = Cause(kind=CauseKind.PREEMPTED, detail="preempted by a higher-priority job")
-OOM = Cause(kind=CauseKind.OUT_OF_MEMORY, exit_code=137)
-SUCCESS = Cause(kind=CauseKind.NONE)
 
 
 def health(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -48,70 +48,6 @@ def flux(obj: Mapping[str, Any]) -> str:
     """kstatus' verdict (what a Flux Kustomization's health check concludes)."""
     (out,) = gitops.kstatus([obj])
     return str(out["status"])
-
-
-def new_record() -> Record:
-    spec = JobSpec(
-        name="finetune",
-        command=("torchrun", "train.py"),
-        recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED,), budget=2),)),
-    )
-    return Record(
-        job="team-a/finetune",
-        spec=spec,
-        plan=make_plan("finetune", spec, CAPABILITIES, supervised=True),
-        submitted_by=ADA,
-        submitted_at=T0,
-        supervised=True,
-    )
-
-
-def step(record: Record, *writes: Write, actor: Actor = SUPERVISOR) -> Record:
-    for i, w in enumerate(writes):
-        record = apply(record, w, actor=actor, now=T0 + timedelta(seconds=i))
-    return record
-
-
-def dispatch_job(
-    record: Record | None,
-    *,
-    generation: int = 1,
-    observed: int | None = None,
-    refused: tuple[str, str] | None = None,
-) -> dict[str, Any]:
-    """The DispatchJob as the API server serves it after KubeRecordStore wrote ``record``."""
-    observed = generation if observed is None else observed
-    body: dict[str, Any] = {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": "finetune", "namespace": "team-a", "generation": generation},
-        "spec": {"backend": "kubeflow", "command": ["torchrun", "train.py"]},
-    }
-    if refused is not None:
-        conditions = refusal_conditions(*refused)
-        status: dict[str, Any] = {}
-    elif record is not None:
-        conditions = conditions_for(record)
-        status = record_status(record)
-    else:
-        return body
-    status["observedGeneration"] = observed
-    status["conditions"] = render_conditions(conditions, [], observed, T0)
-    body["status"] = status
-    return body
-
-
-PENDING = new_record()
-AUTHORIZED = step(PENDING, Authorize(1), RecordCanonical(1, "finetune-1"))
-RECOVERING = step(AUTHORIZED, Authorize(2, rule=0, cause=PREEMPTED), RecordCanonical(2, "finetune-2"))
-SUCCEEDED_ENDING = step(RECOVERING, RecordOutcome(State.SUCCEEDED, SUCCESS))
-SUCCEEDED = step(SUCCEEDED_ENDING, RecordSettled())
-FAILED_ENDING = step(AUTHORIZED, RecordOutcome(State.FAILED, OOM))
-FAILED = step(FAILED_ENDING, RecordSettled())
-_CANCEL_ASKED = AUTHORIZED.model_copy(update={"cancel": CancelRequest(actor=ADA, time=T0)})
-_CANCEL_STEP = decide(_CANCEL_ASKED, []).step  # what the supervisor really writes for a cancel
-assert isinstance(_CANCEL_STEP, RecordOutcome)
-CANCELLED = step(_CANCEL_ASKED, _CANCEL_STEP, RecordSettled())
 
 
 @pytest.mark.parametrize(

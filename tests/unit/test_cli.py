@@ -19,6 +19,7 @@ from dispatch._cli import _render as render
 from dispatch._cli._manifest import ManifestError, parse
 from dispatch._cli.main import main
 from dispatch._model import Record
+from tests.support import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "seed-dispatchjob.yaml"
@@ -40,13 +41,8 @@ def run(
 
 
 def manifest(**spec: Any) -> str:
-    body = {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": "finetune"},
-        "spec": {"backend": "slurm", "command": ["torchrun", "train.py"], **spec},
-    }
-    return yaml.safe_dump(body)
+    """The seed's job for Slurm unless ``spec`` names another backend."""
+    return builders.manifest(**{"backend": "slurm", "command": ["torchrun", "train.py"], **spec})
 
 
 def test_plan_of_the_seed_manifest_is_the_seeds_two_lines() -> None:

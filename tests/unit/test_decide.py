@@ -4,7 +4,6 @@ backend's cause classification (including native restarts under scheduler-enforc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +11,6 @@ from dispatch import (
     Action,
     Actor,
     ActorKind,
-    Capabilities,
     Cause,
     CauseKind,
     Enforcer,
@@ -45,44 +43,18 @@ from dispatch._decide import (
     RecordSettled,
     Release,
     Wait,
-    Write,
     apply,
     unseen_canonical,
 )
 from dispatch._errors import TransientBackendError
 from dispatch._model import NO_CAUSE, SCHEDULER, SUPERVISOR, CancelRequest
+from tests.support.records import PREEMPT_TWICE, T0, new_record, started, step
 
-ADA = Actor(kind=ActorKind.HUMAN, id="ada")
 BOB = Actor(kind=ActorKind.HUMAN, id="bob")
-T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 PREEMPTED = Cause(kind=CauseKind.PREEMPTED, detail="preempted")
 NODE_LOST = Cause(kind=CauseKind.NODE_LOST, detail="node")
 OOM = Cause(kind=CauseKind.OUT_OF_MEMORY, exit_code=137)
 SUCCESS = Cause(kind=CauseKind.NONE)
-NOTHING_NATIVE = Capabilities()
-
-
-def new_record(
-    *rules: Rule, capabilities: Capabilities = NOTHING_NATIVE, supervised: bool = True, name: str = "job"
-) -> Record:
-    spec = JobSpec(name=name, command=("train",), recovery=RecoveryPolicy(rules=rules))
-    return Record(
-        job=name,
-        spec=spec,
-        plan=make_plan(name, spec, capabilities, supervised=supervised),
-        submitted_by=ADA,
-        submitted_at=T0,
-        supervised=supervised,
-    )
-
-
-PREEMPT_TWICE = Rule(on=(CauseKind.PREEMPTED,), budget=2)
-
-
-def step(record: Record, *writes: Write, actor: Actor = SUPERVISOR) -> Record:
-    for i, w in enumerate(writes):
-        record = apply(record, w, actor=actor, now=T0 + timedelta(seconds=i))
-    return record
 
 
 def obj(
@@ -98,11 +70,6 @@ def obj(
     return ObjectView(
         id=id, job=job, submission=n, phase=phase, cause=cause, cancelled=cancelled, restarts=restarts
     )
-
-
-def started(*rules: Rule, capabilities: Capabilities = NOTHING_NATIVE) -> Record:
-    """Submission 1 authorized, object "1" recorded canonical."""
-    return step(new_record(*rules, capabilities=capabilities), Authorize(1), RecordCanonical(1, "1"))
 
 
 # 1. authorize the first submission

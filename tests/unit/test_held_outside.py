@@ -16,7 +16,7 @@ from dispatch._decide import Release, Wait, decide
 from dispatch._model import Phase
 from dispatch._workload import Kind
 from dispatch._workload._classify import classify
-from tests.unit.test_decide import PREEMPT_TWICE, started
+from tests.support.records import PREEMPT_TWICE, started
 
 KINDS = [PYTORCHJOB, JOB, JOBSET, TRAINJOB]
 

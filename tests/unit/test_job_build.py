@@ -16,42 +16,19 @@ from dispatch import _dispatchjob
 from dispatch._backends.job import BACKEND, JobOptions
 from dispatch._backends.job._adapter import JOB, build
 from dispatch._errors import BackendError
-from dispatch._model import Action, CauseKind, Enforcer, JobSpec, Plan, PlannedRule, Resources
+from dispatch._model import Enforcer, JobSpec, Plan, PlannedRule, Resources
 from dispatch._plan import make_plan
 from dispatch._workload import Refused, Target
+from tests.support.builders import RESUBMIT, TARGET, build_options, job_spec, restart_rule
 from tests.support.recorded import load
 
 DATA = Path(__file__).parent / "data" / "job"
-TARGET = Target(
-    "ns",
-    "train",
-    3,
-    {"apiVersion": "dispatch.dev/v1alpha1", "kind": "DispatchJob", "name": "train", "uid": "u"},
-)
 
 
 def spec(
     nodes: int = 1, env: dict[str, str] | None = None, command: tuple[str, ...] = ("python", "t.py")
 ) -> JobSpec:
-    options = JobOptions(image="img:1", resources=Resources(cpu="2", memory="4Gi", gpu=1), env=env or {})
-    return JobSpec(name="train", command=command, nodes=nodes, options={"job": options})
-
-
-def restart_rule(budget: int, firings: int) -> PlannedRule:
-    return PlannedRule(
-        index=0,
-        on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY),
-        action=Action.RESTART,
-        budget=budget,
-        enforcer=Enforcer.SCHEDULER,
-        firings=firings,
-    )
-
-
-def resubmit_rule() -> PlannedRule:
-    return PlannedRule(
-        index=0, on=(CauseKind.PREEMPTED,), action=Action.RESUBMIT, budget=3, enforcer=Enforcer.SUPERVISOR
-    )
+    return job_spec("job", build_options(JobOptions, env), command=command, nodes=nodes)
 
 
 def built(rules: tuple[PlannedRule, ...] = (), **kw: Any) -> dict[str, Any]:
@@ -62,7 +39,7 @@ def built(rules: tuple[PlannedRule, ...] = (), **kw: Any) -> dict[str, Any]:
     ("rules", "backoff", "policy", "budget_annotation"),
     [
         ((), 0, False, None),
-        ((resubmit_rule(),), 0, False, None),
+        ((RESUBMIT,), 0, False, None),
         ((restart_rule(3, 0),), 3, True, "3"),
         ((restart_rule(3, 2),), 1, True, "1"),
         ((restart_rule(3, 3),), 0, False, "0"),  # nothing left: the first failure ends it

@@ -18,6 +18,7 @@ import pytest
 from dispatch._backends.job._adapter import JOB, JobBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
+from tests.support.classified import assert_classified
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted
 
 DATA = Path(__file__).parent / "data" / "job"
@@ -43,14 +44,7 @@ def recordings() -> list[str]:
 
 
 def check(name: str, view: ObjectView) -> None:
-    phase, kind, exit_code, word, restarts = EXPECTED[name]
-    assert view.phase is phase, view
-    assert view.cause is not None
-    assert view.cause.kind is kind, view.cause
-    if exit_code is not None:
-        assert view.cause.exit_code == exit_code
-    assert word in view.cause.detail, view.cause
-    assert view.restarts == restarts, view
+    assert_classified(view, EXPECTED[name])
 
 
 def test_every_scenario_is_recorded() -> None:

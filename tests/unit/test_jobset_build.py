@@ -28,15 +28,10 @@ from dispatch._errors import BackendError
 from dispatch._model import Action, CauseKind, Enforcer, JobSpec, Plan, PlannedRule, Resources
 from dispatch._plan import make_plan
 from dispatch._workload import Refused, Target
+from tests.support.builders import RESUBMIT, TARGET, build_options, job_spec, restart_rule
 from tests.support.recorded import load
 
 DATA = Path(__file__).parent / "data"
-TARGET = Target(
-    "ns",
-    "train",
-    3,
-    {"apiVersion": "dispatch.dev/v1alpha1", "kind": "DispatchJob", "name": "train", "uid": "u"},
-)
 LABELS = {
     "dispatch.dev/job": "train",
     "dispatch.dev/submission": "3",
@@ -46,24 +41,7 @@ Body = dict[str, Any]
 
 
 def jobset_spec(nodes: int = 2, env: dict[str, str] | None = None) -> JobSpec:
-    options = JobSetOptions(image="img:1", resources=Resources(cpu="2", memory="4Gi", gpu=1), env=env or {})
-    return JobSpec(name="train", command=("python", "t.py"), nodes=nodes, options={"jobset": options})
-
-
-def restart_rule(budget: int, firings: int) -> PlannedRule:
-    return PlannedRule(
-        index=0,
-        on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY),
-        action=Action.RESTART,
-        budget=budget,
-        enforcer=Enforcer.SCHEDULER,
-        firings=firings,
-    )
-
-
-RESUBMIT = PlannedRule(
-    index=0, on=(CauseKind.PREEMPTED,), action=Action.RESUBMIT, budget=3, enforcer=Enforcer.SUPERVISOR
-)
+    return job_spec("jobset", build_options(JobSetOptions, env), nodes=nodes)
 
 
 def jobset(rules: tuple[PlannedRule, ...] = (), **kw: Any) -> Body:

@@ -19,6 +19,7 @@ import pytest
 from dispatch._backends.jobset._adapter import JOBSET, JobSetBackend
 from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import WorkloadBackend, classify
+from tests.support.classified import assert_classified
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted, watched
 
 DATA = Path(__file__).parent / "data" / "jobset"
@@ -52,14 +53,7 @@ def recordings() -> list[str]:
 
 
 def check(name: str, view: ObjectView, *, late: bool = False) -> None:
-    phase, kind, exit_code, word, restarts = (LATE if late else EXPECTED).get(name, EXPECTED[name])
-    assert view.phase is phase, view
-    assert view.cause is not None
-    assert view.cause.kind is kind, view.cause
-    if exit_code is not None:
-        assert view.cause.exit_code == exit_code
-    assert word in view.cause.detail, view.cause
-    assert view.restarts == restarts, view
+    assert_classified(view, (LATE if late else EXPECTED).get(name, EXPECTED[name]))
 
 
 def test_every_scenario_is_recorded() -> None:

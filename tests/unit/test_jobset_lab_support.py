@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.lab import LabError, _cert_dir_holder, _extras
+from tests.support.lab import LabError, cert_dir_holder, expand_extras
 
 
 @pytest.mark.parametrize(
@@ -30,12 +30,12 @@ from tests.support.lab import LabError, _cert_dir_holder, _extras
 def test_trainer_brings_jobset_and_the_order_is_fixed(
     asked: tuple[str, ...], started: tuple[str, ...]
 ) -> None:
-    assert _extras(asked) == started
+    assert expand_extras(asked) == started
 
 
 def test_an_unknown_extra_is_named() -> None:
     with pytest.raises(LabError, match=r"\['volcano'\]"):
-        _extras(("jobset", "volcano"))
+        expand_extras(("jobset", "volcano"))
 
 
 def _owner(tmp_path: Path, pids: list[dict[str, object]]) -> Path:
@@ -46,7 +46,7 @@ def _owner(tmp_path: Path, pids: list[dict[str, object]]) -> Path:
 
 
 def test_a_live_holder_holds_it(tmp_path: Path) -> None:
-    assert _cert_dir_holder(_owner(tmp_path, [{"pid": os.getpid(), "binary": ""}])) == "/some/lab"
+    assert cert_dir_holder(_owner(tmp_path, [{"pid": os.getpid(), "binary": ""}])) == "/some/lab"
 
 
 def test_a_holder_whose_processes_are_gone_is_stale(tmp_path: Path) -> None:
@@ -54,18 +54,18 @@ def test_a_holder_whose_processes_are_gone_is_stale(tmp_path: Path) -> None:
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     dead = int(done.stdout)
-    assert _cert_dir_holder(_owner(tmp_path, [{"pid": dead, "binary": ""}])) is None
+    assert cert_dir_holder(_owner(tmp_path, [{"pid": dead, "binary": ""}])) is None
 
 
 def test_a_pid_running_another_binary_is_not_the_trainer(tmp_path: Path) -> None:
     """PID reuse: the recorded Trainer PID now runs something else (this test's interpreter)."""
     owner = _owner(tmp_path, [{"pid": os.getpid(), "binary": "/no/such/trainer-controller-manager"}])
-    assert _cert_dir_holder(owner) is None
+    assert cert_dir_holder(owner) is None
 
 
 def test_a_dir_without_owner_yet_is_held_only_briefly(tmp_path: Path) -> None:
     root = tmp_path / "k8s-webhook-server"
     root.mkdir()
-    assert _cert_dir_holder(root / "owner.json") == "(a lab starting)"
+    assert cert_dir_holder(root / "owner.json") == "(a lab starting)"
     os.utime(root, (0, 0))
-    assert _cert_dir_holder(root / "owner.json") is None
+    assert cert_dir_holder(root / "owner.json") is None

@@ -13,8 +13,8 @@ from typing import Any
 from dispatch._backends.kubeflow._adapter import KubeflowBackend
 from dispatch._constants import OBJECT_FINALIZER
 from dispatch._workload import WorkloadBackend
+from tests.support.kit import pytorchjob
 from tests.support.recorded import JsonResponse, RecordedApi
-from tests.unit.test_kit_events_watch import pytorchjob
 
 JOB = "team/train"
 OID = "team/train-1"

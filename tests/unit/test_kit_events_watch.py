@@ -24,8 +24,8 @@ from dispatch._workload import WorkloadBackend
 from dispatch._workload import _events as backend_module
 from dispatch._workload._evidence import event_evidence, event_objects, evidence_events
 from dispatch._workload._kept import EVENT, project_event
+from tests.support.kit import BACKENDS, CREATED, pytorchjob
 from tests.support.recorded import RecordedApi, final, late_clock, load, orders, replay, restarted
-from tests.unit.test_projection import BACKENDS
 
 DATA = Path(__file__).parent / "data"
 Body = dict[str, Any]
@@ -107,33 +107,6 @@ async def test_the_watch_explains_each_recording_as_the_list_did_and_reads_no_ev
 
 
 # ---- small cases --------------------------------------------------------------------------------------
-
-CREATED = "2026-12-01T12:00:00Z"
-
-
-def pytorchjob(name: str = "train-1", *, ended: bool = True, annotations: Body | None = None) -> Body:
-    """A PyTorchJob of job team/train, failed by its controller (its pods gone, nothing says why)."""
-    job, _, n = name.rpartition("-")
-    conditions = [{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "failed"}]
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": name,
-            "namespace": "team",
-            "uid": f"uid-{name}",
-            "resourceVersion": "10",
-            "creationTimestamp": CREATED,
-            "labels": {
-                "dispatch.dev/job": job,
-                "dispatch.dev/submission": n,
-                "app.kubernetes.io/managed-by": "dispatch",
-            },
-            "annotations": {"dispatch.dev/released": CREATED, **(annotations or {})},
-        },
-        "spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {}},
-        "status": {"conditions": conditions if ended else [], "startTime": CREATED},
-    }
 
 
 def preempted(pod: str, *, at: str = "2026-12-01T12:05:00.123456Z", namespace: str = "team") -> Body:

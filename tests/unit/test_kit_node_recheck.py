@@ -18,9 +18,8 @@ from dispatch._backends.kubeflow._adapter import KubeflowBackend
 from dispatch._protocols import SelfWaking
 from dispatch._workload import WorkloadBackend
 from dispatch._workload import _verdicts as kit_backend
+from tests.support.kit import preempted_pod, pytorchjob
 from tests.support.recorded import RecordedApi
-from tests.unit.test_kit_events_watch import pytorchjob
-from tests.unit.test_kit_restart import preempted_pod
 
 JOB = "team/train"
 NODE = "kwok-node-0"  # where preempted_pod runs

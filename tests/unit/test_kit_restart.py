@@ -19,10 +19,8 @@ from dispatch import CauseKind, JobSpec, KubeflowOptions, Phase, RecoveryPolicy,
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._errors import TransientBackendError
 from dispatch._workload import WorkloadBackend
+from tests.support.kit import JOB, restarted_kit
 from tests.support.recorded import RecordedApi
-from tests.unit.test_kit_events_watch import pytorchjob
-
-JOB = "team/train"
 
 
 def spec_with(*causes: CauseKind) -> JobSpec:
@@ -32,48 +30,6 @@ def spec_with(*causes: CauseKind) -> JobSpec:
         recovery=RecoveryPolicy(rules=(Rule(on=causes, budget=1),) if causes else ()),
         kubeflow=KubeflowOptions(image="example.invalid/train:1"),
     )
-
-
-def preempted_pod() -> dict[str, Any]:
-    """The running master of team/train-1, marked by kube-scheduler for preemption."""
-    return {
-        "metadata": {
-            "name": "train-1-master-0",
-            "namespace": "team",
-            "uid": "pod-1",
-            "resourceVersion": "20",
-            "labels": {
-                "dispatch.dev/job": "train",
-                "dispatch.dev/submission": "1",
-                "app.kubernetes.io/managed-by": "dispatch",
-            },
-        },
-        "spec": {"nodeName": "kwok-node-0"},
-        "status": {
-            "phase": "Running",
-            "conditions": [
-                {
-                    "type": "DisruptionTarget",
-                    "status": "True",
-                    "reason": "PreemptionByScheduler",
-                    "message": "default-scheduler: preempting to accommodate a higher priority pod",
-                    "lastTransitionTime": "2026-12-01T12:05:00Z",
-                }
-            ],
-        },
-    }
-
-
-def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, RecordedApi]:
-    """A kit backend that finds team/train-1 running with its master preempted: an object it did
-    not create, which it must stop (the training operator would go on)."""
-    api = RecordedApi({"stream": [], "events": []})
-    backend = KubeflowBackend(api, clock=lambda: 1.8e9)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
-    observer.append(backend)
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._packed_pod(preempted_pod()))
-    return backend, api
 
 
 async def test_a_list_shows_a_stop_in_flight_ended_without_waiting_for_it(

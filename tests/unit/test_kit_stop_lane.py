@@ -11,7 +11,7 @@ import pytest
 from dispatch._errors import TransientBackendError
 from dispatch._kubeclient import is_urgent, urgent
 from dispatch._workload import WorkloadBackend
-from tests.unit.test_kit_restart import JOB, restarted_kit
+from tests.support.kit import JOB, restarted_kit
 
 
 async def test_a_stop_started_in_a_routine_turn_writes_urgently(observer: list[WorkloadBackend]) -> None:

@@ -24,17 +24,9 @@ from dispatch._decide import Authorize
 from dispatch._dispatchjob import OBSERVED_FIELDS, record_from
 from dispatch._errors import JobNotFound
 from dispatch._model import Record
-from tests.unit.test_argocd_health import AUTHORIZED, FAILED, PENDING, RECOVERING, dispatch_job, step
+from tests.support.records import AUTHORIZED, FAILED, PENDING, RECOVERING, at, dispatch_job, step
 
 JOB = "team-a/finetune"
-
-
-def at(body: dict[str, Any], version: int, **meta: Any) -> dict[str, Any]:
-    """``body`` as the API server serves it at resourceVersion ``version``."""
-    shown = copy.deepcopy(body)
-    shown["spec"]["kubeflow"] = {"image": "pytorch/pytorch:2.4"}
-    shown["metadata"].update(resourceVersion=str(version), uid="uid-1", finalizers=[FINALIZER], **meta)
-    return shown
 
 
 @pytest.fixture

@@ -19,9 +19,6 @@ from dispatch._backends.kubeflow._adapter import refused_for_good
 from dispatch._backends.kubeflow._kind import build
 from dispatch._kubeclient import KubeError
 from dispatch._model import (
-    Action,
-    CauseKind,
-    Enforcer,
     JobSpec,
     Plan,
     PlannedRule,
@@ -29,6 +26,7 @@ from dispatch._model import (
 )
 from dispatch._workload import Refused, Target
 from dispatch._workload._kind import MAX_OBJECT_BYTES
+from tests.support.builders import RESUBMIT, build_options, job_spec, owner_reference, restart_rule
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
 
@@ -36,41 +34,11 @@ DATA = Path(__file__).parent / "data" / "kubeflow"
 def spec(
     nodes: int = 2, env: dict[str, str] | None = None, command: tuple[str, ...] = ("python", "t.py")
 ) -> JobSpec:
-    return JobSpec(
-        name="train",
-        command=command,
-        nodes=nodes,
-        kubeflow=KubeflowOptions(
-            image="img:1", resources=Resources(cpu="2", memory="4Gi", gpu=1), env=env or {}
-        ),
-    )
-
-
-def restart_rule(budget: int, firings: int) -> PlannedRule:
-    return PlannedRule(
-        index=0,
-        on=(CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY),
-        action=Action.RESTART,
-        budget=budget,
-        enforcer=Enforcer.SCHEDULER,
-        firings=firings,
-    )
-
-
-def resubmit_rule() -> PlannedRule:
-    return PlannedRule(
-        index=0, on=(CauseKind.PREEMPTED,), action=Action.RESUBMIT, budget=3, enforcer=Enforcer.SUPERVISOR
-    )
+    return job_spec("kubeflow", build_options(KubeflowOptions, env), command=command, nodes=nodes)
 
 
 def built(plan_rules: tuple[PlannedRule, ...], **kw: Any) -> dict[str, Any]:
-    owner = {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "name": "train",
-        "uid": "uid-1",
-        "controller": True,
-    }
+    owner = owner_reference(uid="uid-1", controller=True)
     return build(Target("ns", "train", 3, owner), spec(**kw), Plan(job="ns/train", rules=plan_rules))
 
 
@@ -78,7 +46,7 @@ def built(plan_rules: tuple[PlannedRule, ...], **kw: Any) -> dict[str, Any]:
     ("rules", "policy", "backoff", "budget_annotation"),
     [
         ((), "Never", None, None),
-        ((resubmit_rule(),), "Never", None, None),
+        ((RESUBMIT,), "Never", None, None),
         ((restart_rule(3, 0),), "OnFailure", 4, "3"),
         # The budget belongs to the job: a later submission may restart only what is left.
         ((restart_rule(3, 2),), "OnFailure", 2, "1"),

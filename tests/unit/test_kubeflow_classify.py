@@ -22,6 +22,7 @@ from dispatch._model import CauseKind, ObjectView, Phase
 from dispatch._workload import classify, parse_time, pod_evidence
 from dispatch._workload._evidence import WAITING_AFTER
 from tests.support import recorded
+from tests.support.classified import assert_classified
 from tests.support.recorded import final, late_clock, names
 
 DATA = Path(__file__).parent / "data" / "kubeflow"
@@ -68,13 +69,7 @@ def check(name: str, view: ObjectView, *, late: bool = False) -> None:
     phase, kind, exit_code, word, restarts = EXPECTED[name]
     if late and name in EXIT_CODE_LOST_LATE:
         exit_code, restarts = None, 0
-    assert view.phase is phase, view
-    assert view.cause is not None
-    assert view.cause.kind is kind, view.cause
-    if exit_code is not None:
-        assert view.cause.exit_code == exit_code
-    assert word in view.cause.detail
-    assert view.restarts == restarts
+    assert_classified(view, (phase, kind, exit_code, word, restarts))
 
 
 def orders(data: Body) -> dict[str, list[Body]]:

@@ -5,6 +5,7 @@ and what stays dispatch's, and Kueue's own label on a DispatchJob is refused nam
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ from dispatch._cli import _render as render
 from dispatch._cli.main import main
 from dispatch._constants import KUEUE_LABEL_QUEUE
 from dispatch._model import DISPATCH_ENFORCES_WITH_KUEUE, KUEUE_ENFORCES, QueuePlan
+from tests.support import builders
 
 KUEUE_KINDS = {"kubeflow", "job", "jobset", "trainjob"}
 """The backends whose kinds Kueue v0.17.0 integrates (pkg/controller/jobs: job, kubeflow pytorchjob,
@@ -116,16 +118,9 @@ def test_kueues_label_on_a_dispatchjob_is_refused_naming_the_field() -> None:
     assert "spec.queue" in message
 
 
-def manifest(backend: str, **spec: object) -> str:
-    options = {backend: {"image": "pytorch:2"}} if backend != "slurm" else {}
-    return yaml.safe_dump(
-        {
-            "apiVersion": "dispatch.dev/v1alpha1",
-            "kind": "DispatchJob",
-            "metadata": {"name": "finetune"},
-            "spec": {"backend": backend, "command": ["train"], **options, **spec},
-        }
-    )
+def manifest(backend: str, **spec: Any) -> str:
+    options = {"image": "pytorch:2"} if backend != "slurm" else None
+    return builders.manifest(backend=backend, command=["train"], backend_options=options, **spec)
 
 
 def plan_cli(text: str, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[int, str, str]:

@@ -99,30 +99,24 @@ def test_an_unknown_cause_name_is_refused_naming_it() -> None:
     assert "gremlins" in str(caught.value)
 
 
-def test_an_unknown_action_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("rule", "field", "words"),
+    [
+        pytest.param({"on": ["preempted"], "action": "pray", "budget": 1}, "action", "", id="unknown-action"),
+        pytest.param({"on": ["preempted", "none"], "budget": 1}, "on", "'none' means success", id="none"),
+        pytest.param({"on": [], "budget": 1}, "on", "", id="covers-nothing"),
+        pytest.param(
+            {"on": ["preempted", "preempted"], "budget": 1}, "on", "listed twice", id="a-cause-twice"
+        ),
+    ],
+)
+def test_a_malformed_rule_is_refused_naming_its_field(rule: dict[str, Any], field: str, words: str) -> None:
+    """An unknown action; none, which is not a cause a rule can cover; a rule that covers nothing;
+    a cause listed twice in one rule."""
     with pytest.raises(ValidationError) as caught:
-        spec(recovery={"rules": [{"on": ["preempted"], "action": "pray", "budget": 1}]})
-    assert locs(caught.value) == [("recovery", "rules", 0, "action")]
-
-
-def test_none_is_not_a_cause_a_rule_can_cover() -> None:
-    with pytest.raises(ValidationError) as caught:
-        spec(recovery={"rules": [{"on": ["preempted", "none"], "budget": 1}]})
-    assert locs(caught.value) == [("recovery", "rules", 0, "on")]
-    assert "'none' means success" in str(caught.value)
-
-
-def test_a_rule_must_cover_something() -> None:
-    with pytest.raises(ValidationError) as caught:
-        spec(recovery={"rules": [{"on": [], "budget": 1}]})
-    assert locs(caught.value) == [("recovery", "rules", 0, "on")]
-
-
-def test_a_cause_listed_twice_in_one_rule_is_refused() -> None:
-    with pytest.raises(ValidationError) as caught:
-        spec(recovery={"rules": [{"on": ["preempted", "preempted"], "budget": 1}]})
-    assert locs(caught.value) == [("recovery", "rules", 0, "on")]
-    assert "listed twice" in str(caught.value)
+        spec(recovery={"rules": [rule]})
+    assert locs(caught.value) == [("recovery", "rules", 0, field)]
+    assert words in str(caught.value)
 
 
 def test_a_cause_covered_by_two_rules_is_refused_naming_both_rules() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatch import _registry
-from dispatch._backends.job._adapter import JOB, JobBackend
-from dispatch._backends.jobset._adapter import JOBSET, JobSetBackend
 from dispatch._backends.kubeflow._adapter import PYTORCHJOB, KubeflowBackend
-from dispatch._backends.trainjob._adapter import TRAINJOB, TrainJobBackend
 from dispatch._kubeclient import key_of
 from dispatch._kubeclient._informer import compacted
 from dispatch._model import Cause, CauseKind, ObjectView
@@ -52,17 +49,12 @@ from dispatch._workload._classify import held_outside
 from dispatch._workload._evidence import best, event_evidence, kind_evidence, needs_node
 from dispatch._workload._fields import no_capacity_after, owner_of, restart_budget
 from dispatch._workload._kept import METADATA
+from tests.support.kit import BACKENDS
 from tests.support.recorded import final, late_clock, load, names, orders, replay, restarted
 
 DATA = Path(__file__).parent / "data"
 Body = dict[str, Any]
 # backend directory -> (kind, backend class, the resource of its objects in the recordings)
-BACKENDS: dict[str, tuple[Kind, Callable[..., WorkloadBackend], str]] = {
-    "kubeflow": (PYTORCHJOB, KubeflowBackend, "pytorchjobs"),
-    "job": (JOB, JobBackend, "jobs"),
-    "jobset": (JOBSET, JobSetBackend, "jobsets.jobset.x-k8s.io"),
-    "trainjob": (TRAINJOB, TrainJobBackend, "trainjobs.trainer.kubeflow.org"),
-}
 RECORDINGS = [
     (backend, name)
     for backend in BACKENDS

@@ -30,6 +30,7 @@ from dispatch._cli import _manifest
 from dispatch._controller import crd, main, metrics, webhook
 from dispatch._model import Action, Capabilities, CauseKind, JobSpec, NativeRule, OptionsModel
 from dispatch._registry import BackendInfo, PolicyRule, Where
+from tests.support.builders import dispatch_job
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
@@ -94,12 +95,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[BackendInfo[FakeOptions]]:
 
 
 def body(backend: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "dispatch.dev/v1alpha1",
-        "kind": "DispatchJob",
-        "metadata": {"name": "finetune", "namespace": "team-a"},
-        "spec": {"backend": backend, "command": ["python", "train.py"], **spec},
-    }
+    return dispatch_job(backend=backend, namespace="team-a", **spec)
 
 
 # ---- the registry itself -------------------------------------------------------------------------

@@ -27,8 +27,7 @@ from dispatch._kubeclient import client_for
 from dispatch._kubeclient._informer import INITIAL_EVENTS_END
 from dispatch._kubeclient._transport import Connection
 from tests.support.local_http import serving
-from tests.unit.test_argocd_health import PENDING, dispatch_job, step
-from tests.unit.test_kube_store import at
+from tests.support.records import PENDING, at, dispatch_job, step
 
 Body = dict[str, Any]
 PATH = "/apis/dispatch.dev/v1alpha1/namespaces/team-a/dispatchjobs"
