@@ -1,6 +1,6 @@
-"""The DispatchJob API: the one codec between a DispatchJob object (a dict) and the core's types.
+"""The DispatchJob codec: the one translation between a DispatchJob object (a dict) and the core's types.
 
-Used by the record store, the admission webhook, the operator's handlers and the kubectl plugin, so
+Used by the record store, the admission webhook, the operator's runtime and the kubectl plugin, so
 each reads a spec, a record, a refusal and the conditions exactly alike.
 
 * **spec**: :func:`job_spec` turns ``.spec`` into the core's :class:`~dispatch.JobSpec` (``backend``

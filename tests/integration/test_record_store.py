@@ -1,6 +1,6 @@
 """The record store against the real API server: its slim cache keeps compare-and-swap as it was.
 
-The store keeps a projection of each version (tests/unit/test_kube_store.py), and the record it
+The store keeps a projection of each version (tests/unit/test_record_store.py), and the record it
 wrote instead of parsing its own write again. Here: a view that the API server has moved past still
 gets VersionConflict on put and on observe (the 409 of the PUT), and an observe write, whose status
 is rebuilt from the parsed record rather than from a kept body, leaves the rest of the status

@@ -5,7 +5,7 @@ it is among the last few parsed (issue 13, "slim caches").
 No API server here: the store is fed through its shared watch's entry point (``_dispatch``), as the
 watch feeds it, and every answer below comes from the cache (the client points at a closed port,
 so a GET would fail). Compare-and-swap against a real API server (a stale view still gets
-VersionConflict, an observe write keeps the status) is tests/integration/test_kube_store.py.
+VersionConflict, an observe write keeps the status) is tests/integration/test_record_store.py.
 """
 
 from __future__ import annotations
