@@ -29,7 +29,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,6 +45,7 @@ from .._kubeclient import (
     DEFAULT_WRITE_QPS,
     Client,
     Connection,
+    KubeClient,
     WriteLimiter,
     client_for,
     kubeconfig_problem,
@@ -440,22 +442,47 @@ def _is_address(addr: str) -> bool:
     return True
 
 
-async def run(
-    args: argparse.Namespace,
-    *,
-    backends: dict[str, Backend] | None = None,
-    stop_flag: asyncio.Event | None = None,
-    listeners: Sequence[Listener] = (),
-) -> int:
-    """Run the operator until it is stopped (a signal, ``stop_flag``, or a lost Lease).
+@dataclass
+class Opened:
+    """What the process opens before it serves, closed by :meth:`close` in the reverse order."""
 
-    ``backends`` replaces the adapters the arguments would open (for embedding and tests);
-    ``listeners`` are told of every step first, before the Events and the metrics.
-    """
-    started_by = asyncio.current_task()
-    leading = asyncio.Event()
-    if not args.leader_elect:
-        leading.set()
+    connection: Connection
+    api: KubeClient
+    store: KubeRecordStore
+    runtime: Runtime
+    events: EventRecorder | None
+    health: Health | None
+    metrics_server: WSGIServer | None
+
+    async def close(self) -> None:
+        """Close what :func:`open_process` opened (the loop has stopped): no step is lost, since the
+        record is the truth and a successor reads it."""
+        if self.events is not None:
+            with contextlib.suppress(Exception):
+                await self.events.aclose()
+        for backend in self.runtime.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.aclose()
+        await self.store.aclose()
+        await self.api.close()
+        if self.metrics_server is not None:
+            with contextlib.suppress(Exception):
+                self.metrics_server.shutdown()
+        if self.health is not None:
+            with contextlib.suppress(Exception):
+                await self.health.aclose()
+
+
+async def open_process(
+    args: argparse.Namespace,
+    leading: asyncio.Event,
+    *,
+    backends: dict[str, Backend] | None,
+    listeners: Sequence[Listener],
+) -> Opened:
+    """Health and metrics first (a probe answers while the rest opens), then the API client with its
+    write limit, the record store, the backends, and the listeners every step is told of: the
+    given ones first, then the Events and the metrics."""
     health: Health | None = None
     if getattr(args, "health_port", 0):
         health = Health(leading, webhook_port=args.webhook_port)
@@ -509,12 +536,76 @@ async def run(
         leading=leading,
         workers=args.workers,
     )
+    return Opened(connection, api, store, runtime, events, health, server)
+
+
+class Election:
+    """``--leader-elect``: wait for the Lease, set ``leading`` while it is held, and call ``stop``
+    with why once it is lost or the election fails (the process then exits 1 and a successor, or
+    this one restarted, takes over from the record)."""
+
+    def __init__(
+        self, api: Client, args: argparse.Namespace, leading: asyncio.Event, stop: Callable[[str], None]
+    ) -> None:
+        from . import leader
+
+        self._lease = f"{args.lease_namespace}/{args.lease_name}"
+        self._elector = leader.LeaderElector(
+            api, args.lease_namespace, args.lease_name, leader.default_identity()
+        )
+        self._leading = leading
+        self._stop = stop
+        self._task = asyncio.create_task(self._elect(), name="dispatch-leader-election")
+
+    async def _elect(self) -> None:
+        log.info(
+            "waiting for the Lease %s as %s (serving webhooks and health meanwhile)",
+            self._lease,
+            self._elector.identity,
+        )
+        try:
+            await self._elector.acquire()
+            log.info("holding the Lease %s: supervising", self._lease)
+            self._leading.set()
+            await self._elector.hold(lambda: self._stop(f"lost the Lease {self._lease}"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._stop(f"leader election failed: {type(error).__name__}: {error}")
+
+    async def aclose(self) -> None:
+        """Stop electing and let go of the Lease, so that a successor need not wait for it to expire."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._elector.release()
+
+
+async def run(
+    args: argparse.Namespace,
+    *,
+    backends: dict[str, Backend] | None = None,
+    stop_flag: asyncio.Event | None = None,
+    listeners: Sequence[Listener] = (),
+) -> int:
+    """Run the operator until it is stopped (a signal, ``stop_flag``, or a lost Lease).
+
+    ``backends`` replaces the adapters the arguments would open (for embedding and tests);
+    ``listeners`` are told of every step first, before the Events and the metrics.
+    """
+    started_by = asyncio.current_task()
+    leading = asyncio.Event()
+    if not args.leader_elect:
+        leading.set()
+    opened = await open_process(args, leading, backends=backends, listeners=listeners)
+    runtime, health = opened.runtime, opened.health
     registry = kopf.OperatorRegistry()
     settings = operator_settings()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return _connection_info(connection)
+        return _connection_info(opened.connection)
 
     @kopf.on.startup(registry=registry)
     def started(**_: Any) -> None:
@@ -530,47 +621,19 @@ async def run(
         await leading.wait()  # nothing is read before this process holds the Lease
         runtime.start_loop()
 
-    supervising: asyncio.Task[None] | None = asyncio.create_task(supervise(), name="dispatch-supervise")
+    supervising = asyncio.create_task(supervise(), name="dispatch-supervise")
     stop_flag = stop_flag if stop_flag is not None else asyncio.Event()
     exit_code = 0
-    elector: Any = None
-    election: asyncio.Task[None] | None = None
 
-    if args.leader_elect:
-        from . import leader
+    def stop(why: str) -> None:
+        nonlocal exit_code
+        log.error("%s; stopping", why)
+        exit_code = 1
+        leading.clear()
+        runtime.abandon()
+        stop_flag.set()
 
-        elector = leader.LeaderElector(api, args.lease_namespace, args.lease_name, leader.default_identity())
-
-        def stop(why: str) -> None:
-            nonlocal exit_code
-            log.error("%s; stopping", why)
-            exit_code = 1
-            leading.clear()
-            runtime.abandon()
-            stop_flag.set()
-
-        def lost() -> None:
-            stop(f"lost the Lease {args.lease_namespace}/{args.lease_name}")
-
-        async def elect() -> None:
-            log.info(
-                "waiting for the Lease %s/%s as %s (serving webhooks and health meanwhile)",
-                args.lease_namespace,
-                args.lease_name,
-                elector.identity,
-            )
-            try:
-                await elector.acquire()
-                log.info("holding the Lease %s/%s: supervising", args.lease_namespace, args.lease_name)
-                leading.set()
-                await elector.hold(lost)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                stop(f"leader election failed: {type(error).__name__}: {error}")
-
-        election = asyncio.create_task(elect(), name="dispatch-leader-election")
-
+    election = Election(opened.api, args, leading, stop) if args.leader_elect else None
     wound_down = False
 
     async def wind_down() -> None:
@@ -591,32 +654,13 @@ async def run(
         leading.clear()
         runtime.abandon()
         if election is not None:
-            election.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await election
-        if elector is not None:
-            with contextlib.suppress(Exception):
-                await elector.release()
-        if supervising is not None:
-            supervising.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await supervising
+            await election.aclose()
+        supervising.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await supervising
         if runtime.loop is not None:
             await runtime.loop.stop()
-        if events is not None:
-            with contextlib.suppress(Exception):
-                await events.aclose()
-        for backend in backends.values():
-            with contextlib.suppress(Exception):
-                await backend.aclose()
-        await store.aclose()
-        await api.close()
-        if server is not None:
-            with contextlib.suppress(Exception):
-                server.shutdown()
-        if health is not None:
-            with contextlib.suppress(Exception):
-                await health.aclose()
+        await opened.close()
 
     @kopf.on.cleanup(registry=registry)
     async def stopping(**_: Any) -> None:
@@ -625,13 +669,14 @@ async def run(
         if left:  # kopf waits up to 5 s for each task it did not start, then cancels it
             log.warning("still running after the stop: %s", ", ".join(left))
 
+    namespaces = list(args.namespace)
     try:
         await kopf.operator(
             registry=registry,
             settings=settings,
             standalone=True,
-            clusterwide=namespaces is None,
-            namespaces=namespaces or (),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
             stop_flag=stop_flag,
         )
     finally:
