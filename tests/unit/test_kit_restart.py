@@ -69,10 +69,10 @@ def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, Rec
     not create, which it must stop (the training operator would go on)."""
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api, clock=lambda: 1.8e9)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._packed_pod(preempted_pod()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
+    backend.watches.pod_changed(None, backend.cache.packed_pod(preempted_pod()))
     return backend, api
 
 
@@ -103,7 +103,7 @@ async def test_quiesce_waits_for_the_stop_and_raises_when_it_cannot_land(
 async def test_the_owner_lookup_given_is_the_one_create_uses(observer: list[WorkloadBackend]) -> None:
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
     asked: list[tuple[str, str]] = []
 
