@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "operator"))
 
 from dispatch._errors import BackendError  # noqa: E402
 from dispatch._kubeclient import new_client, request  # noqa: E402
-from dispatch._workload import WorkloadBackend, object_shape, project_object, project_pod  # noqa: E402
+from dispatch._workload import object_shape, project_object, project_pod  # noqa: E402
 from dispatch._workload._requests import SELECTOR  # noqa: E402
 from tests.support.kit import BACKENDS  # noqa: E402
 
@@ -129,36 +129,32 @@ async def per_job(backend: str, copies: int, *, slim: bool) -> tuple[float, int]
     """The kit's bytes per job (and the pods it holds per job) for ``copies`` running jobs."""
     _, make, resource = KINDS[backend]
     events = running(backend)
-    saved = WorkloadBackend._project, WorkloadBackend._project_pod
+    gc.collect()
+    start = tracemalloc.get_traced_memory()[0]
+    kit = make(None, stop_ended=False)
     if not slim:  # the kit as it was: every body cached whole
-        WorkloadBackend._project = lambda self, body: body  # type: ignore[method-assign]
-        WorkloadBackend._project_pod = lambda self, pod: pod  # type: ignore[method-assign]
-    try:
-        gc.collect()
-        start = tracemalloc.get_traced_memory()[0]
-        cache = make(None, stop_ended=False)
-        cache._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer
-        for job in renamed(events, copies):
-            for res, kind, text in job:
-                # As the informers hand them on: projected (or not, with the patch above) and packed.
-                obj = json.loads(text)
-                if res == resource:
-                    handler, kept = cache._object_changed, cache._packed(obj)
-                else:
-                    handler, kept = cache._pod_changed, cache._packed_pod(obj)
-                if kind == "DELETED":
-                    handler(kept, None)
-                else:
-                    handler(None, kept)
-        for jid in sorted({t.job for t in cache._tracked.values() if t.job}):
-            await cache.list(jid)  # as the supervisor does: the verdict and the last view are kept
-        gc.collect()
-        end = tracemalloc.get_traced_memory()[0]
-        pods = sum(len(t.pods) for t in cache._tracked.values()) // copies
-        await cache.aclose()
-        return (end - start) / copies, pods
-    finally:
-        WorkloadBackend._project, WorkloadBackend._project_pod = saved  # type: ignore[method-assign]
+        kit.cache.project = lambda body: body  # type: ignore[method-assign]
+        kit.cache.project_pod = lambda pod: pod  # type: ignore[method-assign]
+    kit.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer
+    for job in renamed(events, copies):
+        for res, kind, text in job:
+            # As the informers hand them on: projected (or not, with the patch above) and packed.
+            obj = json.loads(text)
+            if res == resource:
+                handler, kept = kit.watches.object_changed, kit.cache.packed(obj)
+            else:
+                handler, kept = kit.watches.pod_changed, kit.cache.packed_pod(obj)
+            if kind == "DELETED":
+                handler(kept, None)
+            else:
+                handler(None, kept)
+    for jid in sorted({t.job for t in kit.cache.tracked.values() if t.job}):
+        await kit.list(jid)  # as the supervisor does: the verdict and the last view are kept
+    gc.collect()
+    end = tracemalloc.get_traced_memory()[0]
+    pods = sum(len(t.pods) for t in kit.cache.tracked.values()) // copies
+    await kit.aclose()
+    return (end - start) / copies, pods
 
 
 async def live(kubeconfig: str) -> dict[str, tuple[list[str], list[str]]]:

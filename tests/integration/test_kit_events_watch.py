@@ -68,7 +68,7 @@ async def test_a_preemption_before_the_kit_started_is_read_from_the_events_watch
         # so that the look for evidence below is the index's, not the fallback LIST.
         second.subscribe(job, lambda: None)
         async with asyncio.timeout(GUARD):
-            await asyncio.gather(*(i.synced.wait() for i in second._event_informers[None]))
+            await asyncio.gather(*(i.synced.wait() for i in second.cache.events.informers[None]))
         views = await until(second, job, phase_is(oid, Phase.ENDED))
     finally:
         await second.aclose()

@@ -576,9 +576,9 @@ async def test_a_canonical_the_watch_has_not_shown_yet_is_confirmed_on_the_api_s
     other = KubeflowBackend(api)
     try:
         assert await other.list(job) == []  # synced
-        for task in other._tasks:  # freeze B's cache: its watches see nothing from now on
+        for task in other.watches.tasks:  # freeze B's cache: its watches see nothing from now on
             task.cancel()
-        await asyncio.gather(*other._tasks, return_exceptions=True)
+        await asyncio.gather(*other.watches.tasks, return_exceptions=True)
         spec = spec_of("lag")
         oid = await backend.create(job, 1, spec, make_plan(job, spec, CAPABILITIES, supervised=True))
         await backend.release(oid)

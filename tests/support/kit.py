@@ -96,8 +96,8 @@ def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, Rec
     not create, which it must stop (the training operator would go on)."""
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api, clock=lambda: 1.8e9)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._packed_pod(preempted_pod()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
+    backend.watches.pod_changed(None, backend.cache.packed_pod(preempted_pod()))
     return backend, api

@@ -2,8 +2,8 @@
 
 The recordings (tests/unit/data/<backend>/*.json, written by hack/<backend>-record.py from the lab)
 hold the watch events of one object and its pods in arrival order, and the events Kubernetes wrote.
-:func:`replay` feeds them to :meth:`WorkloadBackend._object_changed` / ``_pod_changed`` (no
-informer runs) and answers the backend's reads from the recording's final state
+:func:`replay` feeds them to the backend's watch handlers (``watches.object_changed`` /
+``watches.pod_changed``; no informer runs) and answers the backend's reads from the recording's final state
 (:class:`RecordedApi`), refusing every write: the backend is a read-only observer.
 """
 
@@ -174,10 +174,10 @@ async def replay(
     now = late_clock(data)
     backend = make(api, stop_ended=False, clock=lambda: now)
     if born is not None:
-        backend._born = born
+        backend.verdicts.born = born
     made.append(backend)
     # The watches are this replay: no informer runs.
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]
     seen: dict[tuple[str, str], Packed] = {}
     for event in events:
         obj, key = event["object"], (event["resource"], event["object"]["metadata"]["name"])
@@ -185,9 +185,9 @@ async def replay(
         # As the informer does: each body projected and packed as its event arrives.
         pack: Callable[[Body], Packed]
         if event["resource"] == resource:
-            handler, pack = backend._object_changed, backend._packed
+            handler, pack = backend.watches.object_changed, backend.cache.packed
         else:
-            handler, pack = backend._pod_changed, backend._packed_pod
+            handler, pack = backend.watches.pod_changed, backend.cache.packed_pod
         if event["type"] == "DELETED":
             seen.pop(key, None)
             handler(before or pack(obj), None)

@@ -144,6 +144,6 @@ async def test_the_failure_past_the_budget_ends_the_job_before_its_controller_sa
     assert view.cause.exit_code == 137
     assert view.restarts == 1
     (backend,) = observer
-    verdict = await backend._classify_cached(view.id, backend._current(view.id) or {})
+    verdict = await backend.verdicts.cached(view.id, backend.cache.current(view.id) or {})
     assert verdict.stop == view.cause
     assert verdict.stop_after_grace

@@ -31,11 +31,11 @@ def kit_whose_delete_answers(answer: dict[str, Any], observer: list[WorkloadBack
 
     api.call_api = call_api  # type: ignore[method-assign]
     backend = KubeflowBackend(api)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
     body = pytorchjob()  # ended by its controller
     body["metadata"]["finalizers"] = [OBJECT_FINALIZER]
-    backend._object_changed(None, backend._packed(body))
+    backend.watches.object_changed(None, backend.cache.packed(body))
     backend.subscribe(JOB, lambda: None)
     return backend
 
@@ -54,7 +54,7 @@ async def test_a_delete_our_finalizer_holds_shows_the_object_retained_at_once(
     backend = kit_whose_delete_answers(deleted(finalizers=[OBJECT_FINALIZER]), observer)
     [before] = await backend.list(JOB)
     assert not before.retained
-    await backend._delete("team", "train-1")
+    await backend.objects.delete("team", "train-1")
     [after] = await backend.list(JOB)
     assert after.retained
 
@@ -63,7 +63,7 @@ async def test_a_delete_that_nothing_holds_is_left_to_the_watch(observer: list[W
     """Gone at once (no finalizer): its DELETED event may already be in, so nothing is remembered
     that could bring a deleted object back."""
     backend = kit_whose_delete_answers(deleted(finalizers=[]), observer)
-    await backend._delete("team", "train-1")
-    current = backend._current(OID)
+    await backend.objects.delete("team", "train-1")
+    current = backend.cache.current(OID)
     assert current is not None
     assert not current["metadata"].get("deletionTimestamp")

@@ -42,10 +42,10 @@ async def test_concurrent_lookups_share_one_read_of_the_events() -> None:
     api = EventsApi()
     backend = WorkloadBackend(PYTORCHJOB, api, owner=None)  # type: ignore[arg-type]
     per_read = len(evidence_events(PYTORCHJOB))
-    answers = await asyncio.gather(*(backend._disruption_events("team") for _ in range(32)))
+    answers = await asyncio.gather(*(backend.cache.events.disruption_events("team") for _ in range(32)))
     assert api.reads == per_read  # one LIST per (kind, reason) the kind reads, not 32 of each
     assert all(a == [EVENT] * per_read for a in answers)
-    await backend._disruption_events("team")  # kept a few seconds: no read
+    await backend.cache.events.disruption_events("team")  # kept a few seconds: no read
     assert api.reads == per_read
 
 
@@ -53,10 +53,10 @@ async def test_a_failed_read_fails_every_waiter_and_the_next_lookup_reads_again(
     api = EventsApi(status=503)
     backend = WorkloadBackend(PYTORCHJOB, api, owner=None)  # type: ignore[arg-type]
     results = await asyncio.gather(
-        *(backend._disruption_events("team") for _ in range(4)), return_exceptions=True
+        *(backend.cache.events.disruption_events("team") for _ in range(4)), return_exceptions=True
     )
     assert all(isinstance(r, BackendError) for r in results), results
     assert api.reads == 1
     api.status = 200
-    assert await backend._disruption_events("team") == [EVENT] * len(evidence_events(PYTORCHJOB))
+    assert await backend.cache.events.disruption_events("team") == [EVENT] * len(evidence_events(PYTORCHJOB))
     assert api.reads == 1 + len(evidence_events(PYTORCHJOB))

@@ -3,7 +3,7 @@
 bench-operator (1,000 jobs, mass preemption): 55% of the operator's CPU was json.loads of the
 namespace's Events LIST, read again on every look for evidence. The watches keep, per object the
 kit tracks, only the few Events about it (:data:`EVENT`), and an Event that arrives after the end
-it explains wakes the job. These tests feed the watch handler (``_event_changed``) as the
+it explains wakes the job. These tests feed the watch handler (``cache.events.changed``) as the
 informer does, on the recordings of the real stack (tests/unit/data) and on small cases.
 """
 
@@ -54,10 +54,14 @@ def watched_events(backend: WorkloadBackend, data: Body) -> list[Body]:
 def listed(backend: WorkloadBackend) -> None:
     """As if the backend's Events watches had listed (no informer runs in these tests)."""
     informer: Informer[Body] = Informer(
-        backend.api, "/api/v1/events", label_selector="", on_change=backend._event_changed, what="events"
+        backend.api,
+        "/api/v1/events",
+        label_selector="",
+        on_change=backend.cache.events.changed,
+        what="events",
     )
     informer.synced.set()
-    backend._event_informers = {None: [informer]}
+    backend.cache.events.informers = {None: [informer]}
 
 
 def feeding(
@@ -72,7 +76,7 @@ def feeding(
         if watch:
             listed(backend)
             for event in watched_events(backend, data):
-                backend._event_changed(None, project_event(copy.deepcopy(event)))
+                backend.cache.events.changed(None, project_event(copy.deepcopy(event)))
         return backend
 
     return made
@@ -147,7 +151,7 @@ def kit(clock: float = 1.8e9) -> tuple[WorkloadBackend, RecordedApi]:
     """A read-only kit backend whose watches are these tests (an empty cluster answers its reads)."""
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api, stop_ended=False, clock=lambda: clock)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     listed(backend)
     return backend, api
 
@@ -159,18 +163,18 @@ async def test_an_event_of_a_tracked_object_is_kept_slim_under_it_and_wakes_its_
     observer.append(backend)
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._packed(pytorchjob()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob()))
     wakes.clear()
     event = preempted("train-1-master-0")
-    backend._event_changed(None, project_event(event))
+    backend.cache.events.changed(None, project_event(event))
     assert wakes == [1]
-    kept = backend._evidence["team/train-1"]
+    kept = backend.cache.events.evidence["team/train-1"]
     assert list(kept) == ["team/train-1-master-0.18ed210b77f506c8"]
     slim = next(iter(kept.values()))
     assert set(slim) <= set(EVENT)
     assert "managedFields" not in slim["metadata"]
     assert "related" not in slim
-    backend._event_changed(None, project_event(event))  # listed again: no change, no wake
+    backend.cache.events.changed(None, project_event(event))  # listed again: no change, no wake
     assert wakes == [1]
 
 
@@ -179,12 +183,12 @@ async def test_events_about_pods_that_are_not_the_kits_are_not_indexed(
 ) -> None:
     backend, _ = kit()
     observer.append(backend)
-    backend._object_changed(None, backend._packed(pytorchjob()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob()))
     for pod in ("train-1x-master-0", "other-7-abc12", "train-1-launcher-0", "nodash"):
-        backend._event_changed(None, project_event(preempted(pod)))
-    backend._event_changed(None, project_event(preempted("train-1-master-0", namespace="elsewhere")))
-    assert backend._evidence == {}
-    assert "team/train-1x" not in backend._evidence
+        backend.cache.events.changed(None, project_event(preempted(pod)))
+    backend.cache.events.changed(None, project_event(preempted("train-1-master-0", namespace="elsewhere")))
+    assert backend.cache.events.evidence == {}
+    assert "team/train-1x" not in backend.cache.events.evidence
     assert event_objects(PYTORCHJOB, preempted("a-b-3-master-0")) == ("a-b-3",)
 
 
@@ -194,15 +198,15 @@ async def test_an_event_before_its_object_waits_for_it_bounded(
     """After a restart, or from a second operator, an Event may come before its object's watch."""
     backend, _ = kit()
     observer.append(backend)
-    backend._event_changed(None, project_event(preempted("train-1-master-0")))
-    assert "team/train-1" in backend._early_events
-    backend._object_changed(None, backend._packed(pytorchjob()))
-    assert list(backend._evidence) == ["team/train-1"]
-    assert "team/train-1" not in backend._early_events
+    backend.cache.events.changed(None, project_event(preempted("train-1-master-0")))
+    assert "team/train-1" in backend.cache.events.early
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob()))
+    assert list(backend.cache.events.evidence) == ["team/train-1"]
+    assert "team/train-1" not in backend.cache.events.early
     monkeypatch.setattr(backend_module, "MAX_EARLY_EVENTS", 3)
     for i in range(10):
-        backend._event_changed(None, project_event(preempted(f"peer-{i}-abcde")))
-    assert list(backend._early_events) == ["team/peer-7", "team/peer-8", "team/peer-9"]
+        backend.cache.events.changed(None, project_event(preempted(f"peer-{i}-abcde")))
+    assert list(backend.cache.events.early) == ["team/peer-7", "team/peer-8", "team/peer-9"]
 
 
 async def test_only_events_from_after_the_objects_creation_count(observer: list[WorkloadBackend]) -> None:
@@ -210,11 +214,11 @@ async def test_only_events_from_after_the_objects_creation_count(observer: list[
     backend, _ = kit()
     observer.append(backend)
     backend.subscribe("team/train", lambda: None)
-    backend._object_changed(None, backend._packed(pytorchjob()))
-    backend._event_changed(
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob()))
+    backend.cache.events.changed(
         None, project_event(preempted("train-1-master-0", at="2026-12-01T11:59:58.000000Z"))
     )
-    assert backend._evidence == {}
+    assert backend.cache.events.evidence == {}
     [view] = await backend.list("team/train")
     assert view.cause is not None
     assert view.cause.kind is CauseKind.UNKNOWN, view
@@ -226,17 +230,17 @@ async def test_the_index_drops_deleted_events_forgotten_and_recorded_objects(
     backend, _ = kit()
     observer.append(backend)
     for name in ("train-1", "train-2", "train-3"):
-        backend._object_changed(None, backend._packed(pytorchjob(name)))
-        backend._event_changed(None, project_event(preempted(f"{name}-master-0")))
-    assert sorted(backend._evidence) == ["team/train-1", "team/train-2", "team/train-3"]
-    backend._event_changed(project_event(preempted("train-1-master-0")), None)  # the API server's TTL
-    backend._object_changed(backend._packed(pytorchjob("train-2")), None)  # deleted
+        backend.watches.object_changed(None, backend.cache.packed(pytorchjob(name)))
+        backend.cache.events.changed(None, project_event(preempted(f"{name}-master-0")))
+    assert sorted(backend.cache.events.evidence) == ["team/train-1", "team/train-2", "team/train-3"]
+    backend.cache.events.changed(project_event(preempted("train-1-master-0")), None)  # the API server's TTL
+    backend.watches.object_changed(backend.cache.packed(pytorchjob("train-2")), None)  # deleted
     recorded = pytorchjob("train-3", annotations={"dispatch.dev/ended": '{"kind":"preempted","detail":"x"}'})
     recorded["metadata"]["resourceVersion"] = "11"
-    backend._object_changed(
-        backend._packed(pytorchjob("train-3")), backend._packed(recorded)
+    backend.watches.object_changed(
+        backend.cache.packed(pytorchjob("train-3")), backend.cache.packed(recorded)
     )  # its cause is written on it
-    assert backend._evidence == {}
+    assert backend.cache.events.evidence == {}
 
 
 async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_request(
@@ -248,7 +252,7 @@ async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_reques
     observer.append(backend)
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._packed(pytorchjob()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob()))
     [view] = await backend.list("team/train")
     assert view.phase is Phase.ENDED
     assert view.cause is not None
@@ -256,7 +260,7 @@ async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_reques
     reads = list(api.calls)
     assert reads == ["GET /api/v1/namespaces/team/pods"]  # the pods, once; no Events LIST
     wakes.clear()
-    backend._event_changed(None, project_event(preempted("train-1-master-0")))
+    backend.cache.events.changed(None, project_event(preempted("train-1-master-0")))
     assert wakes == [1]
     [view] = await backend.list("team/train")
     assert view.cause is not None
@@ -300,21 +304,25 @@ async def test_a_preemption_while_no_process_watched_is_read_from_its_event(
     observer.append(backend)
     # The Preempted watch lists first, the others a moment later (so it went on the real stack):
     # the wake of its Event is read from the index before every Events watch has listed.
-    backend._event_informers[None].append(
+    backend.cache.events.informers[None].append(
         Informer(
-            backend.api, "/api/v1/events", label_selector="", on_change=backend._event_changed, what="evicted"
+            backend.api,
+            "/api/v1/events",
+            label_selector="",
+            on_change=backend.cache.events.changed,
+            what="evicted",
         )
     )
     released = pytorchjob(ended=False)
     assert not PYTORCHJOB.in_place(released)
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._packed(released))
-    backend._pod_changed(None, backend._packed_pod(recreated_pod()))
+    backend.watches.object_changed(None, backend.cache.packed(released))
+    backend.watches.pod_changed(None, backend.cache.packed_pod(recreated_pod()))
     [view] = await backend.list("team/train")
     assert view.phase is Phase.RUNNING
     wakes.clear()
-    backend._event_changed(None, project_event(preempted("train-1-master-0")))  # the Events watch lists
+    backend.cache.events.changed(None, project_event(preempted("train-1-master-0")))  # the Events watch lists
     assert wakes == [1]
     [view] = await backend.list("team/train")
     assert view.phase is Phase.ENDED, view
@@ -355,11 +363,11 @@ async def test_an_event_that_can_follow_another_end_does_not_end_a_watched_objec
     backend, _ = kit(clock=1.7e9)  # this process watched the object from its release
     observer.append(backend)
     backend.subscribe("team/train", lambda: None)
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._packed_pod(recreated_pod()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
+    backend.watches.pod_changed(None, backend.cache.packed_pod(recreated_pod()))
     body = event()
     assert event_evidence(PYTORCHJOB, pytorchjob(ended=False), [body]) is not None  # it would say it
-    backend._event_changed(None, project_event(body))
+    backend.cache.events.changed(None, project_event(body))
     [view] = await backend.list("team/train")
     assert view.phase is Phase.RUNNING, view
 
@@ -371,8 +379,8 @@ async def test_a_mass_preemption_costs_no_events_read(observer: list[WorkloadBac
     jobs = [f"team/j{i}" for i in range(1000)]
     for i, job in enumerate(jobs):
         backend.subscribe(job, lambda: None)
-        backend._object_changed(None, backend._packed(pytorchjob(f"j{i}-1")))
-        backend._event_changed(None, project_event(preempted(f"j{i}-1-master-0")))
+        backend.watches.object_changed(None, backend.cache.packed(pytorchjob(f"j{i}-1")))
+        backend.cache.events.changed(None, project_event(preempted(f"j{i}-1-master-0")))
     causes = {v.cause.kind for job in jobs for v in await backend.list(job) if v.cause is not None}
     assert causes == {CauseKind.PREEMPTED}
     assert not [c for c in api.calls if c.endswith("/events")]
@@ -388,14 +396,14 @@ async def test_a_change_of_a_job_nobody_subscribed_to_is_told_to_the_others_hook
     observer.append(backend)
     others: list[str] = []
     unsubscribe = backend.subscribe_others(others.append)
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
     assert others == ["team/train"]
     wakes: list[int] = []
     backend.subscribe("team/train", lambda: wakes.append(1))
-    backend._object_changed(None, backend._packed(pytorchjob(ended=True)))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=True)))
     assert (others, wakes) == (["team/train"], [1])
     unsubscribe()
-    backend._object_changed(None, backend._packed(pytorchjob("train-2", ended=False)))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob("train-2", ended=False)))
     assert others == ["team/train"]
 
 
@@ -426,11 +434,11 @@ async def test_the_pods_a_stuck_controller_leaves_are_deleted_each_by_name_whate
     deleting["metadata"].update(name="train-1-worker-2", uid="pod-5", deletionTimestamp=CREATED)
     async with serving(handle) as host, KubeClient(Connection(host=host)) as client:
         backend = KubeflowBackend(client, stop_ended=False)
-        backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
+        backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
         for pod in (recreated_pod(), gone, second, deleting):
-            backend._pod_changed(None, backend._packed_pod(pod))
+            backend.watches.pod_changed(None, backend.cache.packed_pod(pod))
         with caplog.at_level("WARNING", logger="dispatch.kubeflow"):
-            await backend._cleanup_pods("team/train-1")
+            await backend.stopper.cleanup_pods("team/train-1")
     assert sorted(seen) == [
         f"DELETE /api/v1/namespaces/team/pods/{name}"
         for name in ("train-1-master-0", "train-1-worker-0", "train-1-worker-1")

@@ -39,12 +39,12 @@ async def test_a_verdict_that_needs_a_node_wakes_the_job_when_the_lookup_expires
     monkeypatch.setattr(kit_backend, "NODE_CACHE_SECONDS", 0.05)
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
     assert isinstance(backend, SelfWaking)
     assert backend.wakes_itself
-    backend._object_changed(None, backend._packed(pytorchjob(ended=False)))
-    backend._pod_changed(None, backend._packed_pod(deleted_pod()))
+    backend.watches.object_changed(None, backend.cache.packed(pytorchjob(ended=False)))
+    backend.watches.pod_changed(None, backend.cache.packed_pod(deleted_pod()))
     woken = asyncio.Event()
     backend.subscribe(JOB, woken.set)
 

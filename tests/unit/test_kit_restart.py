@@ -59,7 +59,7 @@ async def test_quiesce_waits_for_the_stop_and_raises_when_it_cannot_land(
 async def test_the_owner_lookup_given_is_the_one_create_uses(observer: list[WorkloadBackend]) -> None:
     api = RecordedApi({"stream": [], "events": []})
     backend = KubeflowBackend(api)  # type: ignore[arg-type]
-    backend._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    backend.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     observer.append(backend)
     asked: list[tuple[str, str]] = []
 

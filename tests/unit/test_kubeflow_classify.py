@@ -236,7 +236,7 @@ async def test_past_the_restart_budget_is_ended_without_the_training_operators_f
     assert view.restarts == 1
     (backend,) = observer
     oid = view.id
-    verdict = await backend._classify_cached(oid, backend._current(oid) or {})
+    verdict = await backend.verdicts.cached(oid, backend.cache.current(oid) or {})
     assert verdict.stop == view.cause
     assert verdict.stop_after_grace
 

@@ -161,7 +161,7 @@ async def test_kueue_is_watched_only_where_its_workloads_are_served(made: list[W
     with pytest.raises(PlanError) as caught:  # refused at once, with the field: never pending in silence
         make_plan(f"{NS}/{JOB}", spec(), without.capabilities, supervised=True)
     assert caught.value.field == "spec.queue"
-    assert Workloads.shared(with_kueue.api, None) is with_kueue._workloads  # one watch, shared
+    assert Workloads.shared(with_kueue.api, None) is with_kueue.verdicts.workloads  # one watch, shared
 
 
 async def test_the_release_of_a_queued_object_is_one_patch_that_leaves_it_suspended(
@@ -205,7 +205,7 @@ async def test_a_stop_of_a_queued_object_takes_kueues_label_away_and_deletes_it(
     held(api, spec(), backend)
     await backend.release(OID)
     cause = Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue")
-    await backend._patch_stop(OID, cause)
+    await backend.stopper.patch(OID, cause)
     (_, _, stop), (method, path, _) = api.writes[1:]
     # Kueue would unsuspend a suspended object whose Workload it admitted while the label is there.
     assert stop["metadata"]["labels"] == {KUEUE_LABEL_QUEUE: None}
@@ -225,7 +225,7 @@ async def test_the_delete_of_a_stopped_queued_object_is_retried(made: list[Workl
     held(api, spec(), backend)
     await backend.release(OID)
     api.failing_deletes = 2
-    await backend._patch_stop(OID, Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue"))
+    await backend.stopper.patch(OID, Cause(kind=CauseKind.PREEMPTED, detail="preempted by Kueue"))
     assert [m for m, _, _ in api.writes] == ["PATCH", "PATCH", "DELETE", "DELETE", "DELETE"]
     assert api.objects[PATH]["metadata"]["deletionTimestamp"]
 
@@ -264,7 +264,7 @@ async def test_a_queued_trainjob_carries_kueues_runtime_patch_once(
     body["metadata"].update(uid="u-1", resourceVersion="5")
     path = TRAINJOB.resource.path(NS, f"{JOB}-1")
     api.objects[path] = body
-    backend._remember(OID, f"{NS}/{JOB}", body)  # the cache: a projection without runtimePatches
+    backend.cache.remember(OID, f"{NS}/{JOB}", body)  # the cache: a projection without runtimePatches
     await backend.release(OID)
     ((_, _, patch),) = api.writes
     assert patch["metadata"]["labels"][KUEUE_LABEL_QUEUE] == "team-a"

@@ -45,6 +45,7 @@ from dispatch._workload import (
     project_object,
     project_pod,
 )
+from dispatch._workload._cache import Cache
 from dispatch._workload._classify import held_outside
 from dispatch._workload._evidence import best, event_evidence, kind_evidence, needs_node
 from dispatch._workload._fields import no_capacity_after, owner_of, restart_budget
@@ -218,14 +219,14 @@ async def test_the_backend_lists_the_same_on_projections(
     """The recordings through the backend's own watch handlers, in every order and after a restart:
     the views are the ones the whole bodies give."""
     slim = await views(backend, name, observer)
-    packed = [t.current() for b in observer for t in b._tracked.values()]
-    packed += [p for b in observer for t in b._tracked.values() for p in t.pods.values()]
+    packed = [t.current() for b in observer for t in b.cache.tracked.values()]
+    packed += [p for b in observer for t in b.cache.tracked.values() for p in t.pods.values()]
     cached = [p.body() for p in packed if p is not None]
     assert cached
     assert all(set(c.get("metadata", {})) <= {*METADATA, "managedFields"} for c in cached)
     with monkeypatch.context() as patched:
-        patched.setattr(WorkloadBackend, "_project_pod", lambda self, pod: pod)
-        patched.setattr(WorkloadBackend, "_project", lambda self, body: body)
+        patched.setattr(Cache, "project_pod", lambda self, pod: pod)
+        patched.setattr(Cache, "project", lambda self, body: body)
         whole = await views(backend, name, observer)
     assert slim == whole
 
@@ -364,9 +365,9 @@ def test_equal_shared_strings_of_two_bodies_are_kept_as_one_copy() -> None:
 def test_backends_of_one_kind_share_one_shape_and_one_compiled_projector() -> None:
     """The compiled projectors live as long as the process: making backends must not add more."""
     body = {"metadata": {"name": "x", "namespace": "team"}, "spec": {}}
-    KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
+    KubeflowBackend(None, stop_ended=False).cache.project(body)  # type: ignore[arg-type]
     before = len(_mask._PROJECTORS)
     for _ in range(5):
-        KubeflowBackend(None, stop_ended=False)._project(body)  # type: ignore[arg-type]
+        KubeflowBackend(None, stop_ended=False).cache.project(body)  # type: ignore[arg-type]
     assert len(_mask._PROJECTORS) == before
     assert object_shape(PYTORCHJOB) is object_shape(PYTORCHJOB)

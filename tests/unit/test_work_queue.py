@@ -235,7 +235,7 @@ async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_period
     from tests.support.recorded import RecordedApi
 
     kit = KubeflowBackend(cast(Any, RecordedApi({"stream": [], "events": []})))
-    kit._tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
+    kit.watches.tasks = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # no informer runs
     metrics = Metrics()
     backends: dict[str, Backend] = {
         "ns/kit": kit,
@@ -254,7 +254,7 @@ async def test_only_jobs_of_a_backend_that_cannot_wake_them_are_looked_at_period
         assert loop.queue.looked is not None
         assert list(loop.queue.looked()) == ["ns/polled-observed"]
     finally:
-        for task in kit._tasks:
+        for task in kit.watches.tasks:
             task.cancel()
 
 

@@ -14,7 +14,6 @@ it created is shown even before the watch brings it back).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import logging
 import time
@@ -22,21 +21,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from .._errors import ObjectExists
-from .._kubeclient import Client, Informer, KubeError, Packed, request
+from .._kubeclient import Client, KubeError, request
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._protocols import Unsubscribe, Wake
 from ._cache import Cache
 from ._classify import Verdict, vanished
 from ._fence import Fence
 from ._fields import owner_of, restart_budget
-from ._kept import object_shape, project_object, project_pod
 from ._kind import Kind, Refused, Target
-from ._kueue import Workloads, hold_for_queue, workloads_for
+from ._kueue import hold_for_queue, workloads_for
 from ._mask import Body
 from ._release import Releaser
 from ._requests import ObjectApi, OwnerLookup, dispatchjob_owner, explain, refused_for_good, split_id
 from ._stop import Stopper
-from ._tracked import Tracked, kept_view
+from ._tracked import kept_view
 from ._verdicts import Verdicts
 from ._wakes import Wakes
 from ._watch import Watches
@@ -45,7 +43,24 @@ _DEFAULT_OWNER: Final[OwnerLookup] = dispatchjob_owner
 
 
 class WorkloadBackend:
-    """A :class:`~dispatch.Backend` running each submission as one object of ``kind``."""
+    """A :class:`~dispatch.Backend` running each submission as one object of ``kind``.
+
+    The kit's parts, each holding one concern, are its read-only attributes; a test or benchmark
+    feeds and reads them directly (the backend keeps no names of its own for them):
+
+    - :attr:`cache` (:class:`~._cache.Cache`): the tracked objects, their pods, tombstones and
+      refused creates, what is kept of each body (``project``, ``packed``), and the disruption
+      Events index (``cache.events``);
+    - :attr:`watches` (:class:`~._watch.Watches`): the informers and their handlers
+      (``object_changed``, ``pod_changed``); ``watches.tasks`` non-empty counts as started, so a
+      task of one's own there makes a backend whose handlers are fed by hand;
+    - :attr:`verdicts` (:class:`~._verdicts.Verdicts`): the verdict on each object (``cached``,
+      ``classify``), Kueue's Workloads once watched, and when this process began watching (``born``);
+    - :attr:`stopper` (:class:`~._stop.Stopper`): the stop lane (``patch``, ``cleanup_pods``);
+    - :attr:`releaser` (:class:`~._release.Releaser`): the release behind the fence;
+    - :attr:`objects` (:class:`~._requests.ObjectApi`): the reads and deletes on the API server;
+    - :attr:`wakes` (:class:`~._wakes.Wakes`): the subscribers, timers and background tasks.
+    """
 
     def __init__(
         self,
@@ -76,40 +91,35 @@ class WorkloadBackend:
         self.stop_ended = stop_ended
         self._owner = owner
         self._owns_api = owns_api
-        self._clock = clock
-        self._mask = object_shape(kind)
         self._log = logging.getLogger(f"dispatch.{kind.name}")
         self._kueue_wanted = kueue
         self._unwatch_kueue: Callable[[], Awaitable[None]] | None = None
-        self._wakes = Wakes(clock)
-        self._cache = Cache(kind, api, self.namespaces, self._wakes, self._project)
-        self._objects = ObjectApi(kind, api, self._cache.remember)
-        self._verdicts = Verdicts(kind, api, self._cache, self._wakes, clock, self._log)
-        self._stopper = Stopper(
+        self.wakes: Final[Wakes] = Wakes(clock)
+        self.cache: Final[Cache] = Cache(kind, api, self.namespaces, self.wakes)
+        self.objects: Final[ObjectApi] = ObjectApi(kind, api, self.cache.remember)
+        self.verdicts: Final[Verdicts] = Verdicts(kind, api, self.cache, self.wakes, clock, self._log)
+        self.stopper: Final[Stopper] = Stopper(
             kind,
-            self._objects,
-            self._cache,
-            self._verdicts,
-            self._wakes,
+            self.objects,
+            self.cache,
+            self.verdicts,
+            self.wakes,
             enabled=stop_ended,
             grace=stop_grace,
             pod_cleanup_after=pod_cleanup_after,
-            started=lambda: bool(self._watches.tasks),
+            started=lambda: bool(self.watches.tasks),
             log=self._log,
         )
-        fence = Fence(self._objects, self._cache, self._verdicts, self._stopper, self._log)
-        self._releaser = Releaser(kind, self._objects, self._cache, fence, clock, self._log)
-        self._watches = Watches(
+        fence = Fence(self.objects, self.cache, self.verdicts, self.stopper, self._log)
+        self.releaser: Final[Releaser] = Releaser(kind, self.objects, self.cache, fence, clock, self._log)
+        self.watches: Final[Watches] = Watches(
             kind,
             api,
             self.namespaces,
-            self._cache,
-            self._verdicts,
-            self._stopper,
-            self._wakes,
-            mask=self._mask,
-            project=self._project,
-            project_pod=self._project_pod,
+            self.cache,
+            self.verdicts,
+            self.stopper,
+            self.wakes,
             sync_timeout=sync_timeout,
         )
 
@@ -123,7 +133,7 @@ class WorkloadBackend:
     def capabilities(self) -> Capabilities:
         # Kueue can queue this backend's objects only once its Workloads are watched (prepare()).
         caps = self.kind.capabilities
-        queues = self._workloads is not None
+        queues = self.verdicts.workloads is not None
         return caps if caps.queues is queues else caps.model_copy(update={"queues": queues})
 
     @property
@@ -137,27 +147,27 @@ class WorkloadBackend:
     async def prepare(self) -> None:
         """Once, at open: watch Kueue's Workloads (shared by the kit backends of this API client)
         when Kueue can queue this kind and the API server serves them."""
-        if self._verdicts.workloads is not None:
+        if self.verdicts.workloads is not None:
             return
         workloads = await workloads_for(
             self.kind, self.api, self.namespaces, wanted=self._kueue_wanted, log=self._log
         )
         if workloads is not None:
-            self._verdicts.workloads = workloads
+            self.verdicts.workloads = workloads
             self._unwatch_kueue = workloads.subscribe(self.kind.resource.kind, self._workload_changed)
 
     def _workload_changed(self, oid: str) -> None:
         """A Workload of one of our objects changed: its verdict may have (admitted, evicted)."""
-        state = self._cache.tracked.get(oid)
+        state = self.cache.tracked.get(oid)
         if state is None:
             return
         state.verdict = None
-        self._stopper.check(oid)
-        self._wakes.wake(state.job)
+        self.stopper.check(oid)
+        self.wakes.wake(state.job)
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         namespace, job_name = split_id(job)
-        self._watches.start()
+        self.watches.start()
         owner = await self._owner(self.api, namespace, job_name) if self._owner is not None else None
         target = Target(namespace, job_name, submission, owner)
         oid = target.id
@@ -166,14 +176,14 @@ class WorkloadBackend:
         except Refused as refused:
             return self._refuse(oid, job, submission, f"not created: {refused}")
         try:
-            created = await request(self.api, "POST", self._objects.path(namespace), body=body)
+            created = await request(self.api, "POST", self.objects.path(namespace), body=body)
         except KubeError as error:
             if error.status == 409:
                 raise ObjectExists(oid) from None
             if refused_for_good(error):
                 return self._refuse(oid, job, submission, f"the API server refused it: {error.message}")
-            raise explain(error, f"create {self._objects.noun} {oid}") from None
-        self._cache.remember(oid, job, created)
+            raise explain(error, f"create {self.objects.noun} {oid}") from None
+        self.cache.remember(oid, job, created)
         return oid
 
     def _refuse(self, oid: str, job: str, submission: int, detail: str) -> str:
@@ -182,84 +192,84 @@ class WorkloadBackend:
         be refused again. In memory only: after a restart the canonical is missing, which the
         supervisor's decision treats as ended as well."""
         cause = Cause(kind=CauseKind.LAUNCH_FAILED, detail=detail[:1024])
-        self._log.warning("%s %s %s", self._objects.noun, oid, detail)
-        self._cache.refused[oid] = ObjectView(
+        self._log.warning("%s %s %s", self.objects.noun, oid, detail)
+        self.cache.refused[oid] = ObjectView(
             id=oid, job=job, submission=submission, phase=Phase.ENDED, cause=cause
         )
-        self._wakes.wake(job)
+        self.wakes.wake(job)
         return oid
 
     async def release(self, object_id: str) -> None:
-        await self._releaser.release(object_id)
+        await self.releaser.release(object_id)
 
     async def end(self, object_id: str) -> None:
         namespace, name = split_id(object_id, "object")
-        tracked = self._cache.tracked.get(object_id)
+        tracked = self.cache.tracked.get(object_id)
         stop = tracked.stop if tracked is not None else None
         if stop is not None and stop.task is not None and not stop.task.done():
             # Deleting supersedes a stop in flight (or waiting for the controller).
             stop.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await stop.task
-        body = self._cache.current(object_id)
+        body = self.cache.current(object_id)
         owner = owner_of(body) if body is not None else None
         # Ours to let go of first: once deleted, this process no longer lists it as held by it.
-        await self._objects.let_go(namespace, name, body)
-        await self._objects.delete(namespace, name)
+        await self.objects.let_go(namespace, name, body)
+        await self.objects.delete(namespace, name)
         if owner is not None:
-            state = self._cache.state(object_id)
+            state = self.cache.state(object_id)
             state.ended_by_us = True
-            self._cache.index(object_id, owner[0])
+            self.cache.index(object_id, owner[0])
         if stop is not None:
             stop.landed = True  # deleted: nothing of it can run any more
-        await self._objects.delete_pods(namespace, name, body)
-        self._wakes.wake(owner[0] if owner is not None else None)
+        await self.objects.delete_pods(namespace, name, body)
+        self.wakes.wake(owner[0] if owner is not None else None)
 
     async def confirm(self, job: str, object_id: str) -> Sequence[ObjectView]:
         """The watch cache lags writes made by another process (a second supervisor, the one before a
         restart): a canonical it does not show is looked up on the API server before it counts as
         gone, and kept as our own write until the watch brings it."""
         split_id(job)
-        await self._watches.synced()
-        if self._cache.current(object_id) is None and object_id not in self._cache.tombstones:
+        await self.watches.synced()
+        if self.cache.current(object_id) is None and object_id not in self.cache.tombstones:
             namespace, name = split_id(object_id, "object")
-            body = await self._objects.get(namespace, name)
+            body = await self.objects.get(namespace, name)
             owner = owner_of(body) if body is not None else None
             if body is not None and owner is not None and owner[0] == job:
                 self._log.info(
                     "job %s: canonical %s found on the API server before the watch showed it", job, object_id
                 )
-                self._cache.remember(object_id, job, body)
+                self.cache.remember(object_id, job, body)
         return await self.list(job)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         split_id(job)
-        await self._watches.synced()
+        await self.watches.synced()
         # A stop in flight is not waited for here: the object is shown ended at once, so that the
         # next submission is authorized and created while the stop lands; the release's fence and
         # quiesce() (before the job is recorded settled) are where it must have landed.
         views: list[ObjectView] = []
-        for oid in sorted(self._cache.ids_of(job)):
-            if oid in self._cache.tombstones:
+        for oid in sorted(self.cache.ids_of(job)):
+            if oid in self.cache.tombstones:
                 continue
-            body = self._cache.current(oid)
+            body = self.cache.current(oid)
             if body is None:
                 continue
-            verdict = await self._verdicts.classify(oid, body)
+            verdict = await self.verdicts.classify(oid, body)
             view = self._view(oid, body, verdict)
             if verdict.recheck_at is not None:
-                self._wakes.wake_at(f"recheck:{oid}", job, verdict.recheck_at)
+                self.wakes.wake_at(f"recheck:{oid}", job, verdict.recheck_at)
             views.append(view)
-        views.extend(v for v in self._cache.tombstones.values() if v.job == job)
-        views.extend(v for v in self._cache.refused.values() if v.job == job)
-        views = [self._verdicts.terminating(v) for v in views]
+        views.extend(v for v in self.cache.tombstones.values() if v.job == job)
+        views.extend(v for v in self.cache.refused.values() if v.job == job)
+        views = [self.verdicts.terminating(v) for v in views]
         views.sort(key=lambda v: (v.submission, v.id))
         return views
 
     def _view(self, oid: str, body: Body, verdict: Verdict) -> ObjectView:
         """The verdict's view with the most in-place restarts seen, and the stop's end; kept as the
         object's last view (its tombstone, once it is deleted)."""
-        state = self._cache.state(oid)
+        state = self.cache.state(oid)
         view = verdict.view
         seen = state.restarts
         counted = sum(state.incarnations.values())
@@ -270,20 +280,20 @@ class WorkloadBackend:
             view = view.model_copy(update={"restarts": seen})
         else:
             state.restarts = view.restarts
-        view = vanished(view) if state.ended_by_us else self._stopper.view(oid, body, verdict, view)
+        view = vanished(view) if state.ended_by_us else self.stopper.view(oid, body, verdict, view)
         state.last_view = kept_view(view)
         return view
 
     def subscribe(self, job: str, wake: Wake) -> Unsubscribe:
-        unsubscribe = self._wakes.subscribe(job, wake)
+        unsubscribe = self.wakes.subscribe(job, wake)
         with contextlib.suppress(RuntimeError):  # no running loop: started by the first call
-            self._watches.start()
+            self.watches.start()
         return unsubscribe
 
     def subscribe_others(self, wake: Callable[[str], None]) -> Unsubscribe:
         """Call ``wake(job)`` on a change of a job nobody subscribed to
         (:class:`~dispatch._protocols.Overseeing`)."""
-        return self._wakes.others.subscribe(wake)
+        return self.wakes.others.subscribe(wake)
 
     def use_owner(self, owner: OwnerLookup | None) -> None:
         """Where the ownerReference of a job's objects comes from from now on (the operator's record
@@ -293,125 +303,29 @@ class WorkloadBackend:
     async def quiesce(self, job: str) -> None:
         """Before ``job`` is recorded settled (:class:`~dispatch._protocols.Quiescing`): every stop
         of its objects that their controller will not make itself has landed."""
-        await self._stopper.quiesce(job)
+        await self.stopper.quiesce(job)
 
     def stopped(self, body: Body) -> bool:
         """The API server says this object can run nothing any more, for good."""
-        return self._stopper.stopped(body)
+        return self.stopper.stopped(body)
+
+    def watch_events(self) -> int:
+        """How many watch events the shared watches have delivered (not counting lists)."""
+        return self.watches.count() + self.cache.events.count()
 
     async def aclose(self) -> None:
-        tasks = [*self._watches.tasks, *self._wakes.background]
+        tasks = [*self.watches.tasks, *self.wakes.background]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._watches.tasks.clear()
-        self._wakes.background.clear()
+        self.watches.tasks.clear()
+        self.wakes.background.clear()
         await asyncio.sleep(0)  # let the aborted watch connections finish closing
-        self._wakes.close()
+        self.wakes.close()
         if self._unwatch_kueue is not None:
             await self._unwatch_kueue()
-            self._unwatch_kueue = self._verdicts.workloads = None
+            self._unwatch_kueue = self.verdicts.workloads = None
         if self._owns_api:
             await self.api.close()
-
-    # ---- projection: what the cache keeps ------------------------------------------------------
-
-    def _project(self, body: Body) -> Body:
-        """What the cache keeps of an object of this kind (see ``_kept.object_shape``)."""
-        return project_object(self._mask, body)
-
-    def _project_pod(self, pod: Body) -> Body:
-        """What the cache keeps of a pod (``_kept.POD``)."""
-        return project_pod(pod)
-
-    def _packed(self, body: Body) -> Packed:
-        """An object as the cache keeps it (its projection, packed), as its watch hands it on."""
-        return self._cache.pack_object(self._project(body))
-
-    def _packed_pod(self, pod: Body) -> Packed:
-        """A pod as the cache keeps it, as its watch hands it on."""
-        return self._cache.pack_pod(self._project_pod(pod))
-
-    # ---- for tests and benchmarks: the parts' handlers and state under the backend's names -------
-
-    def watch_events(self) -> int:
-        """How many watch events the shared watches have delivered (not counting lists)."""
-        return self._watches.count() + self._cache.events.count()
-
-    def _object_changed(self, old: Packed | None, new: Packed | None) -> None:
-        self._watches.object_changed(old, new)
-
-    def _pod_changed(self, old: Packed | None, new: Packed | None) -> None:
-        self._watches.pod_changed(old, new)
-
-    def _event_changed(self, old: Body | None, new: Body | None) -> None:
-        self._cache.events.changed(old, new)
-
-    @property
-    def _tasks(self) -> builtins.list[asyncio.Task[None]]:
-        """The watches' tasks: set to a task of one's own, the backend counts as started with no
-        informer running (its handlers are then fed by hand)."""
-        return self._watches.tasks
-
-    @_tasks.setter
-    def _tasks(self, tasks: builtins.list[asyncio.Task[None]]) -> None:
-        self._watches.tasks = tasks
-
-    @property
-    def _event_informers(self) -> dict[str | None, builtins.list[Informer[Body]]]:
-        return self._cache.events.informers
-
-    @_event_informers.setter
-    def _event_informers(self, informers: dict[str | None, builtins.list[Informer[Body]]]) -> None:
-        self._cache.events.informers = informers
-
-    @property
-    def _born(self) -> float:
-        return self._verdicts.born
-
-    @_born.setter
-    def _born(self, born: float) -> None:
-        self._verdicts.born = born
-
-    @property
-    def _workloads(self) -> Workloads | None:
-        return self._verdicts.workloads
-
-    @property
-    def _tracked(self) -> dict[str, Tracked]:
-        return self._cache.tracked
-
-    @property
-    def _refused(self) -> dict[str, ObjectView]:
-        return self._cache.refused
-
-    @property
-    def _evidence(self) -> dict[str, dict[str, Body]]:
-        return self._cache.events.evidence
-
-    @property
-    def _early_events(self) -> dict[str, dict[str, Body]]:
-        return self._cache.events.early
-
-    def _current(self, oid: str) -> Body | None:
-        return self._cache.current(oid)
-
-    def _remember(self, oid: str, job: str | None, body: Body) -> None:
-        self._cache.remember(oid, job, body)
-
-    async def _disruption_events(self, namespace: str) -> builtins.list[Body]:
-        return await self._cache.events.disruption_events(namespace)
-
-    async def _classify_cached(self, oid: str, body: Body) -> Verdict:
-        return await self._verdicts.cached(oid, body)
-
-    async def _patch_stop(self, oid: str, cause: Cause, *, suspend: bool = True) -> None:
-        await self._stopper.patch(oid, cause, suspend=suspend)
-
-    async def _cleanup_pods(self, oid: str) -> None:
-        await self._stopper.cleanup_pods(oid)
-
-    async def _delete(self, namespace: str, name: str) -> None:
-        await self._objects.delete(namespace, name)

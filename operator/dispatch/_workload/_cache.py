@@ -10,13 +10,13 @@ it ended.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Final
 
-from .._kubeclient import Client, Packer, resource_version
+from .._kubeclient import Client, Packed, Packer, resource_version
 from .._model import ObjectView
 from ._events import EventIndex
 from ._fields import owner_of
+from ._kept import object_shape, project_object, project_pod
 from ._kind import Kind
 from ._mask import Body
 from ._tracked import Tracked
@@ -24,12 +24,12 @@ from ._wakes import Wakes
 
 MAX_TOMBSTONES: Final = 10_000
 
-Projector = Callable[[Body], Body]
-
 
 class Cache:
     """The tracked objects by id and by job, the tombstones, the pods seen before their object, the
-    refused creates, and the disruption Events index (:attr:`events`)."""
+    refused creates, and the disruption Events index (:attr:`events`). It keeps projections only:
+    :meth:`project` and :meth:`project_pod` say what of a body it keeps, :meth:`packed` and
+    :meth:`packed_pod` give a body as the watches hand it on."""
 
     def __init__(
         self,
@@ -37,10 +37,9 @@ class Cache:
         api: Client,
         namespaces: tuple[str, ...] | None,
         wakes: Wakes,
-        project: Projector,
     ) -> None:
         self.wakes = wakes
-        self.project = project
+        self.mask = object_shape(kind)
         self.tracked: dict[str, Tracked] = {}
         self.pack_object = Packer()  # what the cache keeps of each object (and pod): Packed
         self.pack_pod = Packer()
@@ -50,6 +49,22 @@ class Cache:
         self.refused: dict[str, ObjectView] = {}  # object id -> a create refused for good (never existed)
         self.early: OrderedDict[str, list[Body]] = OrderedDict()  # pods seen before their object
         self.events = EventIndex(kind, api, namespaces, self, wakes.wake)
+
+    def project(self, body: Body) -> Body:
+        """What the cache keeps of an object of this kind (see ``_kept.object_shape``)."""
+        return project_object(self.mask, body)
+
+    def project_pod(self, pod: Body) -> Body:
+        """What the cache keeps of a pod (``_kept.POD``)."""
+        return project_pod(pod)
+
+    def packed(self, body: Body) -> Packed:
+        """An object as the cache keeps it (its projection, packed), as its watch hands it on."""
+        return self.pack_object(self.project(body))
+
+    def packed_pod(self, pod: Body) -> Packed:
+        """A pod as the cache keeps it (its projection, packed), as its watch hands it on."""
+        return self.pack_pod(self.project_pod(pod))
 
     def state(self, oid: str) -> Tracked:
         state = self.tracked.get(oid)

@@ -10,7 +10,7 @@ ended, starts its stop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import TransientBackendError
@@ -22,13 +22,11 @@ from ._evidence import best, kind_evidence
 from ._fields import owner_of
 from ._kept import POD
 from ._kind import Kind, object_name
-from ._mask import Body, Mask, reader
+from ._mask import Body, reader
 from ._requests import SELECTOR
 from ._stop import Stopper
 from ._verdicts import Verdicts
 from ._wakes import Wakes
-
-Projector = Callable[[Body], Body]
 
 
 class Watches:
@@ -44,9 +42,6 @@ class Watches:
         stopper: Stopper,
         wakes: Wakes,
         *,
-        mask: Mask,
-        project: Projector,
-        project_pod: Projector,
         sync_timeout: float,
     ) -> None:
         self.kind = kind
@@ -56,9 +51,6 @@ class Watches:
         self.verdicts = verdicts
         self.stopper = stopper
         self.wakes = wakes
-        self.mask = mask
-        self.project = project
-        self.project_pod = project_pod
         self.sync_timeout = sync_timeout
         self.informers: list[Informer[Packed]] = []
         self.tasks: list[asyncio.Task[None]] = []
@@ -79,9 +71,9 @@ class Watches:
                     label_selector=SELECTOR,
                     on_change=self.object_changed,
                     on_relist=self.relisted,
-                    project=self.project,
+                    project=self.cache.project,
                     pack=self.cache.pack_object,
-                    read=reader(self.mask),
+                    read=reader(self.cache.mask),
                     what=f"{self.kind.resource.plural}{where}",
                 )
             )
@@ -91,7 +83,7 @@ class Watches:
                     f"/api/v1/namespaces/{ns}/pods" if ns else "/api/v1/pods",
                     label_selector=SELECTOR,
                     on_change=self.pod_changed,
-                    project=self.project_pod,
+                    project=self.cache.project_pod,
                     pack=self.cache.pack_pod,
                     read=reader(POD),
                     what=f"pods{where}",
