@@ -28,7 +28,8 @@ from dispatch._kubeclient import KubeClient, new_client, streamed
 from tests.support import builders
 from tests.support.crash_after import CRASH_ENV
 from tests.support.kube import KubeCluster
-from tests.support.lab import Kubeflow
+from tests.support.lab import Kubeflow, Lab
+from tests.support.node import NodeError, RealNode
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH_CRD = REPO / "crds" / "dispatch.dev_dispatchjobs.yaml"
@@ -49,6 +50,28 @@ def install_crds(cluster: KubeCluster) -> KubeCluster:
 def crds(kube_cluster: KubeCluster) -> KubeCluster:
     """The session's cluster with :func:`install_crds`."""
     return install_crds(kube_cluster)
+
+
+@pytest.fixture(scope="session")
+def real_node(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """A real node (kubelet, containerd, CoreDNS: tests.support.node) joined to the session's lab
+    on first use, stopped at the end of the session. Only pods that select and tolerate it
+    (``RealNode.placement``) land there; every other pod keeps to kwok's nodes."""
+    node = RealNode(lab, tmp_path_factory.mktemp("node"))
+    try:
+        node.start()
+    except NodeError as e:
+        with contextlib.suppress(NodeError):
+            node.stop()
+        pytest.fail(str(e), pytrace=False)
+    print(
+        f"\nreal node Ready {node.ready_seconds:.1f}s after kubelet start ({node.start_seconds:.1f}s in all)",
+        file=sys.stderr,
+    )
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 # ---- the operator as a process ------------------------------------------------------------------

@@ -1,0 +1,3 @@
+module dispatch.local/pause
+
+go 1.22
