@@ -84,7 +84,8 @@ class SpecError(ValueError):
 
 
 def _where(loc: Sequence[object], prefix: str = "") -> str:
-    path = ".".join(str(p) for p in loc)
+    # A list's index as a pod spec writes it (``volumes[0].name``), so the path can be pasted.
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     if not prefix and path == "name":
         return "metadata.name"
     path = ".".join(p for p in (prefix, path) if p)

@@ -152,3 +152,32 @@ def seed_job(name: str, **spec: Any) -> str:
     body["metadata"]["name"] = name
     body["spec"].update({"backend": "kubeflow", "kubeflow": {"image": "pytorch/pytorch:2.4"}, **spec})
     return yaml.safe_dump(body)
+
+
+IDENTITY_ENV = frozenset({"DISPATCH_JOB", "DISPATCH_NAMESPACE", "DISPATCH_SUBMISSION"})
+"""The submission's identity every pod's training container carries."""
+
+
+def identity(namespace: str, job: str, submission: int) -> list[dict[str, str]]:
+    """The identity env entries of submission ``submission`` of ``namespace/job``, as built (sorted)."""
+    values = {"DISPATCH_JOB": job, "DISPATCH_NAMESPACE": namespace, "DISPATCH_SUBMISSION": str(submission)}
+    return [{"name": k, "value": v} for k, v in sorted(values.items())]
+
+
+def without_identity(body: Any) -> Any:
+    """``body`` without the identity env entries (and an env left empty): the recorded objects the
+    build is compared with were recorded before the builders added them; the lab test of the pod
+    options checks them on a real pod."""
+    if isinstance(body, list):
+        return [without_identity(item) for item in body]
+    if not isinstance(body, dict):
+        return body
+    out = {k: without_identity(v) for k, v in body.items()}
+    env = out.get("env")
+    if isinstance(env, list):
+        kept = [e for e in env if not (isinstance(e, dict) and e.get("name") in IDENTITY_ENV)]
+        if kept:
+            out["env"] = kept
+        else:
+            del out["env"]
+    return out

@@ -28,7 +28,15 @@ from dispatch._errors import BackendError
 from dispatch._model import Action, CauseKind, Enforcer, JobSpec, Plan, PlannedRule, Resources
 from dispatch._plan import make_plan
 from dispatch._workload import Refused, Target
-from tests.support.builders import RESUBMIT, TARGET, build_options, job_spec, restart_rule
+from tests.support.builders import (
+    RESUBMIT,
+    TARGET,
+    build_options,
+    identity,
+    job_spec,
+    restart_rule,
+    without_identity,
+)
 from tests.support.recorded import load
 
 DATA = Path(__file__).parent / "data"
@@ -101,7 +109,7 @@ def test_jobset_is_held_labelled_and_one_indexed_job() -> None:
     (main,) = pod["spec"]["containers"]
     assert main["name"] == JOBSET.container
     assert main["command"] == ["python", "t.py"]
-    assert main["env"] == [{"name": "A", "value": "1"}]
+    assert main["env"] == [{"name": "A", "value": "1"}, *identity("ns", "train", 3)]
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert JOBSET.suspend_patch(False) == {"spec": {"suspend": False}}
 
@@ -161,7 +169,7 @@ def test_the_real_stack_kept_every_field_the_builder_wrote(backend: str, resourc
     body = build(target, spec, Plan(job=f"{ns}/{job}", rules=(RESUBMIT,)))
     body["metadata"].pop("finalizers")  # the recorder creates without it (no operator to remove it)
     body["spec"].pop("runtimePatches", None)  # the Trainer's webhook stamps each with its time
-    _subset(body, first)
+    _subset(without_identity(body), first)
 
 
 def trainjob(options: TrainJobOptions | None = None, nodes: int = 2) -> Body:
@@ -189,7 +197,7 @@ def test_trainjob_names_the_runtime_and_labels_the_trainer_pods() -> None:
         "numNodes": 3,
         "command": ["python", "t.py"],
         "image": "img:1",
-        "env": [{"name": "A", "value": "1"}],
+        "env": [{"name": "A", "value": "1"}, *identity("ns", "train", 3)],
         "resourcesPerNode": {"requests": {"cpu": "2"}, "limits": {"cpu": "2", "nvidia.com/gpu": "1"}},
     }
     (patch,) = spec["runtimePatches"]

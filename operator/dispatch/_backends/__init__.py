@@ -3,3 +3,32 @@
 Each module is named by an entry point of ``dispatch.adapters``; importing one loads pydantic and
 the core only, never the adapter's clients (a unit test checks it).
 """
+
+from ._kit import (
+    Affinity,
+    ConfigMapSource,
+    EmptyDirSource,
+    EnvFromReference,
+    EnvFromSource,
+    LocalObjectReference,
+    PersistentVolumeClaimSource,
+    SecretSource,
+    Toleration,
+    Volume,
+    VolumeMount,
+)
+
+__all__ = [
+    "Affinity",
+    "ConfigMapSource",
+    "EmptyDirSource",
+    "EnvFromReference",
+    "EnvFromSource",
+    "LocalObjectReference",
+    "PersistentVolumeClaimSource",
+    "SecretSource",
+    "Toleration",
+    "Volume",
+    "VolumeMount",
+]
+"""The models of the pod options (the kit's), public in ``dispatch``."""

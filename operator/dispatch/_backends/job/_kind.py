@@ -49,6 +49,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
+from .._kit import identity_env, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -66,6 +67,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             f"job {target.namespace}/{target.job_name}: the job backend needs spec.job (the image)"
         )
     check_env(options.env, "spec.job.env")
+    env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
     budget = restart_budget(plan)
     job_spec: Body = {
         "suspend": True,
@@ -73,13 +75,12 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         "parallelism": spec.nodes,
         "backoffLimit": budget or 0,
         "podReplacementPolicy": "Failed",
-        "template": {
-            "metadata": {"labels": labels(target.job_name, target.submission)},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [container(CONTAINER, options.image, spec, options.env, options.resources)],
-            },
-        },
+        "template": pod_template(
+            options,
+            container(CONTAINER, options.image, spec, env, options.resources),
+            labels(target.job_name, target.submission),
+            restart_policy="Never",
+        ),
     }
     if spec.nodes > 1:
         job_spec["completionMode"] = "Indexed"

@@ -50,6 +50,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
+from .._kit import identity_env, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -97,6 +98,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             f"job {target.namespace}/{target.job_name}: the jobset backend needs spec.jobset (the image)"
         )
     check_env(options.env, "spec.jobset.env")
+    env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
     budget = restart_budget(plan)
     pod_labels = labels(target.job_name, target.submission)
     job: Body = {
@@ -106,13 +108,12 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         "backoffLimit": 0,
         "podReplacementPolicy": "Failed",
         "podFailurePolicy": pod_failure_policy(),
-        "template": {
-            "metadata": {"labels": pod_labels},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [container(CONTAINER, options.image, spec, options.env, options.resources)],
-            },
-        },
+        "template": pod_template(
+            options,
+            container(CONTAINER, options.image, spec, env, options.resources),
+            pod_labels,
+            restart_policy="Never",
+        ),
     }
     body: Body = {
         "apiVersion": RESOURCE.api_version,

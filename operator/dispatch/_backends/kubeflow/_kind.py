@@ -55,6 +55,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
+from .._kit import identity_env, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -87,14 +88,13 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         # failed") and cleanPodPolicy Running keeps the failed pod, whose status says why.
         restart_policy = RESTART_NEVER
     tags = labels(target.job_name, target.submission)
-    main = container(PYTORCH_CONTAINER, options.image, spec, options.env, options.resources)
+    env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
+    template = pod_template(
+        options, container(PYTORCH_CONTAINER, options.image, spec, env, options.resources), tags
+    )
 
     def replica(count: int) -> Body:
-        return {
-            "replicas": count,
-            "restartPolicy": restart_policy,
-            "template": {"metadata": {"labels": dict(tags)}, "spec": {"containers": [copy.deepcopy(main)]}},
-        }
+        return {"replicas": count, "restartPolicy": restart_policy, "template": copy.deepcopy(template)}
 
     replicas: Body = {"Master": replica(1)}
     if spec.nodes > 1:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ..._model import Capabilities, EnvMap, OptionsModel
+from ..._model import Capabilities, OptionsModel
 from ..._registry import BackendInfo, Where
+from .._kit import UserEnv, refuse_reserved_env
 
 CAPABILITIES: Final = Capabilities()
 """Slurm enforces no recovery rule exactly: its MaxBatchRequeue limit is checked on launch-failure
@@ -25,8 +26,16 @@ class SlurmOptions(OptionsModel):
     time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
     memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
-    environment: EnvMap = Field(default_factory=dict)
+    environment: UserEnv = Field(default_factory=dict)
+    """The job's environment (names with the prefix ``DISPATCH_`` are dispatch's own: ``DISPATCH_JOB``,
+    ``DISPATCH_NAMESPACE``, ``DISPATCH_SUBMISSION``)."""
     working_directory: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+    @field_validator("environment")
+    @classmethod
+    def _reserved_env(cls, env: dict[str, str]) -> dict[str, str]:
+        refuse_reserved_env(env)
+        return env
 
 
 class SlurmConfig(BaseModel):

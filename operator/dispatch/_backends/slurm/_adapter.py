@@ -18,6 +18,7 @@ import httpx
 
 from ..._errors import BackendError, TransientBackendError
 from ..._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
+from .._kit import identity_env
 from . import BACKEND, CAPABILITIES, SlurmConfig, SlurmOptions
 from ._dialects import PROBE_ORDER, V0038, V0040, Dialect, SlurmJob, SubmitRequest, dialect_for
 from ._poller import Listing, Poller, make_tag
@@ -161,8 +162,10 @@ class SlurmBackend:
         env: dict[str, str] = {"PATH": DEFAULT_PATH}
         if opts is not None:
             env.update(opts.environment)
-        env["DISPATCH_JOB"] = job
-        env["DISPATCH_SUBMISSION"] = str(submission)
+        # The submission's identity: a DispatchJob's job is <namespace>/<name>; a library job has
+        # no namespace.
+        namespace, _, name = job.rpartition("/")
+        env.update(identity_env(namespace, name, submission))
         cwd = (opts.working_directory if opts is not None else None) or self.config.working_directory
         command = shlex.join(spec.command)
         launcher = "srun " if spec.nodes > 1 else ""

@@ -10,9 +10,9 @@ rule goes to the supervisor.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..._model import NAME_PATTERN, Capabilities
 from ..._registry import ApiResource
@@ -38,6 +38,28 @@ class TrainJobOptions(PodOptions):
     trainer_job: JobName = "node"
     """The runtime's replicated Job that runs the trainer (``node`` in every upstream runtime): its
     pod template gets dispatch's labels, by which dispatch finds the pods."""
+
+    @model_validator(mode="after")
+    def _carried(self) -> Self:
+        """Refuse the pod options a TrainJob cannot carry: Trainer v2.2's ``runtimePatches`` patch
+        only a pod's volumes, scheduling, service account, pull secrets, labels and annotations and
+        a container's env and mounts, and ``spec.trainer`` has no ``envFrom`` or working directory;
+        silently dropping them would run a job that is not the one written."""
+        for field, value in UNCARRIED.items():
+            if getattr(self, field) not in (None, [], {}):
+                raise ValueError(
+                    f"{value}: a TrainJob cannot carry it (Trainer v2.2's runtimePatches have no such field)"
+                )
+        return self
+
+
+UNCARRIED: Final = {
+    "env_from": "envFrom",
+    "priority_class_name": "priorityClassName",
+    "termination_grace_period_seconds": "terminationGracePeriodSeconds",
+    "working_dir": "workingDir",
+}
+"""The pod options (attribute: wire name) a TrainJob refuses."""
 
 
 CAPABILITIES: Final = Capabilities()

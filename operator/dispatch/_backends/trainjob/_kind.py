@@ -6,7 +6,9 @@ suspended, and JobSet its child Jobs, so no pod runs until dispatch releases the
 names the options' runtime (``runtimeRef``), ``trainer.numNodes`` = nodes, the job's command, and the
 options' image (else the runtime's), env and ``resourcesPerNode``. A ``runtimePatches`` entry
 (manager ``dispatch.dev/dispatch``) puts dispatch's labels on the pod template of the runtime's
-trainer Job, by which the kit finds the pods.
+trainer Job, by which the kit finds the pods, and the pod options the Trainer's ``PodSpecPatch``
+carries (volumes and the trainer container's mounts, node selector, tolerations, affinity, service
+account, image pull secrets, pod labels and annotations); the options refuse the others at apply.
 
 No native rule (see ``dispatch._backends.trainjob``): the first failed pod is the end of the
 submission (the kit stops the TrainJob by suspending it), whatever the runtime's Jobs would retry.
@@ -40,6 +42,7 @@ from ..._workload import (
     metadata,
     true_condition,
 )
+from .._kit import identity_env, pod_metadata, pod_spec_fields, volume_mounts
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -58,7 +61,8 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         )
     check_env(options.env, "spec.trainjob.env")
     # The kit's container(): the job's command, env and the requests/limits of a node.
-    main = container(CONTAINER, options.image or "", spec, options.env, options.resources)
+    env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
+    main = container(CONTAINER, options.image or "", spec, env, options.resources)
     trainer: Body = {"numNodes": spec.nodes, "command": main["command"]}
     if options.image:
         trainer["image"] = options.image
@@ -66,7 +70,16 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         trainer["env"] = main["env"]
     if "resources" in main:
         trainer["resourcesPerNode"] = main["resources"]
-    pod_labels = labels(target.job_name, target.submission)
+    # The pod options a runtime patch carries (Trainer's PodSpecPatch; the options model refuses
+    # the others at apply): the pod's fields, and the trainer container's mounts (its env goes
+    # through spec.trainer, the only way the Trainer takes the env of its container).
+    pod_spec: Body = dict(pod_spec_fields(options))
+    mounts = volume_mounts(options)
+    if mounts:
+        pod_spec["containers"] = [{"name": CONTAINER, "volumeMounts": mounts}]
+    pod: Body = {"metadata": pod_metadata(options, labels(target.job_name, target.submission))}
+    if pod_spec:
+        pod["spec"] = pod_spec
     patch: Body = {
         "manager": RUNTIME_PATCH_MANAGER,
         "trainingRuntimeSpec": {
@@ -75,7 +88,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
                     "replicatedJobs": [
                         {
                             "name": options.trainer_job,
-                            "template": {"spec": {"template": {"metadata": {"labels": pod_labels}}}},
+                            "template": {"spec": {"template": pod}},
                         }
                     ]
                 }
