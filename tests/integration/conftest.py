@@ -195,7 +195,10 @@ def dispatch_job(
         "recovery": {"rules": rules if rules is not None else [{"on": ["preempted"], "budget": 2}]},
     }
     spec.update(extra_spec or {})
-    return builders.manifest(name, backend=backend, command=["torchrun", "train.py"], **spec)
+    # extra_spec may change the backend or the command too (the refusal tests do)
+    chosen = str(spec.pop("backend", backend))
+    command = list(spec.pop("command", ["torchrun", "train.py"]))
+    return builders.manifest(name, backend=chosen, command=command, **spec)
 
 
 def apply(

@@ -59,7 +59,10 @@ def dispatch_job(
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
-    body_spec: dict[str, Any] = {"backend": backend, "command": command or ["python", "train.py"]}
+    body_spec: dict[str, Any] = {
+        "backend": backend,
+        "command": command if command is not None else ["python", "train.py"],
+    }
     if backend_options is not None:
         body_spec[backend] = dict(backend_options)
     body_spec.update(spec)
