@@ -47,6 +47,7 @@ from ._constants import (
     REASON_FAILED,
     REASON_PENDING,
     REASON_RECOVERING,
+    REASON_RUNNING,
     REASON_SUCCEEDED,
     STATUS_OBSERVED_CAUSE,
     STATUS_OBSERVED_NOTE,
@@ -54,6 +55,7 @@ from ._constants import (
 )
 from ._errors import JobNotFound
 from ._model import (
+    FAILURE_CAUSES,
     Actor,
     ActorKind,
     CancelRequest,
@@ -84,16 +86,66 @@ class SpecError(ValueError):
 
 
 def _where(loc: Sequence[object], prefix: str = "") -> str:
-    path = ".".join(str(p) for p in loc)
+    """A field's path in one style: ``spec.kubeflow.resources.cpu``, a list item ``rules[0]``, a map's
+    entry ``env[NAME]``. Pydantic's own steps (``[key]``, a validator's name) are left out."""
+    parts = [prefix] if prefix else []
+    for step in loc:
+        if isinstance(step, int):
+            parts[-1:] = [f"{parts[-1]}[{step}]"] if parts else [f"[{step}]"]
+        elif isinstance(step, str) and not step.startswith(("[", "function-")):
+            parts.append(step)
+    path = ".".join(parts)
     if not prefix and path == "name":
         return "metadata.name"
-    path = ".".join(p for p in (prefix, path) if p)
     return f"spec.{path}" if path else "spec"
 
 
+DNS_NAME_WORDS: Final = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+PATTERN_WORDS: Final = {
+    "cpu": "a CPU quantity, such as 2, 0.5 or 500m",
+    "memory": "a memory quantity, such as 16Gi, 512Mi or 1G",
+    "queue": DNS_NAME_WORDS,
+    "workload_priority_class": DNS_NAME_WORDS,
+    "name": "lowercase letters, digits and '-', starting and ending with a letter or digit",
+}
+"""What a field with a pattern takes, in words, by the field's name (a regex says it to nobody)."""
+ENV_NAME_WORDS: Final = (
+    "an environment variable's name is one or more printable ASCII characters (letters, digits, "
+    "'_', '.', '-' and the like), without '='"
+)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    """Pydantic's message without its ``Value error,`` prefix, a pattern said in words, and the
+    causes a rule may name listed without ``none``."""
+    msg = str(error["msg"])
+    for lead in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(lead)
+    loc = [str(step) for step in error["loc"]]
+    if error["type"] == "string_pattern_mismatch":
+        if "[key]" in loc and "env" in loc:
+            return ENV_NAME_WORDS
+        words = next((PATTERN_WORDS[step] for step in reversed(loc) if step in PATTERN_WORDS), None)
+        if words is not None:
+            return f"must be {words}, not {error.get('input')!r}"
+    if error["type"] == "enum" and "on" in loc:
+        causes = ", ".join(c.value for c in FAILURE_CAUSES)
+        return f"{error.get('input')!r} is not a cause a rule can name: one of {causes}"
+    return msg
+
+
 def validation_message(error: ValidationError, prefix: str = "") -> str:
-    """Pydantic's errors, each with the DispatchJob field it is about (``spec.kubeflow.image: ...``)."""
-    return "; ".join(f"{_where(e['loc'], prefix)}: {e['msg']}" for e in error.errors())
+    """Pydantic's errors, each with the DispatchJob field it is about (``spec.kubeflow.image: ...``).
+
+    A list's "too short" is left out where an item of it has its own error (the item says why)."""
+    errors = error.errors()
+    locs = [tuple(e["loc"]) for e in errors]
+    shown = [
+        e
+        for e, loc in zip(errors, locs, strict=True)
+        if not (e["type"] == "too_short" and any(o[: len(loc)] == loc and o != loc for o in locs))
+    ]
+    return "; ".join(f"{_where(e['loc'], prefix)}: {_message(e)}" for e in shown)
 
 
 def backend_names() -> list[str]:
@@ -284,9 +336,18 @@ class Condition:
     message: str
 
 
+def cause_text(kind: str, detail: object = "") -> str:
+    """``kind: detail``, the kind said once: a detail that already starts with it (a scheduler's
+    "preempted by a higher-priority job") is shown as it is."""
+    words = " ".join(str(detail or "").split())
+    if not words:
+        return kind
+    return words if words.startswith(kind) else f"{kind}: {words}"
+
+
 def _outcome_message(record: Record) -> str:
     cause = record.cause
-    what = cause.kind.value + (f" ({cause.detail})" if cause.detail else "")
+    what = cause_text(cause.kind.value, cause.detail)
     if record.state is State.SUCCEEDED:
         return f"succeeded in submission {len(record.submissions)}"
     if record.state is State.CANCELLED:
@@ -302,18 +363,54 @@ def _outcome_message(record: Record) -> str:
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
 
 
-def conditions_for(record: Record) -> list[Condition]:
-    """The kstatus conditions of a record (see the module docstring)."""
-    state = record.state
+REASON_CANCELLING: Final = "Cancelling"
+SHOWN_REASONS: Final = {
+    State.PENDING: REASON_PENDING,
+    State.RUNNING: REASON_RUNNING,
+    State.RECOVERING: REASON_RECOVERING,
+    State.CANCELLING: REASON_CANCELLING,
+    State.SUCCEEDED: REASON_SUCCEEDED,
+    State.FAILED: REASON_FAILED,
+    State.CANCELLED: REASON_CANCELLED,
+}
+"""The Ready reason of each state status shows: the condition says the state the STATE column says."""
+
+
+def shown_state(record: Record, observed: Mapping[str, str]) -> State:
+    """The state status shows for ``record`` with the observed fields ``observed``: the observed
+    state, unless it names an outcome the record does not hold yet (the record is the truth)."""
+    try:
+        shown = State(observed.get(STATUS_OBSERVED_STATE, ""))
+    except ValueError:
+        return record.state
+    if shown.is_outcome and shown is not record.state:
+        return record.state
+    return shown
+
+
+def _running_message(record: Record, shown: State) -> str:
     n = len(record.submissions)
+    if shown is State.CANCELLING:
+        return "cancel requested; ending the job's objects"
+    if not n:
+        return "planned; no submission authorized yet"
+    after = f" after {record.cause.kind.value}" if record.state is State.RECOVERING else ""
+    if shown is State.RUNNING:
+        return f"submission {n} running{after}"
+    if shown is State.RECOVERING or record.state is State.RECOVERING:
+        return f"recovering from {record.cause.kind.value}: submission {n} authorized"
+    return f"submission {n} authorized"
+
+
+def conditions_for(record: Record, shown: State | None = None) -> list[Condition]:
+    """The kstatus conditions of a record (see the module docstring) while status shows ``shown``
+    (:func:`shown_state`; the record's state when not given): the reason of ``Ready`` and
+    ``Reconciling`` is always the shown state's (:data:`SHOWN_REASONS`), so ``kubectl get dj``,
+    the plugin and a GitOps tool reading the conditions say one state."""
+    state = record.state
+    shown = state if shown is None else shown
     if not state.is_outcome:
-        if state is State.RECOVERING:
-            cause = record.cause.kind.value
-            reason, message = REASON_RECOVERING, f"recovering from {cause}: submission {n} authorized"
-        elif n:
-            reason, message = REASON_PENDING, f"submission {n} authorized"
-        else:
-            reason, message = REASON_PENDING, "planned; no submission authorized yet"
+        reason, message = SHOWN_REASONS[shown], _running_message(record, shown)
         return [
             Condition(COND_READY, False, reason, message),
             Condition(COND_RECONCILING, True, reason, message),
@@ -321,18 +418,15 @@ def conditions_for(record: Record) -> list[Condition]:
             Condition(COND_FAILED, False, reason, message),
         ]
     message = _outcome_message(record)
-    reason = {
-        State.SUCCEEDED: REASON_SUCCEEDED,
-        State.FAILED: REASON_FAILED,
-        State.CANCELLED: REASON_CANCELLED,
-    }[state]
+    reason = SHOWN_REASONS[state]
+    now = SHOWN_REASONS[shown] if shown is State.CANCELLING and not record.settled else reason
     out = [
-        Condition(COND_READY, state is State.SUCCEEDED and record.settled, reason, message),
+        Condition(COND_READY, state is State.SUCCEEDED and record.settled, now, message),
         Condition(COND_SUCCEEDED, state is State.SUCCEEDED, reason, message),
         Condition(COND_FAILED, state is not State.SUCCEEDED, reason, message),
     ]
     if not record.settled:
-        out.append(Condition(COND_RECONCILING, True, reason, f"{message}; ending the job's objects"))
+        out.append(Condition(COND_RECONCILING, True, now, f"{message}; ending the job's objects"))
     elif state is not State.SUCCEEDED:
         out.append(Condition(COND_STALLED, True, reason, message))
     return out
@@ -440,11 +534,34 @@ def record_write(
     observed, its conditions (``previous``: the conditions written before, whose transition times
     stay) and the observed fields: ``observed``, or those of its outcome once it settles (nothing
     changes after that, so an observer would only write them again)."""
+    shows = observed_fields(record.state, record.cause) if record.settled else observed
     status = record_status(record)
     status["observedGeneration"] = generation
-    status["conditions"] = render_conditions(conditions_for(record), previous, generation, now)
-    status.update(observed_fields(record.state, record.cause) if record.settled else observed)
+    status["conditions"] = render_conditions(
+        conditions_for(record, shown_state(record, shows)), previous, generation, now
+    )
+    status.update(shows)
     return status
+
+
+def observe_write(
+    record: Record,
+    status: Mapping[str, Any],
+    observed: Mapping[str, str],
+    *,
+    previous: Sequence[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status a write of the observed fields alone puts: ``status`` (without the observed
+    fields) with ``observed`` and the conditions of ``record`` as they now show
+    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state."""
+    out = {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
+    out["conditions"] = render_conditions(
+        conditions_for(record, shown_state(record, observed)), previous, generation, now
+    )
+    out.update(observed)
+    return out
 
 
 def refusal_write(
