@@ -13,8 +13,9 @@ each reads a spec, a record, a refusal and the conditions exactly alike.
 * **conditions**: kstatus conditions computed from the record (:func:`conditions_for`), or from a
   refusal (:func:`refusal_conditions`, read back by :func:`refusal`):
 
-  * ``Ready``: the summary, always present, reason always set. True only once the job has
-    succeeded and settled.
+  * ``Ready``: the summary, always present, reason always set: the state status shows
+    (:data:`SHOWN_REASONS`: ``Running`` while the pods run, as ``kubectl get dj`` shows it), or
+    why the job was refused. True only once the job has succeeded and settled.
   * ``Reconciling`` (present only while true): no outcome yet, or one but objects still ending.
   * ``Stalled`` (present only while true): no more progress without a person: failed, cancelled,
     or refused (a rule nobody can enforce, an invalid spec).
@@ -394,7 +395,7 @@ def _running_message(record: Record, shown: State) -> str:
         return "cancel requested; ending the job's objects"
     if not n:
         return "planned; no submission authorized yet"
-    after = f" after {record.cause.kind.value}" if record.state is State.RECOVERING else ""
+    after = f" (recovered from {record.cause.kind.value})" if record.state is State.RECOVERING else ""
     if shown is State.RUNNING:
         return f"submission {n} running{after}"
     if shown is State.RECOVERING or record.state is State.RECOVERING:
