@@ -403,15 +403,18 @@ def _running_message(record: Record, shown: State) -> str:
     return f"submission {n} authorized"
 
 
-def conditions_for(record: Record, shown: State | None = None) -> list[Condition]:
+def conditions_for(record: Record, shown: State | None = None, note: str = "") -> list[Condition]:
     """The kstatus conditions of a record (see the module docstring) while status shows ``shown``
-    (:func:`shown_state`; the record's state when not given): the reason of ``Ready`` and
-    ``Reconciling`` is always the shown state's (:data:`SHOWN_REASONS`), so ``kubectl get dj``,
-    the plugin and a GitOps tool reading the conditions say one state."""
+    (:func:`shown_state`; the record's state when not given) and ``note``: the reason of ``Ready``
+    and ``Reconciling`` is always the shown state's (:data:`SHOWN_REASONS`), so ``kubectl get dj``,
+    the plugin and a GitOps tool reading the conditions say one state; until an outcome, the
+    message ends with the note (why the current object does not run), which Argo CD shows."""
     state = record.state
     shown = state if shown is None else shown
     if not state.is_outcome:
         reason, message = SHOWN_REASONS[shown], _running_message(record, shown)
+        if note:
+            message = f"{message}; {note}"
         return [
             Condition(COND_READY, False, reason, message),
             Condition(COND_RECONCILING, True, reason, message),
@@ -523,6 +526,20 @@ def read_status(body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow)
     return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at)
 
 
+def _shown_conditions(
+    record: Record,
+    observed: Mapping[str, str],
+    previous: Sequence[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The conditions of ``record`` while status shows ``observed`` (its state and note)."""
+    shown = shown_state(record, observed)
+    return render_conditions(
+        conditions_for(record, shown, observed.get(STATUS_OBSERVED_NOTE, "")), previous, generation, now
+    )
+
+
 def record_write(
     record: Record,
     *,
@@ -538,9 +555,7 @@ def record_write(
     shows = observed_fields(record.state, record.cause) if record.settled else observed
     status = record_status(record)
     status["observedGeneration"] = generation
-    status["conditions"] = render_conditions(
-        conditions_for(record, shown_state(record, shows)), previous, generation, now
-    )
+    status["conditions"] = _shown_conditions(record, shows, previous, generation, now)
     status.update(shows)
     return status
 
@@ -558,9 +573,7 @@ def observe_write(
     fields) with ``observed`` and the conditions of ``record`` as they now show
     (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state."""
     out = {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
-    out["conditions"] = render_conditions(
-        conditions_for(record, shown_state(record, observed)), previous, generation, now
-    )
+    out["conditions"] = _shown_conditions(record, observed, previous, generation, now)
     out.update(observed)
     return out
 

@@ -79,7 +79,15 @@ def described(body: Mapping[str, Any], label: str) -> str | None:
     return None
 
 
-def written(record: Record, shown: State, cause: Cause, previous: Mapping[str, Any] | None) -> dict[str, Any]:
+WAITING = (
+    "pod finetune-1-master-0 unschedulable (no-capacity at 2025-01-02T03:10:05Z): 0/8 nodes are available"
+)
+"""The note of a submission whose pods no node can take yet."""
+
+
+def written(
+    record: Record, shown: State, cause: Cause, previous: Mapping[str, Any] | None, note: str = ""
+) -> dict[str, Any]:
     """The DispatchJob after the operator wrote ``record`` and then what it sees (``shown``)."""
     body = bare_job(None)
     conditions = (previous or {}).get("conditions") or []
@@ -89,7 +97,7 @@ def written(record: Record, shown: State, cause: Cause, previous: Mapping[str, A
         status = observe_write(
             record,
             status,
-            observed_fields(shown, cause),
+            observed_fields(shown, cause, note),
             previous=status["conditions"],
             generation=1,
             now=now,
@@ -115,7 +123,8 @@ def test_every_view_says_the_same_state_through_a_recovery() -> None:
     bodies: list[dict[str, Any]] = []
     previous: dict[str, Any] | None = None
     for step, record, shown, cause, _, _ in LIFECYCLE:
-        body = written(record, shown, cause, previous)
+        note = WAITING if step == "submission 1 waits" else ""
+        body = written(record, shown, cause, previous, note)
         previous = body["status"]
         bodies.append(body)
         state, reason = str(shown), SHOWN_REASONS[shown]
@@ -132,6 +141,8 @@ def test_every_view_says_the_same_state_through_a_recovery() -> None:
         # the conditions: Ready's reason is the state; Reconciling only while something goes on
         conditions = {c["type"]: c for c in body["status"]["conditions"]}
         assert conditions["Ready"]["reason"] == reason, step
+        assert conditions["Ready"]["message"].endswith(note), step  # why it waits, for Argo CD too
+        assert columns(body, wide=True)["Note"] == note, step
         assert ("Reconciling" in conditions) is (not record.settled), step
     # the GitOps tools read the conditions: Argo CD's message names the same state
     argo = gitops.argocd(bodies)
@@ -139,6 +150,7 @@ def test_every_view_says_the_same_state_through_a_recovery() -> None:
     for (step, _, shown, _, health, verdict), a, f in zip(LIFECYCLE, argo, flux, strict=True):
         assert (a["status"], f["status"]) == (health, verdict), (step, a, f)
         assert a["message"].startswith(SHOWN_REASONS[shown]), (step, a)
+    assert argo[1]["message"] == f"Pending: submission 1 authorized; {WAITING}", argo[1]
 
 
 def test_a_refused_job_says_why_in_the_default_columns_and_the_plugin() -> None:
