@@ -101,19 +101,17 @@ def state_of(obj: Mapping[str, Any]) -> str:
         return "no status yet"
     if status.get("observedGeneration", 0) < meta.get("generation", 0):
         return "not yet observed"
-    state = status.get("state")
+    state = status.get("observedState") or status.get("state")  # what kubectl get dj shows
     if state is None:
         stalled = any(
             c["type"] == "Stalled" and c["status"] == "True" for c in status.get("conditions") or ()
         )
         return "refused" if stalled else "no state"
-    if state == "pending":
-        return (
-            "pending, a submission authorized"
-            if status.get("submissions")
-            else "pending, nothing authorized yet"
-        )
-    if state in ("succeeded", "failed", "cancelled") and not status.get("settled"):
+    if state == "pending" and not status.get("submissions"):
+        return "pending, nothing authorized yet"
+    if state == "cancelled" and not status.get("settled"):
+        return "cancelling"  # every object ended, the record not settled yet: still cancelling
+    if state in ("succeeded", "failed") and not status.get("settled"):
         return f"{state}, ending its objects"
     return str(state)
 
@@ -250,9 +248,19 @@ async def until_state(
     await await_for(f"{job} {state}", probe, within=120)
 
 
+async def until_shown(cluster: KubeCluster, namespace: str, job: str, state: str) -> None:
+    """Until ``kubectl get dj`` shows ``state`` (``status.observedState``)."""
+
+    def probe() -> bool:
+        return (get_job(cluster, namespace, job).get("status") or {}).get("observedState") == state
+
+    await await_for(f"{job} shows {state}", probe, within=120)
+
+
 async def lifecycle(cluster: KubeCluster, namespace: str, kubeflow: Kubeflow, versions: Versions) -> None:
     first = await released(cluster, namespace, "lifecycle", 1)
     await asyncio.wait_for(kubeflow.wait_pods(namespace, first, 2), 120)
+    await until_shown(cluster, namespace, "lifecycle", "running")  # the row "running" is seen
     await kubeflow.preempt(namespace, first)
     second = await released(cluster, namespace, "lifecycle", 2)
     await asyncio.wait_for(kubeflow.wait_pods(namespace, second, 2), 120)

@@ -13,8 +13,9 @@ each reads a spec, a record, a refusal and the conditions exactly alike.
 * **conditions**: kstatus conditions computed from the record (:func:`conditions_for`), or from a
   refusal (:func:`refusal_conditions`, read back by :func:`refusal`):
 
-  * ``Ready``: the summary, always present, reason always set. True only once the job has
-    succeeded and settled.
+  * ``Ready``: the summary, always present, reason always set: the state status shows
+    (:data:`SHOWN_REASONS`: ``Running`` while the pods run, as ``kubectl get dj`` shows it), or
+    why the job was refused. True only once the job has succeeded and settled.
   * ``Reconciling`` (present only while true): no outcome yet, or one but objects still ending.
   * ``Stalled`` (present only while true): no more progress without a person: failed, cancelled,
     or refused (a rule nobody can enforce, an invalid spec).
@@ -47,6 +48,7 @@ from ._constants import (
     REASON_FAILED,
     REASON_PENDING,
     REASON_RECOVERING,
+    REASON_RUNNING,
     REASON_SUCCEEDED,
     STATUS_OBSERVED_CAUSE,
     STATUS_OBSERVED_NOTE,
@@ -54,6 +56,7 @@ from ._constants import (
 )
 from ._errors import JobNotFound
 from ._model import (
+    FAILURE_CAUSES,
     Actor,
     ActorKind,
     CancelRequest,
@@ -84,17 +87,66 @@ class SpecError(ValueError):
 
 
 def _where(loc: Sequence[object], prefix: str = "") -> str:
-    # A list's index as a pod spec writes it (``volumes[0].name``), so the path can be pasted.
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    """A field's path in one style: ``spec.kubeflow.resources.cpu``, a list item ``rules[0]``, a map's
+    entry ``env[NAME]``. Pydantic's own steps (``[key]``, a validator's name) are left out."""
+    parts = [prefix] if prefix else []
+    for step in loc:
+        if isinstance(step, int):
+            parts[-1:] = [f"{parts[-1]}[{step}]"] if parts else [f"[{step}]"]
+        elif isinstance(step, str) and not step.startswith(("[", "function-")):
+            parts.append(step)
+    path = ".".join(parts)
     if not prefix and path == "name":
         return "metadata.name"
-    path = ".".join(p for p in (prefix, path) if p)
     return f"spec.{path}" if path else "spec"
 
 
+DNS_NAME_WORDS: Final = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+PATTERN_WORDS: Final = {
+    "cpu": "a CPU quantity, such as 2, 0.5 or 500m",
+    "memory": "a memory quantity, such as 16Gi, 512Mi or 1G",
+    "queue": DNS_NAME_WORDS,
+    "workload_priority_class": DNS_NAME_WORDS,
+    "name": "lowercase letters, digits and '-', starting and ending with a letter or digit",
+}
+"""What a field with a pattern takes, in words, by the field's name (a regex says it to nobody)."""
+ENV_NAME_WORDS: Final = (
+    "an environment variable's name is one or more printable ASCII characters (letters, digits, "
+    "'_', '.', '-' and the like), without '='"
+)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    """Pydantic's message without its ``Value error,`` prefix, a pattern said in words, and the
+    causes a rule may name listed without ``none``."""
+    msg = str(error["msg"])
+    for lead in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(lead)
+    loc = [str(step) for step in error["loc"]]
+    if error["type"] == "string_pattern_mismatch":
+        if "[key]" in loc and "env" in loc:
+            return ENV_NAME_WORDS
+        words = next((PATTERN_WORDS[step] for step in reversed(loc) if step in PATTERN_WORDS), None)
+        if words is not None:
+            return f"must be {words}, not {error.get('input')!r}"
+    if error["type"] == "enum" and "on" in loc:
+        causes = ", ".join(c.value for c in FAILURE_CAUSES)
+        return f"{error.get('input')!r} is not a cause a rule can name: one of {causes}"
+    return msg
+
+
 def validation_message(error: ValidationError, prefix: str = "") -> str:
-    """Pydantic's errors, each with the DispatchJob field it is about (``spec.kubeflow.image: ...``)."""
-    return "; ".join(f"{_where(e['loc'], prefix)}: {e['msg']}" for e in error.errors())
+    """Pydantic's errors, each with the DispatchJob field it is about (``spec.kubeflow.image: ...``).
+
+    A list's "too short" is left out where an item of it has its own error (the item says why)."""
+    errors = error.errors()
+    locs = [tuple(e["loc"]) for e in errors]
+    shown = [
+        e
+        for e, loc in zip(errors, locs, strict=True)
+        if not (e["type"] == "too_short" and any(o[: len(loc)] == loc and o != loc for o in locs))
+    ]
+    return "; ".join(f"{_where(e['loc'], prefix)}: {_message(e)}" for e in shown)
 
 
 def backend_names() -> list[str]:
@@ -285,9 +337,18 @@ class Condition:
     message: str
 
 
+def cause_text(kind: str, detail: object = "") -> str:
+    """``kind: detail``, the kind said once: a detail that already starts with it (a scheduler's
+    "preempted by a higher-priority job") is shown as it is."""
+    words = " ".join(str(detail or "").split())
+    if not words:
+        return kind
+    return words if words.startswith(kind) else f"{kind}: {words}"
+
+
 def _outcome_message(record: Record) -> str:
     cause = record.cause
-    what = cause.kind.value + (f" ({cause.detail})" if cause.detail else "")
+    what = cause_text(cause.kind.value, cause.detail)
     if record.state is State.SUCCEEDED:
         return f"succeeded in submission {len(record.submissions)}"
     if record.state is State.CANCELLED:
@@ -303,18 +364,57 @@ def _outcome_message(record: Record) -> str:
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
 
 
-def conditions_for(record: Record) -> list[Condition]:
-    """The kstatus conditions of a record (see the module docstring)."""
-    state = record.state
+REASON_CANCELLING: Final = "Cancelling"
+SHOWN_REASONS: Final = {
+    State.PENDING: REASON_PENDING,
+    State.RUNNING: REASON_RUNNING,
+    State.RECOVERING: REASON_RECOVERING,
+    State.CANCELLING: REASON_CANCELLING,
+    State.SUCCEEDED: REASON_SUCCEEDED,
+    State.FAILED: REASON_FAILED,
+    State.CANCELLED: REASON_CANCELLED,
+}
+"""The Ready reason of each state status shows: the condition says the state the STATE column says."""
+
+
+def shown_state(record: Record, observed: Mapping[str, str]) -> State:
+    """The state status shows for ``record`` with the observed fields ``observed``: the observed
+    state, unless it names an outcome the record does not hold yet (the record is the truth)."""
+    try:
+        shown = State(observed.get(STATUS_OBSERVED_STATE, ""))
+    except ValueError:
+        return record.state
+    if shown.is_outcome and shown is not record.state:
+        return record.state
+    return shown
+
+
+def _running_message(record: Record, shown: State) -> str:
     n = len(record.submissions)
+    if shown is State.CANCELLING:
+        return "cancel requested; ending the job's objects"
+    if not n:
+        return "planned; no submission authorized yet"
+    after = f" (recovered from {record.cause.kind.value})" if record.state is State.RECOVERING else ""
+    if shown is State.RUNNING:
+        return f"submission {n} running{after}"
+    if shown is State.RECOVERING or record.state is State.RECOVERING:
+        return f"recovering from {record.cause.kind.value}: submission {n} authorized"
+    return f"submission {n} authorized"
+
+
+def conditions_for(record: Record, shown: State | None = None, note: str = "") -> list[Condition]:
+    """The kstatus conditions of a record (see the module docstring) while status shows ``shown``
+    (:func:`shown_state`; the record's state when not given) and ``note``: the reason of ``Ready``
+    and ``Reconciling`` is always the shown state's (:data:`SHOWN_REASONS`), so ``kubectl get dj``,
+    the plugin and a GitOps tool reading the conditions say one state; until an outcome, the
+    message ends with the note (why the current object does not run), which Argo CD shows."""
+    state = record.state
+    shown = state if shown is None else shown
     if not state.is_outcome:
-        if state is State.RECOVERING:
-            cause = record.cause.kind.value
-            reason, message = REASON_RECOVERING, f"recovering from {cause}: submission {n} authorized"
-        elif n:
-            reason, message = REASON_PENDING, f"submission {n} authorized"
-        else:
-            reason, message = REASON_PENDING, "planned; no submission authorized yet"
+        reason, message = SHOWN_REASONS[shown], _running_message(record, shown)
+        if note:
+            message = f"{message}; {note}"
         return [
             Condition(COND_READY, False, reason, message),
             Condition(COND_RECONCILING, True, reason, message),
@@ -322,18 +422,15 @@ def conditions_for(record: Record) -> list[Condition]:
             Condition(COND_FAILED, False, reason, message),
         ]
     message = _outcome_message(record)
-    reason = {
-        State.SUCCEEDED: REASON_SUCCEEDED,
-        State.FAILED: REASON_FAILED,
-        State.CANCELLED: REASON_CANCELLED,
-    }[state]
+    reason = SHOWN_REASONS[state]
+    now = SHOWN_REASONS[shown] if shown is State.CANCELLING and not record.settled else reason
     out = [
-        Condition(COND_READY, state is State.SUCCEEDED and record.settled, reason, message),
+        Condition(COND_READY, state is State.SUCCEEDED and record.settled, now, message),
         Condition(COND_SUCCEEDED, state is State.SUCCEEDED, reason, message),
         Condition(COND_FAILED, state is not State.SUCCEEDED, reason, message),
     ]
     if not record.settled:
-        out.append(Condition(COND_RECONCILING, True, reason, f"{message}; ending the job's objects"))
+        out.append(Condition(COND_RECONCILING, True, now, f"{message}; ending the job's objects"))
     elif state is not State.SUCCEEDED:
         out.append(Condition(COND_STALLED, True, reason, message))
     return out
@@ -429,6 +526,20 @@ def read_status(body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow)
     return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at)
 
 
+def _shown_conditions(
+    record: Record,
+    observed: Mapping[str, str],
+    previous: Sequence[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The conditions of ``record`` while status shows ``observed`` (its state and note)."""
+    shown = shown_state(record, observed)
+    return render_conditions(
+        conditions_for(record, shown, observed.get(STATUS_OBSERVED_NOTE, "")), previous, generation, now
+    )
+
+
 def record_write(
     record: Record,
     *,
@@ -441,11 +552,30 @@ def record_write(
     observed, its conditions (``previous``: the conditions written before, whose transition times
     stay) and the observed fields: ``observed``, or those of its outcome once it settles (nothing
     changes after that, so an observer would only write them again)."""
+    shows = observed_fields(record.state, record.cause) if record.settled else observed
     status = record_status(record)
     status["observedGeneration"] = generation
-    status["conditions"] = render_conditions(conditions_for(record), previous, generation, now)
-    status.update(observed_fields(record.state, record.cause) if record.settled else observed)
+    status["conditions"] = _shown_conditions(record, shows, previous, generation, now)
+    status.update(shows)
     return status
+
+
+def observe_write(
+    record: Record,
+    status: Mapping[str, Any],
+    observed: Mapping[str, str],
+    *,
+    previous: Sequence[Mapping[str, Any]],
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status a write of the observed fields alone puts: ``status`` (without the observed
+    fields) with ``observed`` and the conditions of ``record`` as they now show
+    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state."""
+    out = {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
+    out["conditions"] = _shown_conditions(record, observed, previous, generation, now)
+    out.update(observed)
+    return out
 
 
 def refusal_write(

@@ -18,7 +18,7 @@ from dispatch import _dispatchjob
 from dispatch._cli import _render as render
 from dispatch._cli._manifest import ManifestError, parse
 from dispatch._cli.main import main
-from dispatch._model import Record
+from dispatch._model import FAILURE_CAUSES, Record
 from tests.support import builders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,8 +189,11 @@ def test_seed_manifest_matches_the_seed_spec() -> None:
 
 def test_usage_errors_exit_2() -> None:
     with pytest.raises(SystemExit) as info:
-        main(["plan"], stdout=io.StringIO(), stderr=io.StringIO())
+        main([], stdout=io.StringIO(), stderr=io.StringIO())
     assert info.value.code == 2
+    code, out, err = run("plan")
+    assert (code, out) == (2, "")
+    assert "plan FILE" in err
 
 
 # ---- rendering a DispatchJob as the operator writes it ----------------------------------------------
@@ -251,24 +254,10 @@ def recovered_object() -> dict[str, Any]:
         ),
         settled=True,
     )
-    status = record.model_dump(mode="json", by_alias=True, exclude={"job", "spec"})
-    status["observedGeneration"] = 1
-    status["conditions"] = [
-        {
-            "type": "Ready",
-            "status": "True",
-            "reason": "Succeeded",
-            "message": "succeeded",
-            "lastTransitionTime": "2025-03-01T12:05:00Z",
-        },
-        {
-            "type": "Succeeded",
-            "status": "True",
-            "reason": "Succeeded",
-            "message": "succeeded",
-            "lastTransitionTime": "2025-03-01T12:05:00Z",
-        },
-    ]
+    # the status as the operator writes it: the record, the conditions and the observed fields
+    status = _dispatchjob.record_write(
+        record, previous=[], generation=1, now=T0 + timedelta(minutes=5), observed={}
+    )
     body = yaml.safe_load(SEED.read_text())
     body["metadata"].update(
         {
@@ -290,7 +279,7 @@ def test_history_table_shows_the_seeds_transitions() -> None:
             "pending",
             "recovering",
             "2",
-            "preempted: preempted by a higher-priority job",
+            "preempted by a higher-priority job",  # the kind is not said twice
             "supervisor:supervisor",
         ],
         ["2025-03-01T12:05:00Z", "recovering", "succeeded", "2", "none", "supervisor:supervisor"],
@@ -328,7 +317,7 @@ def test_get_table_and_summary() -> None:
         "finetune",
         "slurm",
         "succeeded",
-        "none",
+        "-",  # the cause status shows: none once the job succeeded, as kubectl get dj
         "2",
         "1",
         "True",
@@ -372,13 +361,22 @@ def test_describe_shows_plan_submissions_history_conditions_events() -> None:
     data = render.describe_data(recovered_object(), events)
     text = render.describe_text(data)
     assert "Submitted by: human:ada at 2025-03-01T12:00:00Z" in text
-    assert "rule 0 is enforced by the supervisor: resubmit on [preempted], budget 2, fired 1, 1 left" in text
+    assert "rule 0 (supervisor): resubmit on [preempted], budget 2, fired 1, 1 left" in text
     assert "uncovered: [node-lost out-of-memory" in text
     sub_lines = [
-        line.split() for line in text.splitlines() if line.startswith("  1 ") or line.startswith("  2 ")
+        re.split(r" {3,}", line.strip())
+        for line in text.splitlines()
+        if line.startswith("  1 ") or line.startswith("  2 ")
     ]
-    assert sub_lines[0][:3] == ["1", "101", "preempted:"]
-    assert sub_lines[1][:3] == ["2", "102", "none"]
+    # the timeline: when each submission ran, who started it, how it ended
+    assert sub_lines[0] == [
+        "1",
+        "2025-03-01T12:00:00Z",
+        "12:00:30Z",
+        "start",
+        "preempted by a higher-priority job",
+    ]
+    assert sub_lines[1] == ["2", "2025-03-01T12:00:30Z", "12:05:00Z", "rule 0", "succeeded"]
     assert "Recovering   rule 0 fired" in text
     assert yaml.safe_load(render.dump(data, "yaml"))["submissions"][1]["object"] == "102"
     assert "Note:" not in text
@@ -397,7 +395,7 @@ def test_describe_and_get_show_why_the_current_object_does_not_run() -> None:
 def test_watch_line_and_key() -> None:
     obj = recovered_object()
     line = render.watch_line(obj, now=T0)
-    assert line.startswith("2025-03-01T12:00:00Z  team-a/finetune  state=succeeded  cause=none  submission=2")
+    assert line.startswith("2025-03-01T12:00:00Z  team-a/finetune  state=succeeded  cause=-  submission=2")
     assert "settled" in line
     assert "last: recovering -> succeeded (submission 2, by supervisor:supervisor)" in line
     changed = json.loads(json.dumps(obj))
@@ -497,3 +495,102 @@ def test_every_operator_port_has_an_address_flag() -> None:
     for port in ("--metrics-port", "--health-port", "--webhook-port"):
         assert port in flags
         assert port.replace("-port", "-addr") in flags
+
+
+# ---- the rough edges a new user hits ---------------------------------------------------------------
+
+
+def test_version_says_which_plugin_this_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kubectl-dispatch {dispatch.__version__}"
+
+
+def test_a_yaml_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: dispatch.dev/v1alpha1\nkind: DispatchJob\nmetadata: {name: a\nspec: [\n")
+    for argv in (("plan", str(path)), ("plan", "-f", str(path))):
+        code, out, err = run(*argv)
+        assert (code, out) == (2, "")
+        assert f'in "{path}", line 3' in err
+        assert "<unicode string>" not in err
+
+
+def _refusal(tmp_path: Path, **spec: Any) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(builders.manifest("a", backend_options={"image": "i"}, **spec))
+    code, out, err = run("plan", str(path), "-n", "team-a")
+    assert (code, out) == (2, "")
+    return err
+
+
+def test_refusals_name_fields_in_one_style_without_pydantics_prefix(tmp_path: Path) -> None:
+    err = _refusal(
+        tmp_path,
+        recovery={"rules": [{"on": ["preempted"], "budget": 1}, {"on": ["none"], "budget": 1}]},
+        nodes=0,
+    )
+    assert "spec.recovery.rules[1].on: 'none' means success; a rule covers only causes of failure" in err
+    assert "spec.nodes: " in err
+    assert "Value error" not in err
+    assert not re.search(r"\.\d|\[key\]", err), err  # no rules.1, no pydantic's own steps
+
+
+def test_a_pattern_is_said_in_words(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        builders.manifest(
+            "a", backend_options={"image": "i", "resources": {"cpu": "lots"}, "env": {"A=B": "1"}}
+        )
+    )
+    code, _, err = run("plan", str(path), "-n", "team-a")
+    assert code == 2
+    assert "spec.kubeflow.resources.cpu: must be a CPU quantity, such as 2, 0.5 or 500m, not 'lots'" in err
+    assert "spec.kubeflow.env.A=B: an environment variable's name is" in err
+    assert "without '='" in err
+    for regex in ("pattern", "^", "\\x"):
+        assert regex not in err, err
+
+
+def test_an_unknown_cause_lists_only_the_causes_a_rule_can_name(tmp_path: Path) -> None:
+    err = _refusal(tmp_path, recovery={"rules": [{"on": ["bogus"], "budget": 1}]})
+    words = "spec.recovery.rules[0].on[0]: 'bogus' is not a cause a rule can name: one of "
+    assert words in err
+    listed = err.split(words)[1].split(";")[0].strip().split(", ")
+    assert listed == [c.value for c in FAILURE_CAUSES]
+    assert "none" not in listed
+    assert "at least 1 item" not in err  # the list's own complaint repeats the item's
+
+
+def test_describe_fits_100_columns_and_says_each_cause_once() -> None:
+    obj = recovered_object()
+    obj["status"]["observedNote"] = (
+        "pod finetune-2-master-0 unschedulable: " + "0/8 nodes are available. " * 12
+    )
+    obj["status"]["submissions"][0]["cause"]["detail"] = "preempted: evicted by " + "a long reason " * 10
+    events = [
+        {
+            "eventTime": "2025-03-01T12:00:30Z",
+            "type": "Warning",
+            "reason": "HeldOutside",
+            "note": "suspended by another controller " * 8,
+        }
+    ]
+    text = render.describe_text(render.describe_data(obj, events))
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert "preempted: preempted" not in text
+    assert "preempted: evicted by a long reason" in text
+    assert "preempted: preempted" not in _dispatchjob.cause_text("preempted", "preempted: evicted")
+
+
+def test_describe_of_a_refused_job_shows_the_refusal_and_no_submitter() -> None:
+    body = yaml.safe_load(SEED.read_text())
+    body["metadata"].update({"namespace": "team-a", "generation": 1})
+    body["status"] = _dispatchjob.refusal_write(
+        "UnenforceableRule", "rule 0: nobody enforces node-lost", previous=[], generation=1, now=T0
+    )
+    text = render.describe_text(render.describe_data(body))
+    assert "Refused:      UnenforceableRule: rule 0: nobody enforces node-lost" in text.splitlines()
+    assert "Submitted by" not in text
+    assert " - at -" not in text

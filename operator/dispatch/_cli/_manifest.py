@@ -8,6 +8,7 @@ supervisor for every DispatchJob).
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -112,12 +113,15 @@ def load(path: str, *, namespace: str | None = None) -> list[Manifest]:
         raise ManifestError(f"cannot read {path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise ManifestError(f"{path} is not a text file (UTF-8)") from None
-    return list(parse(text, namespace=namespace))
+    return list(parse(text, namespace=namespace, source="stdin" if path == "-" else path))
 
 
-def parse(text: str, *, namespace: str | None = None) -> Iterator[Manifest]:
+def parse(text: str, *, namespace: str | None = None, source: str = "the manifest") -> Iterator[Manifest]:
+    """Every DispatchJob in ``text``; a YAML error names ``source`` (the file) where it is."""
+    stream = io.StringIO(text)
+    stream.name = source  # PyYAML names the stream's name in its marks (else "<unicode string>")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.safe_load_all(stream) if d is not None]
     except yaml.YAMLError as error:
         raise ManifestError(f"not YAML: {error}") from None
     found = False

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
-from .._constants import ANNOTATION_SUBMITTED_BY, STATUS_OBSERVED_NOTE
-from .._dispatchjob import condition, plan_of, status_of, submissions, transitions
-from .._model import Plan, Transition
+from .._constants import (
+    ANNOTATION_SUBMITTED_BY,
+    STATUS_OBSERVED_CAUSE,
+    STATUS_OBSERVED_NOTE,
+    STATUS_OBSERVED_STATE,
+)
+from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
+from .._model import ActorKind, Plan, Transition
 
 Body = Mapping[str, Any]
+
+WIDTH = 100
+"""What ``describe`` fits in: a long value wraps under itself."""
 
 
 # ---- the plan ---------------------------------------------------------------------------------------
@@ -57,12 +66,33 @@ def dump(data: Any, output: str) -> str:
 # ---- tables -----------------------------------------------------------------------------------------
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns as kubectl prints them: upper-case headers, left-aligned, three spaces apart."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], width: int | None = None) -> str:
+    """Columns as kubectl prints them: upper-case headers, left-aligned, three spaces apart. With
+    ``width``, the last column wraps under itself so no line is longer."""
     cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines = []
+    for r in cells:
+        head = "   ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False))
+        lead = len(head) + 3 if head else 0
+        if width is None or lead + len(r[-1]) <= width or width - lead < 20:
+            lines.append((head + "   " + r[-1] if head else r[-1]).rstrip())
+            continue
+        parts = textwrap.wrap(r[-1], width - lead, break_on_hyphens=False) or [""]
+        lines.append(head + "   " + parts[0])
+        lines.extend(" " * lead + part for part in parts[1:])
     return "\n".join(lines)
+
+
+def wrap(text: str, indent: int, width: int = WIDTH, first: str = "") -> list[str]:
+    """``first`` then ``text``, wrapped to ``width``, the lines after the first indented ``indent``."""
+    return textwrap.wrap(
+        " ".join(text.split()),
+        width,
+        initial_indent=first,
+        subsequent_indent=" " * indent,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
 
 
 def _cell(value: object) -> str:
@@ -120,10 +150,7 @@ def _cause(value: object) -> dict[str, Any] | None:
 def _cause_text(cause: Mapping[str, Any] | None) -> str:
     if not cause:
         return "-"
-    text = str(cause["kind"])
-    if cause.get("detail"):
-        text += f": {cause['detail']}"
-    return text
+    return cause_text(str(cause["kind"]), cause.get("detail"))
 
 
 def transition_data(t: Transition) -> dict[str, Any]:
@@ -152,7 +179,9 @@ def summary(obj: Body) -> dict[str, Any]:
         "namespace": meta.get("namespace"),
         "name": meta.get("name"),
         "backend": spec.get("backend"),
-        "state": status.get("state"),
+        "state": status.get(STATUS_OBSERVED_STATE) or status.get("state"),
+        "recordedState": status.get("state"),
+        "shownCause": status.get(STATUS_OBSERVED_CAUSE),
         "cause": _cause(status.get("cause")),
         "submission": subs[-1].n if subs else None,
         "recoveries": sum(r.firings for r in plan.rules) if plan is not None else 0,
@@ -164,6 +193,7 @@ def summary(obj: Body) -> dict[str, Any]:
         "reason": ready.get("reason") if ready else None,
         "message": ready.get("message") if ready else None,
         "note": status.get(STATUS_OBSERVED_NOTE) or None,
+        "refused": refusal(obj),
         "created": meta.get("creationTimestamp"),
     }
 
@@ -186,12 +216,11 @@ def get_table(objs: Sequence[Body], *, all_namespaces: bool, now: datetime | Non
     rows = []
     for obj in objs:
         s = summary(obj)
-        cause = s["cause"]["kind"] if s["cause"] else None
         row: list[object] = [
             s["name"],
             s["backend"],
             s["state"],
-            cause,
+            s["shownCause"],
             s["submission"],
             s["recoveries"],
             s["ready"],
@@ -248,6 +277,9 @@ def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
         }
         for s in submissions(obj)
     ]
+    timed = {t["n"]: t for t in timeline(obj, data["state"])}
+    for sub in data["submissions"]:
+        sub.update({k: timed[sub["n"]][k] for k in ("endedAt", "by", "outcome")})
     data["history"] = [transition_data(t) for t in transitions(obj)]
     cancel = status.get("cancel")
     data["cancelRequest"] = (
@@ -273,21 +305,28 @@ def event_data(event: Body) -> dict[str, Any]:
 
 
 def describe_text(data: Mapping[str, Any]) -> str:
+    """``describe`` for a person: at most :data:`WIDTH` columns, long values wrapped under themselves."""
     out: list[str] = []
 
     def field(label: str, value: object) -> None:
-        out.append(f"{label + ':':<14}{_cell(value)}")
+        out.extend(wrap(_cell(value), 14, first=f"{label + ':':<14}"))
 
     field("Name", data["name"])
     field("Namespace", data["namespace"])
     field("Backend", data["backend"])
-    field("Submitted by", f"{data['submittedBy'] or '-'} at {show_time(data['submittedAt'])}")
-    state = data["state"] or "-"
+    if data.get("refused"):  # nothing was recorded: no submitter, no plan
+        field("Refused", f"{data['refused']}: {data['message'] or ''}")
+    elif data["submittedBy"]:
+        field("Submitted by", f"{data['submittedBy']} at {show_time(data['submittedAt'])}")
+    if not data.get("refused"):  # a refused job has no state: the Refused line says why
+        state = data["state"] or "-"
+        if data["submission"]:
+            state += f" (submission {data['submission']})"
+        field("State", state)
     if data["cause"] and data["cause"].get("kind") != "none":
-        state += f" (cause {_cause_text(data['cause'])})"
-    field("State", state)
+        field("Last cause", _cause_text(data["cause"]))
     field("Settled", "yes" if data["settled"] else "no")
-    if data["ready"] is not None:
+    if data["ready"] is not None and not data.get("refused"):
         field("Ready", f"{data['ready']} ({data['reason']}): {data['message'] or ''}")
     if data.get("note"):
         field("Note", data["note"])  # why the current object does not run (held, or no room yet)
@@ -296,63 +335,93 @@ def describe_text(data: Mapping[str, Any]) -> str:
         field("Cancel", f"requested by {cancel['actor']} at {show_time(cancel['time'])}")
     elif data["cancel"]:
         field("Cancel", "requested")
-    out.append("Plan:")
     plan = data.get("plan")
-    if plan is None:
-        out.append("  (none: the job was not accepted)")
-    else:
+    if plan is not None:
+        out.append("Plan:")
         p = Plan.model_validate(plan)
         for rule in p.rules:
             causes = " ".join(c.value for c in rule.on)
-            out.append(
-                f"  rule {rule.index} is enforced by the {rule.enforcer}: {rule.action} on [{causes}], "
+            line = (
+                f"rule {rule.index} ({rule.enforcer}): {rule.action} on [{causes}], "
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
-        out.append("  uncovered: [" + " ".join(c.value for c in p.uncovered) + "]")
+            out.extend(wrap(line, 4, first="  "))
+        out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
         out.extend(f"  {line}" for line in queue_lines(p))
-    out.append("Submissions:")
-    if data["submissions"]:
+        out.append("Submissions:")
         rows = [
-            [
-                s["n"],
-                s["object"],
-                _cause_text(s["cause"]),
-                s["rule"],
-                s["authorizedBy"],
-                s["authorizedAt"],
-                s["restarts"],
-            ]
+            [s["n"], s["authorizedAt"], _same_day(s["authorizedAt"], s["endedAt"]), s["by"], s["outcome"]]
             for s in data["submissions"]
         ]
-        out.append(
-            _indent(
-                table(["N", "OBJECT", "CAUSE", "RULE", "AUTHORIZED-BY", "AUTHORIZED-AT", "RESTARTS"], rows)
-            )
-        )
-    else:
-        out.append("  (none yet)")
-    out.append("History:")
+        out.append(_indent(table(["N", "STARTED", "ENDED", "BY", "OUTCOME"], rows, WIDTH - 2)))
+        if not rows:
+            out.append("  (none yet)")
     if data["history"]:
+        out.append("History:")
         rows = [
-            [h["time"], h["from"], h["to"], h["submission"], _cause_text(h["cause"]), h["actor"]]
+            [h["time"], h["from"], h["to"], h["submission"], h["actor"], _cause_text(h["cause"])]
             for h in data["history"]
         ]
-        out.append(_indent(table(["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"], rows)))
-    else:
-        out.append("  (no transitions yet)")
+        out.append(_indent(table(["TIME", "FROM", "TO", "N", "ACTOR", "CAUSE"], rows, WIDTH - 2)))
     if data["conditions"]:
         out.append("Conditions:")
         rows = [
             [c.get("type"), c.get("status"), c.get("reason"), c.get("message")] for c in data["conditions"]
         ]
-        out.append(_indent(table(["TYPE", "STATUS", "REASON", "MESSAGE"], rows)))
+        out.append(_indent(table(["TYPE", "STATUS", "REASON", "MESSAGE"], rows, WIDTH - 2)))
     out.append("Events:")
     if data["events"]:
         rows = [[e["time"], e["type"], e["reason"], e["message"]] for e in data["events"]]
-        out.append(_indent(table(["TIME", "TYPE", "REASON", "MESSAGE"], rows)))
+        out.append(_indent(table(["TIME", "TYPE", "REASON", "MESSAGE"], rows, WIDTH - 2)))
     else:
         out.append("  (none)")
     return "\n".join(out)
+
+
+def _same_day(start: str | None, end: str | None) -> str | None:
+    """``end`` without its date when it is ``start``'s (the timeline stays narrow)."""
+    if start and end and start[:11] == end[:11]:
+        return end[11:]
+    return end
+
+
+def timeline(obj: Body, state: str | None) -> list[dict[str, Any]]:
+    """Each submission: when it was authorized, when it ended (the next one's authorization, or the
+    outcome's transition), who started it, and how it ended (its cause, or the state status shows
+    for the one still going)."""
+    subs = submissions(obj)
+    ts = transitions(obj)
+    out = []
+    for i, s in enumerate(subs):
+        ended: datetime | None = None
+        if i + 1 < len(subs):
+            ended = subs[i + 1].authorized_at
+        else:
+            ended = next((t.time for t in reversed(ts) if t.to.is_outcome and t.submission == s.n), None)
+        if s.cause is not None:
+            outcome = (
+                cause_text(s.cause.kind.value, s.cause.detail)
+                if s.cause.kind.value != "none"
+                else "succeeded"
+            )
+        elif i + 1 < len(subs) or ended is not None:
+            outcome = "ended"
+        else:
+            outcome = state or "-"
+        if s.rule is not None:
+            by = f"rule {s.rule}"
+        else:
+            by = "start" if s.authorized_by.kind is ActorKind.SUPERVISOR else str(s.authorized_by)
+        out.append(
+            {
+                "n": s.n,
+                "authorizedAt": show_time(s.authorized_at),
+                "endedAt": show_time(ended) if ended is not None else None,
+                "by": by,
+                "outcome": outcome,
+            }
+        )
+    return out
 
 
 def _indent(text: str) -> str:
@@ -364,6 +433,7 @@ def watch_key(obj: Body) -> tuple[Any, ...]:
     s = summary(obj)
     return (
         s["state"],
+        s["shownCause"],
         json.dumps(s["cause"], sort_keys=True),
         s["submission"],
         len(transitions(obj)),
@@ -387,7 +457,7 @@ def watch_line(obj: Body, now: datetime | None = None) -> str:
         show_time(now or datetime.now(UTC)),
         f"{s['namespace']}/{s['name']}",
         f"state={s['state'] or '-'}",
-        f"cause={s['cause']['kind'] if s['cause'] else '-'}",
+        f"cause={s['shownCause'] or '-'}",
         f"submission={s['submission'] or '-'}",
         f"ready={s['ready'] or '-'}/{s['reason'] or '-'}",
     ]

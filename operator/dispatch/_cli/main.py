@@ -31,6 +31,7 @@ import aiohttp
 from .. import _dispatchjob as dispatchjob
 from .._constants import GROUP, KIND, PLURAL, SINGULAR
 from .._errors import PlanError
+from .._version import __version__
 from . import _render as render
 from ._manifest import ManifestError, load
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kubectl dispatch",
         description="See what dispatch will do with a DispatchJob, and what it did.",
     )
+    parser.add_argument("--version", action="version", version=f"kubectl-dispatch {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-n", "--namespace", help="the namespace (default: the kubeconfig context's)")
     common.add_argument(
@@ -85,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print who enforces each rule and which causes no rule covers, as the operator would "
         "plan it (with the capabilities of the manifest's backend and a supervisor). No cluster needed.",
     )
-    p.add_argument("-f", "--filename", required=True, help="the manifest (YAML; - for stdin)")
+    p.add_argument("file", nargs="?", help="the manifest (YAML; - for stdin), as with -f")
+    p.add_argument("-f", "--filename", help="the manifest (YAML; - for stdin)")
 
     p = sub.add_parser("get", parents=[common], help="summarise DispatchJobs")
     p.add_argument("name", nargs="?", help="one DispatchJob (all in the namespace without it)")
@@ -145,7 +148,10 @@ def main(
 
 def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # The namespace of a manifest without one is the kubeconfig context's, as for every command.
-    manifests = load(args.filename, namespace=_default_namespace(args))
+    path = args.filename or args.file
+    if not path or (args.filename and args.file):
+        raise Usage("plan takes one manifest: kubectl dispatch plan FILE (or -f FILE)")
+    manifests = load(path, namespace=_default_namespace(args))
     results: list[Any] = []
     refused = False
     for i, manifest in enumerate(manifests):

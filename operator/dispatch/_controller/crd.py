@@ -39,7 +39,8 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._model import FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record, State
+from .._dispatchjob import ENV_NAME_WORDS
+from .._model import ENV_NAME_PATTERN, FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record, State
 
 Schema = dict[str, Any]
 
@@ -223,8 +224,9 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
         )
     if key_pattern is not None:
         cel_pattern = key_pattern.replace("\\", "\\\\").replace("'", "\\'")
+        words = ENV_NAME_WORDS if key_pattern == ENV_NAME_PATTERN else f"keys must match {key_pattern}"
         out.setdefault("x-kubernetes-validations", []).append(
-            {"rule": f"self.all(k, k.matches('{cel_pattern}'))", "message": f"keys must match {key_pattern}"}
+            {"rule": f"self.all(k, k.matches('{cel_pattern}'))", "message": words}
         )
     return out
 
@@ -390,20 +392,18 @@ def status_schema() -> Schema:
 
 
 def printer_columns() -> list[Schema]:
+    """``kubectl get dj``'s columns: the state status shows, its submission and cause, and Ready with
+    its reason (the state again, or why the job is refused: a refused job has no state). ``-o wide``
+    adds the backend and the note (why the current object does not run), last: it is a sentence."""
     return [
-        {"name": "Backend", "type": "string", "jsonPath": ".spec.backend", "priority": 1},
         {"name": "State", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_STATE}"},
         {"name": "Submission", "type": "integer", "jsonPath": ".status.submissions[-1:].n"},
         {"name": "Cause", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_CAUSE}"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {
-            "name": "Reason",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-            "priority": 1,
-        },
-        {"name": "Note", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_NOTE}", "priority": 1},
+        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Backend", "type": "string", "jsonPath": ".spec.backend", "priority": 1},
+        {"name": "Note", "type": "string", "jsonPath": f".status.{STATUS_OBSERVED_NOTE}", "priority": 1},
     ]
 
 

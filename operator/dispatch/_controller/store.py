@@ -39,6 +39,7 @@ from .._dispatchjob import (
     OBSERVED_FIELDS,
     has_record,
     job_id,
+    observe_write,
     observed_fields,
     read_status,
     record_from,
@@ -434,7 +435,16 @@ class KubeRecordStore:
             return None
         parsed = self._parsed.get(job)
         carried = parsed[1] if parsed is not None and parsed[0] == seen.version else None
-        return await self._put_status(job, {**seen.status_without_observed(), **fields}, expected, carried)
+        record = carried if carried is not None else self.record(job, seen)
+        status = observe_write(
+            record,
+            seen.status_without_observed(),
+            fields,
+            previous=seen.conditions(),
+            generation=seen.generation,
+            now=self.clock(),
+        )
+        return await self._put_status(job, status, expected, record)
 
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused (Ready=False, Stalled=True, why)."""

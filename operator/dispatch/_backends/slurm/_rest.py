@@ -11,6 +11,7 @@ built here goes through :meth:`RestClient.scrub`, which also removes anything sh
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pydantic import SecretStr
 
 from ..._config import RereadFile
 from ..._errors import BackendError, TransientBackendError
+
+log = logging.getLogger("dispatch.slurm.rest")
 
 # Slurm error numbers (slurm_errno.h) the adapter reads.
 ESLURM_INVALID_JOB_ID = 2017
@@ -149,6 +152,9 @@ class RestClient:
         if transport is None and socket is not None:
             transport = httpx.AsyncHTTPTransport(uds=socket)
         base = url if url is not None else "http://slurmrestd"
+        # httpx logs every request at INFO: one line per poll, per job, in the operator's log. This
+        # client logs each at DEBUG itself (``dispatch.slurm.rest``), so INFO says what changed.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         self._client = httpx.AsyncClient(
             base_url=base, transport=transport, timeout=httpx.Timeout(timeout), follow_redirects=False
         )
@@ -207,6 +213,7 @@ class RestClient:
             raise TransientBackendError(
                 self.scrub(f"slurmrestd: {what}: cannot connect ({type(e).__name__}: {e})")
             ) from None
+        log.debug("%s %s: HTTP %d", method, path, resp.status_code)
         if resp.status_code == 304:
             return RestResponse(304)
         if resp.status_code in AUTH_STATUSES:
