@@ -48,7 +48,7 @@ E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins lab-up lab-down kubeflow-record job-record jobset-record cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down record cluster-up cluster-down e2e-kind
 
 bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, JobSet, Trainer v2, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
@@ -59,14 +59,18 @@ lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager
 lab-down: $(STAMP) ## stop what lab-up started
 	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
 
-jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and Events for their unit tests, on a lab of its own (~5 min)
-	$(PY) hack/jobset-record.py
-
-kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (~2 min)
-	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
-
-job-record: lab-up ## re-record the lab's batch/v1 Job/Pod watch streams and Events for the job backend's unit tests (~2 min)
-	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/job-record.py
+# One recorder for every Kubernetes kind (hack/record.py), each on a lab of its own with the
+# extras the kind needs: `make record KIND=job`, or `make record KIND=kubeflow SCENARIOS="success"`.
+RECORD_KINDS := job kubeflow jobset trainjob kueue
+KIND ?=
+SCENARIOS ?=
+ifneq ($(filter record,$(MAKECMDGOALS)),)
+ifeq ($(filter $(RECORD_KINDS),$(KIND)),)
+$(error record: KIND=<one of: $(RECORD_KINDS)> [SCENARIOS="a b"])
+endif
+endif
+record: bins $(STAMP) ## re-record tests/unit/data/KIND/ (KIND=job, kubeflow, jobset, trainjob or kueue; SCENARIOS="a b" for a few) from the real stack, on a lab of its own (2-5 min a kind)
+	$(PY) hack/record.py $(KIND) $(SCENARIOS)
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
 	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)
