@@ -2,20 +2,21 @@
 """Record what the real stack says about each Kubernetes kind dispatch runs, for the unit tests that
 replay it (tests/unit/test_<kind>_*.py, test_projection.py, test_kit_events_watch.py, ...).
 
-    .venv/bin/python hack/record.py KIND [SCENARIO ...]      (or: make record KIND=job)
+    .venv/bin/python hack/record.py KIND [SCENARIO ...] [--lab DIR]     (or: make record KIND=job)
 
 KIND is one of :data:`KINDS` (``job``, ``kubeflow``, ``jobset``, ``trainjob``: the registered
 backends' kinds; ``kueue``: PyTorchJobs in Kueue's queues); no SCENARIO records all of the kind's.
 
 One engine serves every kind: it starts a lab of its own (``tests.support.lab.Lab``: the real
 kube-apiserver, kube-scheduler, kube-controller-manager, kwok with the lab's stages, the training
-operator, plus the kind's extras: JobSet, Kubeflow Trainer, Kueue), and for each scenario makes a
+operator, plus the kind's extras: JobSet, Kubeflow Trainer, Kueue), or uses the running lab of
+``--lab DIR`` (``make lab-up``, with the kind's extras in ``LAB_WITH``), and for each scenario makes a
 namespace, watches the kind's objects, the other objects its controllers make and the pods, runs the
 scenario (an object built by dispatch's own builder, released, then failed through the real
 mechanism: kwok's container-exit stage, a kube-scheduler preemption, the Eviction API, a NoExecute
 taint, a node that stops heartbeating, Kueue's quota and priorities) and writes, in arrival order,
 every watch event, then the Events Kubernetes wrote in the namespace, the server's version and the
-components' versions (the pins of hack/build-bins.sh). Nothing in a recording is written by hand.
+components' versions (what hack/build-bins.sh builds). Nothing in a recording is written by hand.
 
 What differs between kinds is data (:class:`Profile`); what a kind is (API group, plural, how its
 object is built and held, its training container, whether it has a native rule) comes from the
@@ -31,6 +32,7 @@ finalizer, which the engine removes once a scenario is over (no operator runs he
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -65,6 +67,7 @@ from dispatch._model import (  # noqa: E402
 )
 from dispatch._registry import Where, registered  # noqa: E402
 from dispatch._workload import Kind, Resource, Target  # noqa: E402
+from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.kube import release_finalizers  # noqa: E402
 from tests.support.kueue import (  # noqa: E402
     HIGH,
@@ -94,6 +97,12 @@ EVERYTHING: Final = "!lab.dispatch.io/preemptor"
 """Every object but the lab's preemptors: the controllers' own objects (a JobSet's Jobs, Kueue's
 Workloads, a Trainer's JobSet) carry no dispatch label."""
 PREEMPTORS: Final = "lab.dispatch.io/preemptor=true"
+QUIET: Final = 2.0
+"""Seconds without a watch event after which a recording stops."""
+STOP_AT_MOST: Final = 15.0
+"""A scenario that never settles (an image that never pulls) stops this long after it ends."""
+NO_CAPACITY: Final = 5
+"""Seconds unschedulable before no-capacity: short, so that a recording's pod passes it."""
 BUILD_BINS: Final = ROOT / "hack" / "build-bins.sh"
 
 
@@ -180,7 +189,16 @@ class Recording:
                     )
 
     def stop(self) -> None:
-        time.sleep(1.0)  # let the last events arrive
+        """Once the stack is quiet: what the scenario set off is recorded to its end (a controller's
+        last clean-up, a watch lagging under load), whatever the machine's speed."""
+        deadline = time.monotonic() + STOP_AT_MOST
+        time.sleep(1.0)  # what is already on its way
+        while time.monotonic() < deadline:
+            with self.lock:
+                last = self.stream[-1]["at"] if self.stream else 0.0
+            if time.monotonic() - self.t0 - last >= QUIET:
+                break
+            time.sleep(0.1)
         for proc in self.procs:
             proc.terminate()
             proc.wait(timeout=10)
@@ -193,17 +211,19 @@ class Run:
     """The engine's handle on one scenario: its namespace, its object (built by the kind's own
     builder), the object's pods, and the lab's mechanisms aimed at them."""
 
-    def __init__(self, lab: Lab, profile: Profile, scenario: str, rec: Recording) -> None:
-        self.lab, self.profile, self.scenario, self.rec = lab, profile, scenario, rec
+    def __init__(self, lab: Lab, profile: Profile, scenario: str, namespace: str) -> None:
+        self.lab, self.profile, self.scenario, self.namespace = lab, profile, scenario, namespace
         self.kind = workload_kind(profile.backend)
-        self.namespace = rec.namespace
         self.name = ""
         self.uid = ""
         self.nodes = profile.nodes
         self.first_uids: set[str] = set()
         self.objects: list[Body] = []
         """Objects beside the stream that the replay reads (a lost node, Kueue's ClusterQueues)."""
-        self.at_end: list[Callable[[], None]] = []
+        self.after: list[Callable[[], None]] = []
+        """What undoes the scenario's change to the lab (a taint, a node let go) and reads or
+        deletes what it made, once the recording has stopped: what the stack does then is not the
+        scenario's (a node back would have its kubelet confirm a deletion no kubelet confirmed)."""
 
     # -- the object
 
@@ -215,7 +235,11 @@ class Run:
         self.nodes = nodes or self.profile.nodes
         info = registered()[self.profile.backend]
         assert info.options is not None
-        fields: dict[str, Any] = {"image": IMAGE, "no_capacity_after_seconds": 5, **self.profile.options}
+        fields: dict[str, Any] = {
+            "image": IMAGE,
+            "no_capacity_after_seconds": NO_CAPACITY,
+            **self.profile.options,
+        }
         fields.update(options)
         fields["resources"] = Resources(cpu="1", memory="1Gi", gpu=fields.pop("gpu", 0))
         values = info.options(**fields)
@@ -248,8 +272,8 @@ class Run:
         if answer["returncode"] != 0:
             raise RuntimeError(f"create {self.name}: {answer['stderr'].strip()}")
 
-    def path(self, resource: Resource | None = None) -> str:
-        return (resource or self.kind.resource).path(self.namespace, self.name)
+    def path(self) -> str:
+        return self.kind.resource.path(self.namespace, self.name)
 
     def patch(self, change: Body) -> None:
         self.lab.request("PATCH", self.path(), change, content_type="application/merge-patch+json")
@@ -394,7 +418,8 @@ class Profile:
     succeeded: str
     """The object's condition that says its controller finished it successfully."""
     extras: tuple[str, ...] = ()
-    """The lab's extras (tests.support.lab.EXTRAS) the kind's controllers need."""
+    """The lab's extras (tests.support.lab.EXTRAS) the kind's controllers need, every one named
+    (the recording gives each one's version)."""
     watch: tuple[str, ...] = ()
     """Besides the kind and the pods: the backends whose objects its controllers make, or a
     resource by name (Kueue's Workloads)."""
@@ -419,10 +444,10 @@ class Profile:
             return resource.plural if self.dispatch_only else str(resource)
         return what
 
-    def header(self, lab: Lab) -> Body:
+    def header(self) -> Body:
         """Beside the scenario: the backend, and the version of each component of the lab its
         objects meet (its extras, and the training operator for PyTorchJobs)."""
-        components = (*lab.extras, *RUN_BY.get(self.backend, ()))
+        components = (*self.extras, *RUN_BY.get(self.backend, ()))
         return {
             **({} if self.dispatch_only else {"backend": self.backend}),
             **{c: pin(c) for c in components},
@@ -438,7 +463,7 @@ def record(lab: Lab, kind: str, name: str) -> None:
     scenario = profile.scenarios[name]
     namespace = profile.namespace.format(kind=kind, scenario=name)
     rec = Recording((lab.kubectl_bin, f"--kubeconfig={lab.kubeconfig}"), namespace)
-    run = Run(lab, profile, name, rec)
+    run = Run(lab, profile, name, namespace)
     run.let_go()
     lab.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=60s", check=False)
     lab.kubectl("create", "namespace", namespace)
@@ -452,8 +477,8 @@ def record(lab: Lab, kind: str, name: str) -> None:
     finally:
         rec.stop()
         lab.kubectl("delete", "pods", "-n", namespace, "-l", PREEMPTORS, "--wait=false", check=False)
-        for undo in run.at_end:
-            undo()
+        for then in run.after:
+            then()
         run.let_go()
     events = [
         trim(e) for e in json.loads(lab.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
@@ -464,7 +489,7 @@ def record(lab: Lab, kind: str, name: str) -> None:
         "what": scenario.what,
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "kubernetes": version,
-        **profile.header(lab),
+        **profile.header(),
         **({"create": answer} if answer is not None else {}),
         "stream": rec.stream,
         "events": events,
@@ -632,7 +657,7 @@ def preempt_recreated(r: Run) -> None:
 def taint(r: Run) -> None:
     """NoExecute on the pod's node: the taint-eviction controller deletes the pod."""
     node = r.node_of(r.running()[0])
-    r.at_end.append(lambda: r.lab.untaint_node(node))
+    r.after.append(lambda: r.lab.untaint_node(node))
     r.lab.taint_node(node)
 
 
@@ -643,7 +668,7 @@ def notready_deleted(r: Run) -> None:
     r.release()
     pod = r.running()[0]
     node = r.node_of(pod)
-    r.at_end.append(lambda: r.lab.node_ready(node))
+    r.after.append(lambda: r.lab.node_ready(node))
     r.lab.node_not_ready(node)
     r.until(
         "NotReady",
@@ -807,7 +832,7 @@ def queues(r: Run, **quota: Any) -> Queues:
         r.lab.kubectl("delete", "namespace", r.namespace, "--wait=false", check=False)
         r.lab.kubectl("delete", "clusterqueues.v1beta2.kueue.x-k8s.io", *names, "--wait=false", check=False)
 
-    r.at_end.append(keep_and_delete)
+    r.after.append(keep_and_delete)
     return made
 
 
@@ -950,7 +975,7 @@ PROFILES: Final[Mapping[str, Profile]] = {
         "trainjob",
         SHARED_SCENARIOS,
         "Complete",
-        extras=("trainer",),
+        extras=("jobset", "trainer"),
         watch=("jobset", "job"),
         options=TRAINER,
     ),
@@ -967,6 +992,9 @@ def main() -> None:
     )
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="default: every scenario of KIND")
+    parser.add_argument(
+        "--lab", type=Path, metavar="DIR", help="record on the running lab of DIR (make lab-up)"
+    )
     args = parser.parse_args()
     profile = PROFILES[args.kind]
     unknown = sorted(set(args.scenarios) - set(profile.scenarios))
@@ -974,15 +1002,34 @@ def main() -> None:
         parser.error(
             f"{args.kind} has no scenario {', '.join(unknown)}; it has {', '.join(profile.scenarios)}"
         )
-    with (
-        tempfile.TemporaryDirectory(prefix=f"record-{args.kind}-") as tmp,
-        Lab(Path(tmp), extras=profile.extras) as lab,
-    ):
-        print(f"lab up in {lab.start_seconds:.1f}s (extras {lab.extras_seconds})", flush=True)
-        if "kueue" in lab.extras:  # what Kueue admits nothing without: its flavor, the priorities
+    with lab_for(args.kind, args.lab) as lab:
+        if "kueue" in profile.extras:  # what Kueue admits nothing without: its flavor, the priorities
             apply(lab, shared_objects())
         for name in args.scenarios or list(profile.scenarios):
             record(lab, args.kind, name)
+
+
+@contextlib.contextmanager
+def lab_for(kind: str, attach: Path | None) -> Iterator[Lab]:
+    """A lab of its own with the kind's extras, stopped afterwards; or, with ``attach``, the
+    running lab of that directory (``make lab-up``, ``python -m tests.support.lab up --dir``),
+    left running, which must run the kind's extras."""
+    extras = PROFILES[kind].extras
+    if attach is None:
+        with (
+            tempfile.TemporaryDirectory(prefix=f"record-{kind}-") as tmp,
+            Lab(Path(tmp), extras=extras) as lab,
+        ):
+            print(f"lab up in {lab.start_seconds:.1f}s (extras {lab.extras_seconds})", flush=True)
+            yield lab
+        return
+    state = json.loads((attach / "state.json").read_text())
+    lab = Lab(attach, nodes=len(state["nodes"]), extras=state.get("extras") or ())
+    lab.cp.server, lab.cp.binaries = state["server"], resolve_binaries()
+    missing = [e for e in extras if e not in lab.extras]
+    if missing:
+        raise SystemExit(f"the lab in {attach} runs no {', '.join(missing)} (lab-up LAB_WITH=...)")
+    yield lab
 
 
 if __name__ == "__main__":
