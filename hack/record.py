@@ -2,21 +2,23 @@
 """Record what the real stack says about each Kubernetes kind dispatch runs, for the unit tests that
 replay it (tests/unit/test_<kind>_*.py, test_projection.py, test_kit_events_watch.py, ...).
 
-    .venv/bin/python hack/record.py KIND [SCENARIO ...] [--lab DIR]     (or: make record KIND=job)
+    .venv/bin/python hack/record.py KIND [SCENARIO ...]      (or: make record KIND=job)
 
 KIND is one of :data:`KINDS` (``job``, ``kubeflow``, ``jobset``, ``trainjob``: the registered
 backends' kinds; ``kueue``: PyTorchJobs in Kueue's queues); no SCENARIO records all of the kind's.
 
 One engine serves every kind: it starts a lab of its own (``tests.support.lab.Lab``: the real
 kube-apiserver, kube-scheduler, kube-controller-manager, kwok with the lab's stages, the training
-operator, plus the kind's extras: JobSet, Kubeflow Trainer, Kueue), or uses the running lab of
-``--lab DIR`` (``make lab-up``, with the kind's extras in ``LAB_WITH``), and for each scenario makes a
-namespace, watches the kind's objects, the other objects its controllers make and the pods, runs the
-scenario (an object built by dispatch's own builder, released, then failed through the real
+operator, plus the kind's extras: JobSet, Kubeflow Trainer, Kueue), so that every recording of a
+kind is made on the same stack whatever else runs on the machine. For each scenario it makes a
+namespace, watches the kind's objects, the other objects its controllers make and the pods, runs
+the scenario (an object built by dispatch's own builder, released, then failed through the real
 mechanism: kwok's container-exit stage, a kube-scheduler preemption, the Eviction API, a NoExecute
-taint, a node that stops heartbeating, Kueue's quota and priorities) and writes, in arrival order,
-every watch event, then the Events Kubernetes wrote in the namespace, the server's version and the
-components' versions (what hack/build-bins.sh builds). Nothing in a recording is written by hand.
+taint, a node that stops heartbeating, Kueue's quota and priorities) and, once the stack is quiet,
+writes every watch event in arrival order, the Events Kubernetes wrote in the namespace, the
+server's version and the components' (what hack/build-bins.sh builds). Nothing in a recording is
+written by hand. Trainer's webhook certificate directory is one per machine: a ``trainjob``
+recording waits (up to the lab's start timeout) while another lab with Trainer runs.
 
 What differs between kinds is data (:class:`Profile`); what a kind is (API group, plural, how its
 object is built and held, its training container, whether it has a native rule) comes from the
@@ -32,7 +34,6 @@ finalizer, which the engine removes once a scenario is over (no operator runs he
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib
 import json
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -67,7 +68,6 @@ from dispatch._model import (  # noqa: E402
 )
 from dispatch._registry import Where, registered  # noqa: E402
 from dispatch._workload import Kind, Resource, Target  # noqa: E402
-from tests.support.controlplane import resolve_binaries  # noqa: E402
 from tests.support.kube import release_finalizers  # noqa: E402
 from tests.support.kueue import (  # noqa: E402
     HIGH,
@@ -992,9 +992,6 @@ def main() -> None:
     )
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="default: every scenario of KIND")
-    parser.add_argument(
-        "--lab", type=Path, metavar="DIR", help="record on the running lab of DIR (make lab-up)"
-    )
     args = parser.parse_args()
     profile = PROFILES[args.kind]
     unknown = sorted(set(args.scenarios) - set(profile.scenarios))
@@ -1002,34 +999,15 @@ def main() -> None:
         parser.error(
             f"{args.kind} has no scenario {', '.join(unknown)}; it has {', '.join(profile.scenarios)}"
         )
-    with lab_for(args.kind, args.lab) as lab:
+    with (
+        tempfile.TemporaryDirectory(prefix=f"record-{args.kind}-") as tmp,
+        Lab(Path(tmp), extras=profile.extras) as lab,
+    ):
+        print(f"lab up in {lab.start_seconds:.1f}s (extras {lab.extras_seconds})", flush=True)
         if "kueue" in profile.extras:  # what Kueue admits nothing without: its flavor, the priorities
             apply(lab, shared_objects())
         for name in args.scenarios or list(profile.scenarios):
             record(lab, args.kind, name)
-
-
-@contextlib.contextmanager
-def lab_for(kind: str, attach: Path | None) -> Iterator[Lab]:
-    """A lab of its own with the kind's extras, stopped afterwards; or, with ``attach``, the
-    running lab of that directory (``make lab-up``, ``python -m tests.support.lab up --dir``),
-    left running, which must run the kind's extras."""
-    extras = PROFILES[kind].extras
-    if attach is None:
-        with (
-            tempfile.TemporaryDirectory(prefix=f"record-{kind}-") as tmp,
-            Lab(Path(tmp), extras=extras) as lab,
-        ):
-            print(f"lab up in {lab.start_seconds:.1f}s (extras {lab.extras_seconds})", flush=True)
-            yield lab
-        return
-    state = json.loads((attach / "state.json").read_text())
-    lab = Lab(attach, nodes=len(state["nodes"]), extras=state.get("extras") or ())
-    lab.cp.server, lab.cp.binaries = state["server"], resolve_binaries()
-    missing = [e for e in extras if e not in lab.extras]
-    if missing:
-        raise SystemExit(f"the lab in {attach} runs no {', '.join(missing)} (lab-up LAB_WITH=...)")
-    yield lab
 
 
 if __name__ == "__main__":
