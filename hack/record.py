@@ -139,6 +139,7 @@ def workload_kind(backend: str) -> Kind:
 
 
 def trim(obj: Body) -> Body:
+    """Without ``metadata.managedFields``: the bulk of every object, which nothing replayed reads."""
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
 
