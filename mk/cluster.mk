@@ -6,6 +6,7 @@
 #   make bins          build the binaries that are missing (cold: see docs/testing.md)
 #   make lab-up        start the lab (the whole real stack) in the background; prints the KUBECONFIG
 #   make lab-down      stop it (by PID)
+#   make record KIND=job   re-record tests/unit/data/job/ (any kind of hack/record.py) on a lab of its own
 #   make cluster-up    start a bare control plane (etcd + kube-apiserver) in the background
 #   make cluster-down  stop it (by PID)
 #   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker)
@@ -42,7 +43,7 @@ KIND_VERSION ?= v0.30.0
 KIND_CLUSTER ?= dispatch-e2e
 KIND_NODE_IMAGE ?=
 KIND_KEEP ?= 0
-KIND = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
+KIND_BIN = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
 KIND_KUBECONFIG = $(DISPATCH_CACHE)/kind-$(KIND_CLUSTER).kubeconfig
 E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
@@ -62,7 +63,6 @@ lab-down: $(STAMP) ## stop what lab-up started
 # One recorder for every Kubernetes kind (hack/record.py), each on a lab of its own with the
 # extras the kind needs: `make record KIND=job`, or `make record KIND=kubeflow SCENARIOS="success"`.
 RECORD_KINDS := job kubeflow jobset trainjob kueue
-KIND ?=
 SCENARIOS ?=
 ifneq ($(filter record,$(MAKECMDGOALS)),)
 ifeq ($(filter $(RECORD_KINDS),$(KIND)),)
@@ -79,18 +79,18 @@ cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (stat
 cluster-down: $(STAMP) ## stop what cluster-up started
 	$(PY) -m tests.support.controlplane down --dir $(CLUSTER_DIR)
 
-$(KIND):
+$(KIND_BIN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/kind@$(KIND_VERSION)
 
 e2e-kind: bins $(STAMP) ## the integration and e2e tiers against a kind cluster (needs Docker)
 	@command -v docker >/dev/null 2>&1 || { \
 	  echo "e2e-kind: needs Docker (kind runs nodes as containers); 'make integration' uses the local control plane"; \
 	  exit 1; }
-	@$(MAKE) --no-print-directory $(KIND)
-	@if ! $(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
-	  $(KIND) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
+	@$(MAKE) --no-print-directory $(KIND_BIN)
+	@if ! $(KIND_BIN) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
+	  $(KIND_BIN) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
 	fi
-	$(KIND) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
+	$(KIND_BIN) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
 	@rc=0; DISPATCH_E2E_KUBECONFIG=$(KIND_KUBECONFIG) $(PYTEST) -m '$(E2E_KIND_MARKERS)' tests e2e || rc=$$?; \
-	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND) delete cluster --name '$(KIND_CLUSTER)'; fi; \
+	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND_BIN) delete cluster --name '$(KIND_CLUSTER)'; fi; \
 	exit $$rc
