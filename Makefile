@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/pytest
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all help venv demo test unit integration integration-kube integration-kueue integration-slurm kueue-record e2e lint typecheck imports verify generate bench clean
+.PHONY: all help venv demo test unit integration integration-kube integration-kueue integration-slurm e2e lint typecheck imports verify generate bench clean
 
 all: test
 
@@ -79,9 +79,6 @@ integration-kueue: $(STAMP) bins ## the Kueue tests only (a lab with Kueue, JobS
 
 integration-slurm: $(STAMP) slurm-deps slurm-chroots ## the Slurm half of the integration tier only
 	$(PYTEST) -m "integration and slurm" tests/integration
-
-kueue-record: bins $(STAMP) ## re-record the real Kueue's Workloads and Events for the unit tests, on a lab of its own (minutes)
-	$(PY) hack/kueue-record.py
 
 bench: $(STAMP) ## benchmarks; results go to BENCHMARKS.md by hand, with the command
 	$(PY) bench/core_bench.py

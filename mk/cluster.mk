@@ -6,6 +6,7 @@
 #   make bins          build the binaries that are missing (cold: see docs/testing.md)
 #   make lab-up        start the lab (the whole real stack) in the background; prints the KUBECONFIG
 #   make lab-down      stop it (by PID)
+#   make record KIND=job   re-record tests/unit/data/job/ (any kind of hack/record.py) on a lab of its own
 #   make cluster-up    start a bare control plane (etcd + kube-apiserver) in the background
 #   make cluster-down  stop it (by PID)
 #   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker)
@@ -42,13 +43,13 @@ KIND_VERSION ?= v0.30.0
 KIND_CLUSTER ?= dispatch-e2e
 KIND_NODE_IMAGE ?=
 KIND_KEEP ?= 0
-KIND = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
+KIND_BIN = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
 KIND_KUBECONFIG = $(DISPATCH_CACHE)/kind-$(KIND_CLUSTER).kubeconfig
 E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
-.PHONY: bins lab-up lab-down kubeflow-record job-record jobset-record cluster-up cluster-down e2e-kind
+.PHONY: bins lab-up lab-down record cluster-up cluster-down e2e-kind
 
 bins: ## build the test cluster's binaries (kube-*, etcd, kwok, training operator, JobSet, Trainer v2, helm) into $(DISPATCH_CACHE)/bin
 	@bash $(BUILD_BINS)
@@ -59,14 +60,17 @@ lab-up: bins $(STAMP) ## start the lab (apiserver, scheduler, controller manager
 lab-down: $(STAMP) ## stop what lab-up started
 	$(PY) -m tests.support.lab down --dir $(LAB_DIR)
 
-jobset-record: bins $(STAMP) ## re-record the JobSet/TrainJob watch streams and Events for their unit tests, on a lab of its own (minutes)
-	$(PY) hack/jobset-record.py
-
-kubeflow-record: lab-up ## re-record the lab's PyTorchJob/Pod watch streams and Events for the Kubeflow unit tests (minutes)
-	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/kubeflow-record.py
-
-job-record: lab-up ## re-record the lab's batch/v1 Job/Pod watch streams and Events for the job backend's unit tests (minutes)
-	KUBECONFIG=$(LAB_DIR)/kubeconfig $(PY) hack/job-record.py
+# One recorder for every Kubernetes kind (hack/record.py), each on a lab of its own with the
+# extras the kind needs: `make record KIND=job`, or `make record KIND=kubeflow SCENARIOS="success"`.
+RECORD_KINDS := job kubeflow jobset trainjob kueue
+SCENARIOS ?=
+ifneq ($(filter record,$(MAKECMDGOALS)),)
+ifeq ($(filter $(RECORD_KINDS),$(KIND)),)
+$(error record: KIND=<one of: $(RECORD_KINDS)> [SCENARIOS="a b"])
+endif
+endif
+record: bins $(STAMP) ## re-record tests/unit/data/KIND/ (KIND=job, kubeflow, jobset, trainjob or kueue; SCENARIOS="a b" for a few) from the real stack, on a lab of its own (2-5 min a kind)
+	$(PY) hack/record.py $(KIND) $(SCENARIOS)
 
 cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (state in $(CLUSTER_DIR))
 	$(PY) -m tests.support.controlplane up --dir $(CLUSTER_DIR)
@@ -75,18 +79,18 @@ cluster-up: bins $(STAMP) ## start etcd + kube-apiserver in the background (stat
 cluster-down: $(STAMP) ## stop what cluster-up started
 	$(PY) -m tests.support.controlplane down --dir $(CLUSTER_DIR)
 
-$(KIND):
+$(KIND_BIN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/kind@$(KIND_VERSION)
 
 e2e-kind: bins $(STAMP) ## the integration and e2e tiers against a kind cluster (needs Docker)
 	@command -v docker >/dev/null 2>&1 || { \
 	  echo "e2e-kind: needs Docker (kind runs nodes as containers); 'make integration' uses the local control plane"; \
 	  exit 1; }
-	@$(MAKE) --no-print-directory $(KIND)
-	@if ! $(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
-	  $(KIND) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
+	@$(MAKE) --no-print-directory $(KIND_BIN)
+	@if ! $(KIND_BIN) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
+	  $(KIND_BIN) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
 	fi
-	$(KIND) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
+	$(KIND_BIN) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
 	@rc=0; DISPATCH_E2E_KUBECONFIG=$(KIND_KUBECONFIG) $(PYTEST) -m '$(E2E_KIND_MARKERS)' tests e2e || rc=$$?; \
-	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND) delete cluster --name '$(KIND_CLUSTER)'; fi; \
+	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND_BIN) delete cluster --name '$(KIND_CLUSTER)'; fi; \
 	exit $$rc

@@ -1,6 +1,6 @@
 """Replaying recordings of the real stack through a workload-kit backend's own watch handlers.
 
-The recordings (tests/unit/data/<backend>/*.json, written by hack/<backend>-record.py from the lab)
+The recordings (tests/unit/data/<backend>/*.json, written by hack/record.py <backend> from the lab)
 hold the watch events of one object and its pods in arrival order, and the events Kubernetes wrote.
 :func:`replay` feeds them to the backend's watch handlers (``watches.object_changed`` /
 ``watches.pod_changed``; no informer runs) and answers the backend's reads from the recording's final state

@@ -1,6 +1,6 @@
 """The batch/v1 Job builder, table-style, and checked against what the real API server kept of it.
 
-The recordings (tests/unit/data/job/, hack/job-record.py) hold the Jobs as the API server returned
+The recordings (tests/unit/data/job/, hack/record.py job) hold the Jobs as the API server returned
 them: every field the builder writes must come back unchanged.
 """
 

@@ -1,6 +1,6 @@
 """Classification of batch/v1 Jobs on Job and Pod JSON recorded from the real stack, table-style.
 
-Each file in tests/unit/data/job/ (recorded by hack/job-record.py from the lab: the real
+Each file in tests/unit/data/job/ (recorded by hack/record.py job from the lab: the real
 kube-apiserver, kube-scheduler, kube-controller-manager with its Job controller, and kwok) holds the
 watch events of one Job and its pods, in arrival order, and the events Kubernetes wrote. The `job`
 backend's own watch handlers are fed those events, and its ``list()`` must give the cause the table

@@ -1,6 +1,6 @@
 """The JobSet and TrainJob builders, table-style, and checked against what the real stack kept.
 
-The recordings (tests/unit/data/{jobset,trainjob}/, hack/jobset-record.py) hold the objects as the
+The recordings (tests/unit/data/{jobset,trainjob}/, hack/record.py jobset/trainjob) hold the objects as the
 API server returned them after JobSet's and Trainer's webhooks: every field the builder writes must
 come back unchanged (the webhooks only add defaults).
 """

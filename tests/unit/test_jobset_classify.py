@@ -1,6 +1,6 @@
 """Classification of JobSets on JobSet, Job and Pod JSON recorded from the real stack, table-style.
 
-Each file in tests/unit/data/jobset/ (recorded by hack/jobset-record.py from the lab: the real
+Each file in tests/unit/data/jobset/ (recorded by hack/record.py jobset from the lab: the real
 kube-apiserver, kube-scheduler, kube-controller-manager's Job controller, kwok and JobSet v0.11.1
 with its webhooks) holds the watch events of one JobSet, its child Jobs and its pods, in arrival
 order, and the events Kubernetes wrote. The `jobset` backend's own watch handlers are fed the

@@ -1,6 +1,6 @@
 """The PyTorchJob builder, table-style, and checked against what the real stack kept of its output.
 
-The recorded files (tests/unit/data/kubeflow/, re-recorded by hack/kubeflow-record.py from a lab with
+The recorded files (tests/unit/data/kubeflow/, re-recorded by hack/record.py kubeflow from a lab with
 the real API server and training operator) hold the PyTorchJob as the API server returned it: every
 field the builder writes must come back unchanged (the upstream CRD prunes unknown fields silently).
 """

@@ -1,6 +1,6 @@
 """Classification on PyTorchJob and Pod JSON recorded from the real stack, table-style.
 
-Each file in tests/unit/data/kubeflow/ (recorded by hack/kubeflow-record.py from the lab: the real
+Each file in tests/unit/data/kubeflow/ (recorded by hack/record.py kubeflow from the lab: the real
 kube-apiserver, kube-scheduler, kube-controller-manager, training operator v1.9.3 and kwok) holds the
 watch events of one PyTorchJob and its pods, in arrival order, and the events Kubernetes wrote. The
 adapter's own watch handlers are fed those events, and its ``list()`` must give the cause the table

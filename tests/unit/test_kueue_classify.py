@@ -1,5 +1,5 @@
 """Kueue's signals become causes (issue 15, behaviour 3), on recordings of the real Kueue v0.17.0
-in front of the real training operator (tests/unit/data/kueue, written by hack/kueue-record.py).
+in front of the real training operator (tests/unit/data/kueue, written by hack/record.py kueue).
 
 Each recording is replayed event by event: the PyTorchJob as the kit caches it, its pods, and its
 Workload (found by the ownerReference's uid, as the shared watch indexes it), classified by the kit's
@@ -40,7 +40,7 @@ BASE = 1_000_000.0
 """The replay's clock: the recording's offsets (``at``) are added to it."""
 QUEUE = "lq"
 WAIT = 5
-"""The recorded job's noCapacityAfterSeconds (hack/kueue-record.py), as the builder annotates it."""
+"""The recorded job's noCapacityAfterSeconds (hack/record.py kueue), as the builder annotates it."""
 
 Body = dict[str, Any]
 

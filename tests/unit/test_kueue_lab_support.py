@@ -1,5 +1,5 @@
 """The lab's Kueue: its configuration (tests/support/lab.py) and what each recording of the real
-Kueue holds (tests/unit/data/kueue, made by hack/kueue-record.py), so a re-recording that lost its
+Kueue holds (tests/unit/data/kueue, made by hack/record.py kueue), so a re-recording that lost its
 scenario's signal fails here rather than silently weakening the classify tests built on it."""
 
 from __future__ import annotations

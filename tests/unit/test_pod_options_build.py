@@ -225,7 +225,10 @@ def test_a_trainjob_refuses_what_its_runtime_patch_cannot_carry(field: str, valu
             {"podLabels": {"dispatch.dev/job": "other"}},
             "spec.job.podLabels: ['dispatch.dev/job']",
         ),
-        ({"podLabels": {"app.kubernetes.io/managed-by": "me"}}, "spec.job.podLabels: ['app.kubernetes.io/managed-by']"),
+        (
+            {"podLabels": {"app.kubernetes.io/managed-by": "me"}},
+            "spec.job.podLabels: ['app.kubernetes.io/managed-by']",
+        ),
         ({"podAnnotations": {"dispatch.dev/ended": "x"}}, "spec.job.podAnnotations: ['dispatch.dev/ended']"),
         (
             {

@@ -1,6 +1,6 @@
 """Classification of TrainJobs on TrainJob, JobSet, Job and Pod JSON recorded from the real stack.
 
-Each file in tests/unit/data/trainjob/ (recorded by hack/jobset-record.py from the lab with
+Each file in tests/unit/data/trainjob/ (recorded by hack/record.py trainjob from the lab with
 Kubeflow Trainer v2.2.0, its torch-distributed ClusterTrainingRuntime and JobSet v0.11.1) holds the
 watch events of one TrainJob, the JobSet the Trainer built for it, its Jobs and pods, in arrival
 order, and the events Kubernetes wrote. The `trainjob` backend's watch handlers are fed the
