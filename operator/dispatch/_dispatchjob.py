@@ -291,7 +291,7 @@ def _outcome_message(record: Record) -> str:
         return f"succeeded in submission {len(record.submissions)}"
     if record.state is State.CANCELLED:
         return f"cancelled by {record.cancel.actor}" if record.cancel else f"cancelled: {cause.detail}"
-    index = record.spec.recovery.rule_for(cause.kind)
+    index = record.spec.recovery.rule_for(cause)
     if index is None:
         if cause.kind in record.plan.uncovered:
             return f"failed: cause {what} is not covered by any rule"

@@ -23,7 +23,13 @@ def plan_lines(plan: Plan) -> list[str]:
     """The tutorial's lines: who enforces each rule, then the causes no rule covers."""
     lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
-    return lines + queue_lines(plan)
+    return lines + uncovered_code_lines(plan) + queue_lines(plan)
+
+
+def uncovered_code_lines(plan: Plan) -> list[str]:
+    """The exit codes of non-zero-exit no rule covers, when rules with exitCodes cover the others."""
+    codes = plan.uncovered_exit_codes
+    return [] if codes is None else [f"uncovered exit codes of non-zero-exit: {codes.describe()}"]
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -113,7 +119,8 @@ def _actor(value: object) -> str | None:
 
 def _cause(value: object) -> dict[str, Any] | None:
     if isinstance(value, Mapping) and value.get("kind"):
-        return {k: value[k] for k in ("kind", "detail", "exitCode") if value.get(k) not in (None, "")}
+        keys = ("kind", "detail", "exitCode", "signal")
+        return {k: value[k] for k in keys if value.get(k) not in (None, "")}
     return None
 
 
@@ -121,6 +128,10 @@ def _cause_text(cause: Mapping[str, Any] | None) -> str:
     if not cause:
         return "-"
     text = str(cause["kind"])
+    if cause.get("exitCode") is not None:
+        text += f" exit code {cause['exitCode']}"
+    if cause.get("signal") is not None:
+        text += f" signal {cause['signal']}"
     if cause.get("detail"):
         text += f": {cause['detail']}"
     return text
@@ -304,12 +315,14 @@ def describe_text(data: Mapping[str, Any]) -> str:
         p = Plan.model_validate(plan)
         for rule in p.rules:
             causes = " ".join(c.value for c in rule.on)
+            if rule.exit_codes is not None:
+                causes += f" exitCodes {rule.exit_codes.describe()}"
             out.append(
                 f"  rule {rule.index} is enforced by the {rule.enforcer}: {rule.action} on [{causes}], "
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
         out.append("  uncovered: [" + " ".join(c.value for c in p.uncovered) + "]")
-        out.extend(f"  {line}" for line in queue_lines(p))
+        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
     out.append("Submissions:")
     if data["submissions"]:
         rows = [
