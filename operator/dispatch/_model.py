@@ -12,7 +12,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 MAX_BUDGET: Final = 100
@@ -237,11 +245,14 @@ class Rule(_Model):
     """Only these exit codes of the training process: allowed on a rule whose ``on`` is exactly
     ``[non-zero-exit]``; rules whose codes are disjoint may then each cover ``non-zero-exit``."""
 
-    @model_validator(mode="after")
-    def _codes_of_an_exit(self) -> Rule:
-        if self.exit_codes is not None and self.on != (CauseKind.NON_ZERO_EXIT,):
-            raise ValueError("exitCodes: allowed only on a rule whose on is exactly [non-zero-exit]")
-        return self
+    @field_validator("exit_codes")
+    @classmethod
+    def _codes_of_an_exit(cls, codes: ExitCodes | None, info: ValidationInfo) -> ExitCodes | None:
+        # ``on`` is validated first (it is declared first): absent from ``info.data`` when refused.
+        on = info.data.get("on")
+        if codes is not None and on is not None and tuple(on) != (CauseKind.NON_ZERO_EXIT,):
+            raise ValueError("allowed only on a rule whose on is exactly [non-zero-exit]")
+        return codes
 
     def covers(self, cause: Cause) -> bool:
         """Whether this rule answers ``cause``: its kind is listed and, with ``exit_codes``, its code
