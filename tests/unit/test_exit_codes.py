@@ -8,6 +8,8 @@ a rule matches on.
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._backends.job._adapter import JobBackend
 from dispatch._backends.jobset._adapter import JobSetBackend
+from dispatch._cli.main import main
 from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, decide, describe_step
 from dispatch._dispatchjob import SpecError, job_spec
 from dispatch._errors import PlanError
@@ -39,6 +42,7 @@ from dispatch._model import (
 from dispatch._plan import make_plan
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._evidence import termination_signal
+from tests.support import builders
 from tests.support.recorded import late_clock, load, replay, restarted, watched
 from tests.support.records import new_record, started, step
 
@@ -386,3 +390,20 @@ async def test_a_recorded_failed_pod_gives_its_exit_code_to_the_rules(
     other = decide(started(on_exit(NOT_IN, code)), [ended])
     assert isinstance(other.step, RecordOutcome)
     assert other.step.cause.exit_code == code
+
+
+def test_kubectl_dispatch_plan_shows_the_codes_no_rule_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = [{"on": ["non-zero-exit"], "budget": 2, "exitCodes": {"operator": "In", "values": [137]}}]
+    text = builders.manifest(backend="slurm", command=["train"], recovery={"rules": rules})
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["plan", "-f", "-"], stdout=out, stderr=err) == 0
+    assert out.getvalue().splitlines()[-2:] == [
+        "uncovered: [preempted node-lost out-of-memory time-limit non-zero-exit launch-failed no-capacity "
+        "requeued unknown]",
+        "uncovered exit codes of non-zero-exit: NotIn [137]",
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    out = io.StringIO()
+    assert main(["plan", "-f", "-", "-o", "json"], stdout=out, stderr=err) == 0
+    assert json.loads(out.getvalue())["uncoveredExitCodes"] == {"operator": "NotIn", "values": [137]}
