@@ -83,7 +83,13 @@ def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised:
     codes = f" exitCodes {rule.exit_codes.describe()}" if rule.exit_codes is not None else ""
     what = f"{rule.action} on [{causes}]{codes} with budget {rule.budget}"
     native = "; ".join(n.describe() for n in capabilities.native) or "nothing"
-    if rule.action is Action.RESUBMIT:
+    if rule.exit_codes is not None and rule.action is Action.RESTART:
+        why = (
+            f"only a scheduler can {rule.action} in place, and none enforces {what} exactly (a "
+            "container's exit code does not tell an exit from an out-of-memory kill or a failed "
+            "start that shows the same code); a resubmit rule with exitCodes is the supervisor's"
+        )
+    elif rule.action is Action.RESUBMIT:
         why = (
             f"the scheduler does not enforce {what} natively (it enforces {native}) "
             "and no supervisor will run"

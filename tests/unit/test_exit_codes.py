@@ -22,6 +22,7 @@ from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._backends.job._adapter import JobBackend
 from dispatch._backends.jobset._adapter import JobSetBackend
 from dispatch._cli.main import main
+from dispatch._controller.events import describe
 from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, decide, describe_step
 from dispatch._dispatchjob import SpecError, job_spec
 from dispatch._errors import PlanError
@@ -235,7 +236,9 @@ def test_a_rule_with_codes_is_never_the_schedulers() -> None:
     assert plan.rules[0].enforcer is Enforcer.SUPERVISOR
     restart = Rule(on=(NZE,), action=Action.RESTART, budget=1, exit_codes=codes(IN, 137))
     spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=(restart,)))
-    with pytest.raises(PlanError, match=r"restart on \[non-zero-exit\] exitCodes In \[137\] with budget 1"):
+    with pytest.raises(
+        PlanError, match=r"none enforces restart on \[non-zero-exit\] exitCodes In \[137\] with"
+    ):
         make_plan("a", spec, JOB_CAPABILITIES, supervised=True)
     native = Rule(on=(NZE, CauseKind.OUT_OF_MEMORY), action=Action.RESTART, budget=1)
     spec = JobSpec(name="a", command=("x",), recovery=RecoveryPolicy(rules=(native,)))
@@ -407,3 +410,23 @@ def test_kubectl_dispatch_plan_shows_the_codes_no_rule_covers(monkeypatch: pytes
     out = io.StringIO()
     assert main(["plan", "-f", "-", "-o", "json"], stdout=out, stderr=err) == 0
     assert json.loads(out.getvalue())["uncoveredExitCodes"] == {"operator": "NotIn", "values": [137]}
+
+
+def test_events_name_the_code_and_the_rules_codes() -> None:
+    record = started(on_exit(IN, 137, budget=2))
+    resubmit = Authorize(2, 0, exited(137))
+    after = step(record, resubmit)
+    described = describe(resubmit, record, after)
+    assert described is not None
+    assert described[3] == (
+        "submission 1 ended with cause non-zero-exit (exited with code 137) exit code 137; rule 0 "
+        "(resubmit on [non-zero-exit exitCodes In [137]]) fired, enforced by the supervisor: "
+        "submission 2 authorized, budget 1 of 2 left"
+    )
+    record = step(after, RecordCanonical(2, "2"))
+    fail = RecordOutcome(State.FAILED, exited(3))
+    described = describe(fail, record, step(record, fail))
+    assert described is not None
+    assert described[3].endswith(
+        "no rule covers non-zero-exit exit code 3 (it was listed as uncovered in the plan)"
+    )

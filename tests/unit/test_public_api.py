@@ -69,6 +69,8 @@ PUBLIC = [
     "End",
     "Enforcer",
     "Env",
+    "ExitCodeOperator",
+    "ExitCodes",
     "Intent",
     "InvalidTransition",
     "JobExists",

@@ -159,6 +159,8 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
     if isinstance(step, Authorize) and step.rule is not None and after is not None:
         rule = after.plan.rules[step.rule]
         causes = " ".join(c.value for c in rule.on)
+        if rule.exit_codes is not None:
+            causes += f" exitCodes {rule.exit_codes.describe()}"
         message = (
             f"submission {step.submission - 1} ended with cause {_cause(step.cause)}; rule {step.rule} "
             f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
