@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from dispatch import MemoryBackend, MemoryStore, Shape, Supervisor
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._backends.job._adapter import JobBackend
 from dispatch._backends.jobset._adapter import JobSetBackend
 from dispatch._cli.main import main
 from dispatch._controller.events import describe
-from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, decide, describe_step
+from dispatch._decide import Authorize, Done, RecordCanonical, RecordOutcome, decide, describe_step
 from dispatch._dispatchjob import SpecError, job_spec
 from dispatch._errors import PlanError
 from dispatch._model import (
@@ -430,3 +431,40 @@ def test_events_name_the_code_and_the_rules_codes() -> None:
     assert described[3].endswith(
         "no rule covers non-zero-exit exit code 3 (it was listed as uncovered in the plan)"
     )
+
+
+async def test_the_memory_scheduler_ends_with_a_chosen_code_and_the_supervisor_answers_by_it() -> None:
+    """The memory scheduler's Env ends an object with the exit code a test gives: 137 is resubmitted
+    by the rule on it, 3 fails the job naming its code; its out-of-memory kill is 137 by SIGKILL."""
+    backend = MemoryBackend(Shape.SLURM, auto_run=True)
+    store = MemoryStore()
+    record = new_record(on_exit(IN, 137, budget=2))
+    await store.create(record)
+    supervisor = Supervisor(backend, store)
+
+    async def canonical(n: int) -> str:
+        while True:
+            await supervisor.step("job")
+            current = (await store.get("job")).record.current
+            if current is not None and current.n == n and current.canonical is not None:
+                views = [o for o in await backend.list("job") if o.id == current.canonical]
+                if views and views[0].phase is Phase.RUNNING:
+                    return current.canonical
+
+    backend.env.exit(await canonical(1), 137)
+    backend.env.exit(await canonical(2), 3)
+    assert isinstance((await supervisor.drive("job")).step, Done)
+    done = (await store.get("job")).record
+    assert done.state is State.FAILED
+    assert (done.cause.kind, done.cause.exit_code) == (NZE, 3)
+    assert [s.cause.exit_code for s in done.submissions if s.cause is not None] == [137, 3]
+    assert [t.cause.exit_code for t in done.history] == [137, 3]
+    assert done.plan.rules[0].firings == 1
+
+    await store.create(new_record(on_exit(IN, 137), name="oom"))
+    await supervisor.drive("oom")  # created and released: running (auto_run)
+    (view,) = await backend.list("oom")
+    backend.env.out_of_memory(view.id)
+    (view,) = await backend.list("oom")
+    assert view.cause is not None
+    assert (view.cause.kind, view.cause.exit_code, view.cause.signal) == (CauseKind.OUT_OF_MEMORY, 137, 9)
