@@ -22,6 +22,7 @@ from dispatch import MemoryBackend, MemoryStore, Shape, Supervisor
 from dispatch._backends.job import CAPABILITIES as JOB_CAPABILITIES
 from dispatch._backends.job._adapter import JobBackend
 from dispatch._backends.jobset._adapter import JobSetBackend
+from dispatch._cli._render import describe_data, describe_text
 from dispatch._cli.main import main
 from dispatch._controller.events import describe
 from dispatch._decide import Authorize, Done, RecordCanonical, RecordOutcome, decide, describe_step
@@ -44,7 +45,7 @@ from dispatch._model import (
 from dispatch._plan import make_plan
 from dispatch._workload import WorkloadBackend
 from dispatch._workload._evidence import termination_signal
-from tests.support import builders
+from tests.support import builders, records
 from tests.support.recorded import late_clock, load, replay, restarted, watched
 from tests.support.records import new_record, started, step
 
@@ -468,3 +469,20 @@ async def test_the_memory_scheduler_ends_with_a_chosen_code_and_the_supervisor_a
     (view,) = await backend.list("oom")
     assert view.cause is not None
     assert (view.cause.kind, view.cause.exit_code, view.cause.signal) == (CauseKind.OUT_OF_MEMORY, 137, 9)
+
+
+def test_kubectl_dispatch_describe_shows_the_codes() -> None:
+    record = started(on_exit(IN, 137, budget=2))
+    record = step(record, Authorize(2, 0, exited(137)), RecordCanonical(2, "2"))
+    record = step(record, RecordOutcome(State.FAILED, exited(3)))
+    text = describe_text(describe_data(records.dispatch_job(record)))
+    assert (
+        "rule 0 is enforced by the supervisor: resubmit on [non-zero-exit exitCodes In [137]], budget 2, "
+        "fired 1, 1 left"
+    ) in text
+    assert "  uncovered exit codes of non-zero-exit: NotIn [137]" in text.splitlines()
+    rows = [line.split() for line in text.splitlines() if line.startswith(("  1 ", "  2 "))]
+    assert [row[2:6] for row in rows] == [
+        ["non-zero-exit", "exit", "code", "137:"],
+        ["non-zero-exit", "exit", "code", "3:"],
+    ]
