@@ -240,15 +240,16 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
     by = None if record.supervised else SCHEDULER
     if ended.kind is CauseKind.NONE:
         return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
-    index = resubmitting_rule(record.spec, record.plan, ended.kind)
+    index = resubmitting_rule(record.spec, record.plan, ended)
     if index is not None:
         return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
 
 
-def resubmitting_rule(spec: JobSpec, plan: Plan, cause: CauseKind) -> int | None:
+def resubmitting_rule(spec: JobSpec, plan: Plan, cause: Cause) -> int | None:
     """The firing test: the index of the rule the supervisor answers an end with ``cause`` by with
-    a new submission (its own resubmit rule with something left), or None."""
+    a new submission (its own resubmit rule with something left), or None. The rule is the one
+    that covers the cause's kind and, where rules name exit codes, its exit code."""
     index = spec.recovery.rule_for(cause)
     if index is None or index >= len(plan.rules):
         return None
@@ -396,7 +397,7 @@ def describe_step(step: Step) -> str:
     if isinstance(step, Authorize):
         if step.rule is None:
             return f"authorizing submission {step.submission}"
-        why = f" after cause {step.cause.kind}" if step.cause is not None else ""
+        why = f" after cause {_cause_words(step.cause)}" if step.cause is not None else ""
         return f"rule {step.rule} fired{why}: authorizing submission {step.submission}"
     if isinstance(step, Create):
         return f"creating the object of submission {step.submission}, held back"
@@ -418,6 +419,13 @@ def describe_step(step: Step) -> str:
     return "every object has ended: recording the job settled"
 
 
+def _cause_words(cause: Cause) -> str:
+    """A cause's kind with its exit code or signal, the part of it a rule matches on."""
+    code = f" exit code {cause.exit_code}" if cause.exit_code is not None else ""
+    signal = f" signal {cause.signal}" if cause.signal is not None else ""
+    return f"{cause.kind}{code}{signal}"
+
+
 def _outcome_words(step: RecordOutcome) -> str:
     cause = step.cause
     if step.state is State.CANCELLED:
@@ -425,4 +433,4 @@ def _outcome_words(step: RecordOutcome) -> str:
     if step.state is State.SUCCEEDED:
         return "succeeded"
     detail = f" ({cause.detail})" if cause.detail else ""
-    return f"failed with cause {cause.kind}{detail}"
+    return f"failed with cause {_cause_words(cause)}{detail}"

@@ -337,23 +337,28 @@ class Condition:
     message: str
 
 
-def cause_text(kind: str, detail: object = "") -> str:
-    """``kind: detail``, the kind said once: a detail that already starts with it (a scheduler's
-    "preempted by a higher-priority job") is shown as it is."""
+def cause_text(kind: str, detail: object = "", exit_code: object = None, signal: object = None) -> str:
+    """``kind exit code N signal S: detail``, the kind said once: a detail that already starts with
+    it (a scheduler's "preempted by a higher-priority job") is shown as it is."""
+    said = kind
+    if exit_code is not None:
+        said += f" exit code {exit_code}"
+    if signal is not None:
+        said += f" signal {signal}"
     words = " ".join(str(detail or "").split())
     if not words:
-        return kind
-    return words if words.startswith(kind) else f"{kind}: {words}"
+        return said
+    return words if words.startswith(kind) and said == kind else f"{said}: {words}"
 
 
 def _outcome_message(record: Record) -> str:
     cause = record.cause
-    what = cause_text(cause.kind.value, cause.detail)
+    what = cause_text(cause.kind.value, cause.detail, cause.exit_code, cause.signal)
     if record.state is State.SUCCEEDED:
         return f"succeeded in submission {len(record.submissions)}"
     if record.state is State.CANCELLED:
         return f"cancelled by {record.cancel.actor}" if record.cancel else f"cancelled: {cause.detail}"
-    index = record.spec.recovery.rule_for(cause.kind)
+    index = record.spec.recovery.rule_for(cause)
     if index is None:
         if cause.kind in record.plan.uncovered:
             return f"failed: cause {what} is not covered by any rule"

@@ -7,11 +7,20 @@ Field names are snake_case in Python and camelCase on the wire (the CRD, the CR'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 MAX_BUDGET: Final = 100
@@ -148,9 +157,72 @@ class Cause(_Model):
     kind: CauseKind
     detail: Annotated[str, Field(max_length=1024)] = ""
     exit_code: int | None = None
+    """The training container's (or Slurm job's) exit code, when it exited by itself or was
+    killed with one shown (137 for an out-of-memory kill on Kubernetes)."""
+    signal: int | None = None
+    """The signal that killed it, when the scheduler says it died by one (SIGKILL, 9, for an
+    out-of-memory kill); a plain exit has none."""
 
 
 NO_CAUSE: Final = Cause(kind=CauseKind.NONE)
+
+
+class ExitCodeOperator(StrEnum):
+    """How a rule's ``exitCodes`` compare with a cause's exit code (Kubernetes' ``onExitCodes``)."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+
+
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+
+
+class ExitCodes(_Model):
+    """The exit codes a ``non-zero-exit`` rule covers: ``In`` these values, or ``NotIn`` them (every
+    other non-zero code). A cause whose code is unknown is covered only by a rule without them."""
+
+    operator: ExitCodeOperator
+    values: Annotated[tuple[ExitCode, ...], Field(min_length=1, max_length=255)]
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(values)) != len(values):
+            raise ValueError("an exit code is listed twice")
+        return values
+
+    def matches(self, code: int | None) -> bool:
+        """Whether a cause with exit code ``code`` is covered: never an unknown code, never 0."""
+        if code is None or code == 0:
+            return False
+        return (code in self.values) is (self.operator is ExitCodeOperator.IN)
+
+    def overlaps(self, other: ExitCodes) -> bool:
+        """Whether some code is covered by both: two ``NotIn`` always share the codes above 255."""
+        mine, theirs = frozenset(self.values), frozenset(other.values)
+        if self.operator is ExitCodeOperator.IN and other.operator is ExitCodeOperator.IN:
+            return bool(mine & theirs)
+        if self.operator is ExitCodeOperator.IN:
+            return not mine <= theirs
+        if other.operator is ExitCodeOperator.IN:
+            return not theirs <= mine
+        return True
+
+    def describe(self) -> str:
+        return f"{self.operator} [{' '.join(str(v) for v in sorted(self.values))}]"
+
+
+def uncovered_codes(covering: Sequence[ExitCodes]) -> ExitCodes | None:
+    """The exit codes none of ``covering`` covers, exactly (``In`` a finite set, or ``NotIn`` one:
+    every other code), or None when every code is covered or ``covering`` is empty."""
+    if not covering:
+        return None
+    taken = frozenset(v for c in covering if c.operator is ExitCodeOperator.IN for v in c.values)
+    excluded = [frozenset(c.values) for c in covering if c.operator is ExitCodeOperator.NOT_IN]
+    if not excluded:
+        return ExitCodes(operator=ExitCodeOperator.NOT_IN, values=tuple(sorted(taken)))
+    left = frozenset.intersection(*excluded) - taken
+    return ExitCodes(operator=ExitCodeOperator.IN, values=tuple(sorted(left))) if left else None
 
 
 class Rule(_Model):
@@ -169,6 +241,26 @@ class Rule(_Model):
             raise ValueError("a cause is listed twice")
         return on
 
+    exit_codes: ExitCodes | None = None
+    """Only these exit codes of the training process: allowed on a rule whose ``on`` is exactly
+    ``[non-zero-exit]``; rules whose codes are disjoint may then each cover ``non-zero-exit``."""
+
+    @field_validator("exit_codes")
+    @classmethod
+    def _codes_of_an_exit(cls, codes: ExitCodes | None, info: ValidationInfo) -> ExitCodes | None:
+        # ``on`` is validated first (it is declared first): absent from ``info.data`` when refused.
+        on = info.data.get("on")
+        if codes is not None and on is not None and tuple(on) != (CauseKind.NON_ZERO_EXIT,):
+            raise ValueError("allowed only on a rule whose on is exactly [non-zero-exit]")
+        return codes
+
+    def covers(self, cause: Cause) -> bool:
+        """Whether this rule answers ``cause``: its kind is listed and, with ``exit_codes``, its code
+        is among them."""
+        if cause.kind not in self.on:
+            return False
+        return self.exit_codes is None or self.exit_codes.matches(cause.exit_code)
+
 
 class RecoveryPolicy(_Model):
     """The rules. A cause may be covered by at most one rule, so which rule fires is never a question."""
@@ -177,21 +269,30 @@ class RecoveryPolicy(_Model):
 
     @model_validator(mode="after")
     def _one_rule_per_cause(self) -> RecoveryPolicy:
-        owner: dict[CauseKind, int] = {}
+        owners: dict[CauseKind, list[int]] = {}
         for i, rule in enumerate(self.rules):
             for j, cause in enumerate(rule.on):
-                if cause in owner:
-                    raise ValueError(
-                        f"rules[{i}].on[{j}]: cause '{cause}' is already covered by rules[{owner[cause]}]"
-                    )
-                owner[cause] = i
+                for k in owners.get(cause, ()):
+                    if not _disjoint(self.rules[k], rule):
+                        both = rule.exit_codes is not None and self.rules[k].exit_codes is not None
+                        codes = " (their exitCodes overlap)" if both else ""
+                        raise ValueError(
+                            f"rules[{i}].on[{j}]: cause '{cause}' is already covered by rules[{k}]{codes}"
+                        )
+                owners.setdefault(cause, []).append(i)
         return self
 
-    def rule_for(self, cause: CauseKind) -> int | None:
+    def rule_for(self, cause: Cause) -> int | None:
+        """The one rule that answers ``cause`` (its kind, and its exit code where rules name codes)."""
         for i, rule in enumerate(self.rules):
-            if cause in rule.on:
+            if rule.covers(cause):
                 return i
         return None
+
+
+def _disjoint(a: Rule, b: Rule) -> bool:
+    """Two rules on the same cause share none of it: both name exit codes, and no code is in both."""
+    return a.exit_codes is not None and b.exit_codes is not None and not a.exit_codes.overlaps(b.exit_codes)
 
 
 class Resources(_Model):
@@ -307,6 +408,7 @@ class NativeRule(_Model):
     def enforces(self, rule: Rule) -> bool:
         return (
             rule.action is self.action
+            and rule.exit_codes is None
             and frozenset(rule.on) == self.causes
             and self.min_budget <= rule.budget <= self.max_budget
         )
@@ -339,6 +441,8 @@ class PlannedRule(_Model):
     budget: int
     enforcer: Enforcer
     firings: int = 0
+    exit_codes: ExitCodes | None = None
+    """The rule's exit codes, when it covers only some codes of ``non-zero-exit``."""
 
     @property
     def left(self) -> int:
@@ -369,6 +473,9 @@ class Plan(_Model):
     job: str
     rules: tuple[PlannedRule, ...] = ()
     uncovered: tuple[CauseKind, ...] = ()
+    uncovered_exit_codes: ExitCodes | None = None
+    """The exit codes of ``non-zero-exit`` no rule covers, when rules cover only some of them (then
+    ``uncovered`` lists ``non-zero-exit`` too); absent when it is covered or uncovered as a whole."""
     queue: QueuePlan | None = None
     """Set when Kueue admits the job's submissions (``spec.queue``)."""
 

@@ -8,12 +8,14 @@ from ._model import (
     FAILURE_CAUSES,
     Action,
     Capabilities,
+    CauseKind,
     Enforcer,
     JobSpec,
     Plan,
     PlannedRule,
     QueuePlan,
     Rule,
+    uncovered_codes,
 )
 
 
@@ -23,7 +25,9 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
     A rule goes to the scheduler only where the backend enforces it natively and exactly (its causes,
     its action and its budget), because a scheduler that does *roughly* what the rule says would fire
     it on causes the user did not list or more often than the budget allows. Otherwise it goes to the
-    supervisor, which can only resubmit, and only if one will run.
+    supervisor, which can only resubmit, and only if one will run. A rule with ``exitCodes`` is
+    never the scheduler's: no native rule tells a code's exit from an out-of-memory kill or a failed
+    start that shows the same code.
     """
     planned = tuple(
         PlannedRule(
@@ -32,14 +36,19 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
             action=rule.action,
             budget=rule.budget,
             enforcer=_enforcer(i, rule, capabilities, supervised=supervised),
+            exit_codes=rule.exit_codes,
         )
         for i, rule in enumerate(spec.recovery.rules)
     )
-    covered = {cause for rule in spec.recovery.rules for cause in rule.on}
+    covered = {cause for rule in spec.recovery.rules if rule.exit_codes is None for cause in rule.on}
+    codes = uncovered_codes([r.exit_codes for r in spec.recovery.rules if r.exit_codes is not None])
+    if codes is None and any(r.exit_codes is not None for r in spec.recovery.rules):
+        covered.add(CauseKind.NON_ZERO_EXIT)  # rules with codes cover every one of them
     return Plan(
         job=job,
         rules=planned,
         uncovered=tuple(c for c in FAILURE_CAUSES if c not in covered),
+        uncovered_exit_codes=codes,
         queue=_queue(spec, capabilities),
     )
 
@@ -71,9 +80,16 @@ def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised:
     if rule.action is Action.RESUBMIT and supervised:
         return Enforcer.SUPERVISOR
     causes = " ".join(c.value for c in rule.on)
-    what = f"{rule.action} on [{causes}] with budget {rule.budget}"
+    codes = f" exitCodes {rule.exit_codes.describe()}" if rule.exit_codes is not None else ""
+    what = f"{rule.action} on [{causes}]{codes} with budget {rule.budget}"
     native = "; ".join(n.describe() for n in capabilities.native) or "nothing"
-    if rule.action is Action.RESUBMIT:
+    if rule.exit_codes is not None and rule.action is Action.RESTART:
+        why = (
+            f"only a scheduler can {rule.action} in place, and none enforces {what} exactly (a "
+            "container's exit code does not tell an exit from an out-of-memory kill or a failed "
+            "start that shows the same code); a resubmit rule with exitCodes is the supervisor's"
+        )
+    elif rule.action is Action.RESUBMIT:
         why = (
             f"the scheduler does not enforce {what} natively (it enforces {native}) "
             "and no supervisor will run"

@@ -116,6 +116,7 @@ def test_plan_json_and_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
             "budget": 2,
             "enforcer": "supervisor",
             "firings": 0,
+            "exitCodes": None,
         }
     ]
     assert data["uncovered"][0] == "node-lost"

@@ -152,9 +152,9 @@ def test_rule_for_finds_the_one_rule() -> None:
     policy = RecoveryPolicy(
         rules=(Rule(on=(CauseKind.PREEMPTED,), budget=1), Rule(on=(CauseKind.NODE_LOST,), budget=1))
     )
-    assert policy.rule_for(CauseKind.PREEMPTED) == 0
-    assert policy.rule_for(CauseKind.NODE_LOST) == 1
-    assert policy.rule_for(CauseKind.UNKNOWN) is None
+    assert policy.rule_for(Cause(kind=CauseKind.PREEMPTED)) == 0
+    assert policy.rule_for(Cause(kind=CauseKind.NODE_LOST)) == 1
+    assert policy.rule_for(Cause(kind=CauseKind.UNKNOWN)) is None
 
 
 def test_too_many_rules_are_refused() -> None:

@@ -74,6 +74,8 @@ PUBLIC = [
     "Env",
     "EnvFromReference",
     "EnvFromSource",
+    "ExitCodeOperator",
+    "ExitCodes",
     "Intent",
     "InvalidTransition",
     "JobExists",

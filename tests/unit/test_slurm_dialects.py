@@ -40,6 +40,8 @@ from dispatch._model import (
     Capabilities,
     CauseKind,
     Enforcer,
+    ExitCodeOperator,
+    ExitCodes,
     JobSpec,
     Phase,
     Plan,
@@ -151,6 +153,33 @@ def test_every_recorded_job_is_classified(slurm: str, api: str) -> None:
         assert classify(jobs[names[f"held-{a}"]]).phase is Phase.HELD
         assert parse_tag(jobs[names[f"held-{a}"]].comment) == (f"rec-held-{a}", 1)
     assert parse_tag(jobs[names["blocker"]].comment) is None  # not dispatch's
+
+
+@ids
+def test_a_recorded_exit_code_is_what_a_rule_on_codes_matches(slurm: str, api: str) -> None:
+    """The job that exited 3 gives its code to the rules; the one killed by SIGKILL has a signal and
+    no exit code, and is no non-zero-exit (its cause is unknown): no rule on codes takes it."""
+    jobs = jobs_of(slurm, api)
+    names = index(slurm)
+    nz = classify(jobs[names["nz"]]).cause
+    sig = classify(jobs[names["sig"]]).cause
+    assert nz is not None
+    assert sig is not None
+    assert (nz.kind, nz.exit_code, nz.signal) == (CauseKind.NON_ZERO_EXIT, 3, None)
+    assert (sig.exit_code, sig.signal) == (None, 9)
+    three = ExitCodes(operator=ExitCodeOperator.IN, values=(3,))
+    policy = RecoveryPolicy(
+        rules=(
+            Rule(
+                on=(CauseKind.NON_ZERO_EXIT,),
+                budget=1,
+                exit_codes=ExitCodes(operator=ExitCodeOperator.IN, values=(137,)),
+            ),
+            Rule(on=(CauseKind.NON_ZERO_EXIT,), budget=1, exit_codes=three),
+        )
+    )
+    assert policy.rule_for(nz) == 1
+    assert policy.rule_for(sig) is None
 
 
 @ids

@@ -32,7 +32,13 @@ def plan_lines(plan: Plan) -> list[str]:
     """The tutorial's lines: who enforces each rule, then the causes no rule covers."""
     lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
-    return lines + queue_lines(plan)
+    return lines + uncovered_code_lines(plan) + queue_lines(plan)
+
+
+def uncovered_code_lines(plan: Plan) -> list[str]:
+    """The exit codes of non-zero-exit no rule covers, when rules with exitCodes cover the others."""
+    codes = plan.uncovered_exit_codes
+    return [] if codes is None else [f"uncovered exit codes of non-zero-exit: {codes.describe()}"]
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -143,14 +149,15 @@ def _actor(value: object) -> str | None:
 
 def _cause(value: object) -> dict[str, Any] | None:
     if isinstance(value, Mapping) and value.get("kind"):
-        return {k: value[k] for k in ("kind", "detail", "exitCode") if value.get(k) not in (None, "")}
+        keys = ("kind", "detail", "exitCode", "signal")
+        return {k: value[k] for k in keys if value.get(k) not in (None, "")}
     return None
 
 
 def _cause_text(cause: Mapping[str, Any] | None) -> str:
     if not cause:
         return "-"
-    return cause_text(str(cause["kind"]), cause.get("detail"))
+    return cause_text(str(cause["kind"]), cause.get("detail"), cause.get("exitCode"), cause.get("signal"))
 
 
 def transition_data(t: Transition) -> dict[str, Any]:
@@ -341,13 +348,15 @@ def describe_text(data: Mapping[str, Any]) -> str:
         p = Plan.model_validate(plan)
         for rule in p.rules:
             causes = " ".join(c.value for c in rule.on)
+            if rule.exit_codes is not None:
+                causes += f" exitCodes {rule.exit_codes.describe()}"
             line = (
                 f"rule {rule.index} ({rule.enforcer}): {rule.action} on [{causes}], "
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
             out.extend(wrap(line, 4, first="  "))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
-        out.extend(f"  {line}" for line in queue_lines(p))
+        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
         out.append("Submissions:")
         rows = [
             [s["n"], s["authorizedAt"], _same_day(s["authorizedAt"], s["endedAt"]), s["by"], s["outcome"]]
@@ -400,7 +409,7 @@ def timeline(obj: Body, state: str | None) -> list[dict[str, Any]]:
             ended = next((t.time for t in reversed(ts) if t.to.is_outcome and t.submission == s.n), None)
         if s.cause is not None:
             outcome = (
-                cause_text(s.cause.kind.value, s.cause.detail)
+                cause_text(s.cause.kind.value, s.cause.detail, s.cause.exit_code, s.cause.signal)
                 if s.cause.kind.value != "none"
                 else "succeeded"
             )

@@ -145,6 +145,8 @@ def _cause(cause: Cause | None) -> str:
         text += f" ({cause.detail})"
     if cause.exit_code is not None:
         text += f" exit code {cause.exit_code}"
+    if cause.signal is not None:
+        text += f" signal {cause.signal}"
     return text
 
 
@@ -157,6 +159,8 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
     if isinstance(step, Authorize) and step.rule is not None and after is not None:
         rule = after.plan.rules[step.rule]
         causes = " ".join(c.value for c in rule.on)
+        if rule.exit_codes is not None:
+            causes += f" exitCodes {rule.exit_codes.describe()}"
         message = (
             f"submission {step.submission - 1} ended with cause {_cause(step.cause)}; rule {step.rule} "
             f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
@@ -221,9 +225,10 @@ def step_action(step: Step) -> str:
 
 def _why_failed(step: RecordOutcome, before: Record) -> str:
     kind = step.cause.kind
-    index = before.spec.recovery.rule_for(kind)
+    index = before.spec.recovery.rule_for(step.cause)
     if index is None:
-        return f"no rule covers {kind} (it was listed as uncovered in the plan)"
+        code = f" exit code {step.cause.exit_code}" if step.cause.exit_code is not None else ""
+        return f"no rule covers {kind}{code} (it was listed as uncovered in the plan)"
     rule = before.plan.rules[index]
     if rule.left == 0:
         return f"rule {index} covers {kind} but its budget of {rule.budget} is spent"

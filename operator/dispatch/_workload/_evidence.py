@@ -83,17 +83,37 @@ def container_restarts(pod: Mapping[str, Any], container: str = "") -> int:
     return int(_container(pod, container).get("restartCount") or 0)
 
 
+_PLAIN_EXITS: Final = frozenset({"", "Error", "Completed"})
+"""Termination reasons of a process that ended by itself or whose death is not told apart from an
+exit (a process may ``exit(137)``): its exit code is all that is known."""
+
+
+def termination_signal(term: Mapping[str, Any]) -> int | None:
+    """The signal that killed a container, when its termination says so: the runtime's ``signal``,
+    or an exit code 128+N with a reason that names a kill (``OOMKilled``: the kernel's SIGKILL)
+    rather than a plain exit (``Error``, ``Completed``), where 128+N is the shell's convention."""
+    given = term.get("signal")
+    if isinstance(given, int) and given > 0:
+        return given
+    code = term.get("exitCode")
+    if (term.get("reason") or "") in _PLAIN_EXITS or not isinstance(code, int):
+        return None
+    return code - 128 if 128 < code <= 128 + 64 else None
+
+
 def _termination_cause(pod_name: str, term: Mapping[str, Any]) -> Cause | None:
     """The cause a container termination states, or None for a clean exit."""
     reason = term.get("reason") or ""
     code = term.get("exitCode")
     exit_code = code if isinstance(code, int) else None
+    signal = termination_signal(term)
     message = term.get("message") or ""
     if reason == "OOMKilled":
         return Cause(
             kind=CauseKind.OUT_OF_MEMORY,
             detail=detail(f"pod {pod_name}", reason, message),
             exit_code=exit_code,
+            signal=signal,
         )
     if reason == "DeadlineExceeded":
         return Cause(
@@ -110,6 +130,7 @@ def _termination_cause(pod_name: str, term: Mapping[str, Any]) -> Cause | None:
             kind=CauseKind.NON_ZERO_EXIT,
             detail=detail(f"pod {pod_name}", f"exited with code {exit_code}", reason, message),
             exit_code=exit_code,
+            signal=signal,
         )
     return None
 

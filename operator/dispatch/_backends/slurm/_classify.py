@@ -65,13 +65,19 @@ def _detail(job: SlurmJob, text: str) -> str:
     return ", ".join(bits)[:1024]
 
 
+_WITH_EXIT_CODE = frozenset({CauseKind.NON_ZERO_EXIT, CauseKind.NONE})
+"""The causes whose exit status is the program's own (a rule on ``non-zero-exit`` matches its code);
+Slurm's status of another end (an out-of-memory kill shows 0:125) says nothing about the program.
+A death by a signal has no exit status: its ``signal`` is kept on every cause."""
+
+
 def _ended(
     job: SlurmJob, kind: CauseKind, text: str, *, cancelled: bool = False, stuck: bool = False
 ) -> Classified:
-    exit_code = job.exit_status if kind in (CauseKind.NON_ZERO_EXIT, CauseKind.NONE) else None
+    exit_code = job.exit_status if kind in _WITH_EXIT_CODE else None
     return Classified(
         phase=Phase.ENDED,
-        cause=Cause(kind=kind, detail=_detail(job, text), exit_code=exit_code),
+        cause=Cause(kind=kind, detail=_detail(job, text), exit_code=exit_code, signal=job.signal or None),
         cancelled=cancelled,
         restarts=job.restart_cnt,
         stuck=stuck,
