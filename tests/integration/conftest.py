@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dispatch._kubeclient import KubeClient, new_client, streamed
 from tests.support import builders
@@ -216,6 +217,25 @@ def apply(
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl apply failed: {proc.stderr}")
     return proc
+
+
+async def apply_claiming(
+    cluster: KubeCluster, namespace: str, name: str, kubeconfig: Path, claimed: str = "human:mallory"
+) -> None:
+    """``kubectl apply`` of the tutorial's job as the user of ``kubeconfig``, with a forged
+    ``dispatch.dev/submitted-by`` annotation: the webhook must stamp the real user over it."""
+    manifest = yaml.safe_load(builders.seed_job(name))
+    manifest["metadata"]["annotations"] = {"dispatch.dev/submitted-by": claimed}
+    await asyncio.to_thread(
+        cluster.kubectl,
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(manifest),
+        kubeconfig=kubeconfig,
+    )
 
 
 def get_job(cluster: KubeCluster, namespace: str, name: str) -> dict[str, Any]:

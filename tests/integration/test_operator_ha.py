@@ -30,12 +30,12 @@ from functools import partial
 from typing import Any
 
 import pytest
-import yaml
 
 from dispatch._kubeclient import request
 from tests.integration.conftest import (
     OperatorProcess,
     ReleaseMonitor,
+    apply_claiming,
     await_for,
     free_port,
     get_job,
@@ -163,18 +163,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         )
 
         # Alice's job: A supervises it through a preemption to success.
-        manifest = yaml.safe_load(seed_job("finetune"))
-        manifest["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:mallory"}
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "apply",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            input=yaml.safe_dump(manifest),
-            kubeconfig=alice,
-        )
+        await apply_claiming(cluster, namespace, "finetune", alice)
         first = await released_pj(cluster, namespace, 1, job="finetune")
         await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await kubeflow.preempt(namespace, first["metadata"]["name"])
@@ -250,18 +239,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
             await asyncio.to_thread(cluster.kubectl, "delete", kind, managed["a"], "--ignore-not-found")
         message = await await_for("B refusing", lambda: refusal(bob))
         assert "rule 0 cannot be enforced: only a scheduler can restart in place" in message
-        manifest = yaml.safe_load(seed_job("standby"))
-        manifest["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:mallory"}
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "apply",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            input=yaml.safe_dump(manifest),
-            kubeconfig=bob,
-        )
+        await apply_claiming(cluster, namespace, "standby", bob)
         assert get_job(cluster, namespace, "standby")["metadata"]["annotations"][
             "dispatch.dev/submitted-by"
         ] == ("human:bob")

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration.conftest import (
     USERS_GROUP,
     OperatorProcess,
+    apply_claiming,
     await_for,
     free_port,
     get_job,
@@ -74,18 +74,7 @@ async def test_operator_with_webhook_events_and_metrics(
         assert op.running, op.log()
 
         # Alice applies the seed's job, claiming to be someone else.
-        manifest = yaml.safe_load(seed_job("finetune"))
-        manifest["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:mallory"}
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "apply",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            input=yaml.safe_dump(manifest),
-            kubeconfig=alice,
-        )
+        await apply_claiming(cluster, namespace, "finetune", alice)
         first = await released_pj(cluster, namespace, 1)
         await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await await_for(
