@@ -61,34 +61,35 @@ JOB = "team/train"
 """The dispatch job whose objects these are."""
 
 
-def preempted_pod() -> dict[str, Any]:
-    """The running master of team/train-1, marked by kube-scheduler for preemption."""
+def master_pod(uid: str, version: str, node: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The master pod of team/train-1 (uid, resourceVersion, node and status as given)."""
     return {
         "metadata": {
             "name": "train-1-master-0",
             "namespace": "team",
-            "uid": "pod-1",
-            "resourceVersion": "20",
+            "uid": uid,
+            "resourceVersion": version,
             "labels": {
                 "dispatch.dev/job": "train",
                 "dispatch.dev/submission": "1",
                 "app.kubernetes.io/managed-by": "dispatch",
             },
         },
-        "spec": {"nodeName": "kwok-node-0"},
-        "status": {
-            "phase": "Running",
-            "conditions": [
-                {
-                    "type": "DisruptionTarget",
-                    "status": "True",
-                    "reason": "PreemptionByScheduler",
-                    "message": "default-scheduler: preempting to accommodate a higher priority pod",
-                    "lastTransitionTime": "2026-12-01T12:05:00Z",
-                }
-            ],
-        },
+        "spec": {"nodeName": node},
+        "status": status,
     }
+
+
+def preempted_pod() -> dict[str, Any]:
+    """The running master of team/train-1, marked by kube-scheduler for preemption."""
+    preempted = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "PreemptionByScheduler",
+        "message": "default-scheduler: preempting to accommodate a higher priority pod",
+        "lastTransitionTime": "2026-12-01T12:05:00Z",
+    }
+    return master_pod("pod-1", "20", "kwok-node-0", {"phase": "Running", "conditions": [preempted]})
 
 
 def restarted_kit(observer: list[WorkloadBackend]) -> tuple[WorkloadBackend, RecordedApi]:

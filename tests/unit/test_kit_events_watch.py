@@ -24,7 +24,7 @@ from dispatch._workload import WorkloadBackend
 from dispatch._workload import _events as backend_module
 from dispatch._workload._evidence import event_evidence, event_objects, evidence_events
 from dispatch._workload._kept import EVENT, project_event
-from tests.support.kit import BACKENDS, CREATED, pytorchjob
+from tests.support.kit import BACKENDS, CREATED, master_pod, pytorchjob
 from tests.support.recorded import RecordedApi, final, late_clock, load, orders, replay, restarted
 
 DATA = Path(__file__).parent / "data"
@@ -272,21 +272,7 @@ async def test_an_event_after_the_end_wakes_the_job_and_is_read_without_a_reques
 def recreated_pod() -> Body:
     """The master of team/train-1 as its controller made it again after a preemption: running,
     nothing on it says what happened to the pod before it."""
-    return {
-        "metadata": {
-            "name": "train-1-master-0",
-            "namespace": "team",
-            "uid": "pod-2",
-            "resourceVersion": "30",
-            "labels": {
-                "dispatch.dev/job": "train",
-                "dispatch.dev/submission": "1",
-                "app.kubernetes.io/managed-by": "dispatch",
-            },
-        },
-        "spec": {"nodeName": "kwok-node-1"},
-        "status": {"phase": "Running"},
-    }
+    return master_pod("pod-2", "30", "kwok-node-1", {"phase": "Running"})
 
 
 @pytest.mark.parametrize("watched", [False, True])
