@@ -85,6 +85,22 @@ async def renew_for(api: Any, namespace: str, identity: str, stop: asyncio.Event
             await asyncio.wait_for(stop.wait(), 1.0)
 
 
+async def run_to_success(cluster: KubeCluster, kubeflow: Kubeflow, namespace: str, job: str, n: int) -> None:
+    """Submission ``n`` of ``job`` is released; its pods run and succeed; the job shows Succeeded."""
+    released = await released_pj(cluster, namespace, n, job=job)
+    await asyncio.wait_for(kubeflow.wait_pods(namespace, released["metadata"]["name"], 2), 60)
+    await kubeflow.succeed(namespace, released["metadata"]["name"])
+    await asyncio.to_thread(
+        cluster.kubectl,
+        "wait",
+        "-n",
+        namespace,
+        f"dispatchjob/{job}",
+        "--for=condition=Succeeded",
+        "--timeout=90s",
+    )
+
+
 async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over(
     crds: KubeCluster,
     namespace: str,
@@ -167,18 +183,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         first = await released_pj(cluster, namespace, 1, job="finetune")
         await asyncio.wait_for(kubeflow.wait_pods(namespace, first["metadata"]["name"], 2), 60)
         await kubeflow.preempt(namespace, first["metadata"]["name"])
-        second = await released_pj(cluster, namespace, 2, job="finetune")
-        await asyncio.wait_for(kubeflow.wait_pods(namespace, second["metadata"]["name"], 2), 60)
-        await kubeflow.succeed(namespace, second["metadata"]["name"])
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "wait",
-            "-n",
-            namespace,
-            "dispatchjob/finetune",
-            "--for=condition=Succeeded",
-            "--timeout=90s",
-        )
+        await run_to_success(cluster, kubeflow, namespace, "finetune", 2)
         await await_for(
             "settled", lambda: (get_job(cluster, namespace, "finetune").get("status") or {}).get("settled")
         )
@@ -254,18 +259,7 @@ async def test_two_replicas_both_admit_one_supervises_and_the_standby_takes_over
         await renewing
         renewing = None
         await await_for("B holding the Lease", lambda: held_by(api, namespace, "replica-b_"))
-        standby = await released_pj(cluster, namespace, 1, job="standby")
-        await asyncio.wait_for(kubeflow.wait_pods(namespace, standby["metadata"]["name"], 2), 60)
-        await kubeflow.succeed(namespace, standby["metadata"]["name"])
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "wait",
-            "-n",
-            namespace,
-            "dispatchjob/standby",
-            "--for=condition=Succeeded",
-            "--timeout=90s",
-        )
+        await run_to_success(cluster, kubeflow, namespace, "standby", 1)
         body = get_job(cluster, namespace, "standby")
         assert body["status"]["submittedBy"] == {"kind": "human", "id": "bob"}
         assert [s["n"] for s in body["status"]["submissions"]] == [1]
