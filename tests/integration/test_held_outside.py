@@ -1,4 +1,4 @@
-"""Never undo someone else's suspension (issue 15, behaviour 1), on the lab's real training operator.
+"""Never undo someone else's suspension, on the lab's real training operator.
 
 A released PyTorchJob that another controller suspends (as Kueue does when it evicts a workload;
 here a user with ``kubectl patch`` and a field manager of its own) is held outside dispatch: the

@@ -1,4 +1,4 @@
-"""Kueue in front of dispatch (issue 15): DispatchJobs with ``spec.queue`` on the lab with the real
+"""Kueue in front of dispatch: DispatchJobs with ``spec.queue`` on the lab with the real
 Kueue v0.17.0 (the ``kueue`` lab extra) and the real training operator, JobSet and Trainer.
 
 Each test has its own two ClusterQueues in a cohort of its own (``tests.support.kueue``: cpu 2 and

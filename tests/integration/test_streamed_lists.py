@@ -1,7 +1,7 @@
 """The kit's informers and the record store's shared watch list by a streamed list (KEP-3157's
 ``sendInitialEvents``: one watch response, every object as an event from the API server's watch
 cache, then the bookmark that ends them) where the API server serves one, and by pages where it
-refuses one (issue 13). Both real: the lab's kube-apiserver v1.34, and one started here with the
+refuses one. Both real: the lab's kube-apiserver v1.34, and one started here with the
 WatchList feature gate off, which refuses a streamed list as invalid as any server without it does.
 And such a watch goes on across a restart of the API server (a control plane's rolling upgrade).
 """

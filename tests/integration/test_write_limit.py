@@ -1,4 +1,4 @@
-"""``--write-qps auto`` on real API servers (issue 13): the lab's kube-apiserver, which has API
+"""``--write-qps auto`` on real API servers: the lab's kube-apiserver, which has API
 Priority and Fairness as every server since Kubernetes 1.20 does by default, and one started here
 with it turned off (``--enable-priority-and-fairness=false``), as a server that cannot protect
 itself. The first gets no client-side limit, the second Kueue's; the answers come from the real

@@ -340,9 +340,9 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
         *(("kubeflow.org", "pytorchjobs", v) for v in ("create", "get", "list", "watch", "patch", "delete")),
         *(("", "pods", v) for v in ("get", "list", "watch", "delete", "deletecollection")),
         *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
-        *(("", "events", v) for v in ("list", "watch")),  # the kit's disruption Events (issue 13)
+        *(("", "events", v) for v in ("list", "watch")),  # the kit's disruption Events
         ("", "nodes", "get"),
-        *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),  # read only (issue 15)
+        *(("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch")),  # read only
         *(("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")),
     }
     grants = _grants(_rules(docs))

@@ -409,7 +409,7 @@ def test_manifest_errors_are_value_errors() -> None:
     assert issubclass(ManifestError, ValueError)
 
 
-# ---- issue 11, item 14: a user's mistake is one line, with the documented exit status ----------------
+# ---- a user's mistake is one line, with the documented exit status ----------------------------------
 
 
 def test_a_missing_or_directory_manifest_is_one_line_exit_2(tmp_path: Path) -> None:

@@ -284,7 +284,7 @@ async def test_a_preemption_while_no_process_watched_is_read_from_its_event(
     policy): the process started after it sees a running pod, and only the Event says it was
     preempted. Seen in the crash test (SIGKILL at random moments) on the real stack. An object
     released after this process started ends on the Event too: in a mass preemption the Event
-    comes 5-15 s before the pod watch brings the pod's own word (BENCHMARKS.md, fifteenth round)."""
+    can come seconds before the pod watch brings the pod's own word."""
     born = 1.7e9 if watched else 1.8e9  # before or after the object started (2026-12-01)
     backend, api = kit(clock=born)
     observer.append(backend)

@@ -1,4 +1,4 @@
-"""Kueue's signals become causes (issue 15, behaviour 3), on recordings of the real Kueue v0.17.0
+"""Kueue's signals become causes, on recordings of the real Kueue v0.17.0
 in front of the real training operator (tests/unit/data/kueue, written by hack/record.py kueue).
 
 Each recording is replayed event by event: the PyTorchJob as the kit caches it, its pods, and its

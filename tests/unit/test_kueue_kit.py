@@ -1,4 +1,4 @@
-"""The kit's side of Kueue in front (issue 15, behaviour 2): a queued object is created held with no
+"""The kit's side of Kueue in front: a queued object is created held with no
 Kueue label, released by ONE patch that adds Kueue's labels and leaves it suspended, stopped by a
 patch that also takes Kueue's label away and then deleted (its Workload goes with it); Kueue is
 watched only where the API server serves its Workloads, and a queued job is refused elsewhere."""

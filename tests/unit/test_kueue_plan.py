@@ -1,4 +1,4 @@
-"""Kueue in front (issue 15), the plan's side: ``spec.queue`` and ``spec.workloadPriorityClass``
+"""Kueue in front, the plan's side: ``spec.queue`` and ``spec.workloadPriorityClass``
 are accepted only where Kueue can queue the backend's objects, the plan says what Kueue enforces
 and what stays dispatch's, and Kueue's own label on a DispatchJob is refused naming the field."""
 

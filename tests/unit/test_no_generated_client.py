@@ -1,4 +1,4 @@
-"""The operator, its client and the Kubernetes adapters never load kubernetes_asyncio (issue 13):
+"""The operator, its client and the Kubernetes adapters never load kubernetes_asyncio:
 importing its thousand generated model modules was ~35 MiB of the operator's RSS. Each check runs
 in a fresh interpreter, as the operator starts, so nothing this test process imported counts."""
 

@@ -1,4 +1,4 @@
-"""What the caches keep of each object (issue 13, "slim caches"): its projection packed, the JSON
+"""What the caches keep of each object: its projection packed, the JSON
 text deflated against the first text of its kind. Every recorded PyTorchJob and pod state (from the
 lab, tests/unit/data/kubeflow/) reads back exactly as projected, in a small part of its text.
 """

@@ -1,4 +1,4 @@
-"""The public API as a library user meets it (issue 11, items 8-12).
+"""The public API as a library user meets it.
 
 The surface is derived from ``vars(dispatch)``, so a name that leaks into the package (an import
 left behind, ``annotations`` from a ``__future__`` import) fails here; every type a public

@@ -1,4 +1,4 @@
-"""The readers that decode list pages and watch events into what the caches keep (issue 13): the kit's
+"""The readers that decode list pages and watch events into what the caches keep: the kit's
 (``_kind.reader``: each object only as far as its shape reaches) and the record store's
 (``read_dispatchjobs``: a DispatchJob without its managedFields). Whatever the JSON, what is kept of
 each object must be exactly what the whole decode and the projection keep: every recorded object

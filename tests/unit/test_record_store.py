@@ -1,6 +1,6 @@
 """The record store's cache keeps a projection of each DispatchJob, never its whole body once it
 holds a record (the record's part of it as one JSON text), and parses a version's record once while
-it is among the last few parsed (issue 13, "slim caches").
+it is among the last few parsed.
 
 No API server here: the store is fed through its shared watch's entry point (``_dispatch``), as the
 watch feeds it, and every answer below comes from the cache (the client points at a closed port,

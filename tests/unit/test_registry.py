@@ -1,4 +1,4 @@
-"""The backend registry is the one source of the backend list (issue 14, item 2).
+"""The backend registry is the one source of the backend list.
 
 Two halves: every backend registered today is in every generated list (the CRD's enum, options
 fields and CEL rules, the chart's RBAC template and values schema, the metrics' resources, the

@@ -470,7 +470,7 @@ class DispatchMachine(RuleBasedStateMachine):
                         f"{j.name}: native firings {planned.firings} != {restarts}"
                     )
                     # What the scheduler really did, over every object of every submission: the
-                    # budget belongs to the job, not to each object (issue 11, item 1).
+                    # budget belongs to the job, not to each object.
                     done = sum(o.restarts for o in self.objects(j))
                     assert done <= planned.budget, (
                         f"{j.name}: the scheduler restarted {done} times in place across submissions, "
@@ -525,7 +525,7 @@ class DispatchMachine(RuleBasedStateMachine):
 
     @invariant()
     def status_speaks_the_users_words(self) -> None:
-        """No step class in a message (issue 11, item 6); cancelling while objects live (item 5)."""
+        """No step class in a message; cancelling while objects live."""
         for j in self.jobs:
             shown = self.run(j.cluster.observer.get(j.name))
             found = STEP_NAMES.search(shown.message)
@@ -561,7 +561,7 @@ class DispatchMachine(RuleBasedStateMachine):
             for slot in list(j.supervisors):
                 self.kill(j, slot)
         # A job nobody supervises: once the scheduler is done with it, status shows the outcome and
-        # watch ends, before anyone has recorded anything (issue 11, item 2).
+        # watch ends, before anyone has recorded anything.
         for j in self.jobs:
             if j.supervised or self.record(j).settled:
                 continue

@@ -1,8 +1,8 @@
 """The record store's shared DispatchJob watch is the kit's :class:`Informer` (one list+watch
 implementation for every resource the operator watches): a streamed list where the API server
-serves one, pages where it refuses it, each page handed on before the next is asked for (issue 13,
-"slim caches": the whole bodies of every DispatchJob held at once were the operator's peak after a
-restart), and a re-list after 410 that tells the loop which jobs were deleted while no watch ran.
+serves one, pages where it refuses it, each page handed on before the next is asked for (the
+whole bodies of every DispatchJob held at once would be the operator's peak after a restart), and
+a re-list after 410 that tells the loop which jobs were deleted while no watch ran.
 
 Against a real local HTTP server that answers as the API server does (a streamed list or its
 refusal, pages with ``continue``, watches with an ERROR 410 inside the stream), through dispatch's
