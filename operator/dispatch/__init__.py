@@ -20,6 +20,7 @@ from ._decide import (
     Done,
     End,
     RecordCanonical,
+    RecordEnd,
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
@@ -29,6 +30,7 @@ from ._decide import (
     Write,
     decide,
     describe_step,
+    due,
     status,
 )
 from ._errors import (
@@ -51,6 +53,7 @@ from ._model import (
     Action,
     Actor,
     ActorKind,
+    Backoff,
     CancelRequest,
     Capabilities,
     Cause,
@@ -88,6 +91,7 @@ __all__ = [
     "Backend",
     "BackendAction",
     "BackendError",
+    "Backoff",
     "CancelRequest",
     "Capabilities",
     "Cause",
@@ -124,6 +128,7 @@ __all__ = [
     "QueuePlan",
     "Record",
     "RecordCanonical",
+    "RecordEnd",
     "RecordError",
     "RecordOutcome",
     "RecordRestarts",
@@ -154,6 +159,7 @@ __all__ = [
     "compose",
     "decide",
     "describe_step",
+    "due",
     "make_plan",
     "status",
 ]
