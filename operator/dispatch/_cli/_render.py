@@ -11,7 +11,7 @@ import yaml
 
 from .._constants import ANNOTATION_SUBMITTED_BY, STATUS_OBSERVED_NOTE
 from .._dispatchjob import condition, plan_of, status_of, submissions, transitions
-from .._model import Plan, Transition
+from .._model import Plan, PlannedRule, Transition
 
 Body = Mapping[str, Any]
 
@@ -21,9 +21,22 @@ Body = Mapping[str, Any]
 
 def plan_lines(plan: Plan) -> list[str]:
     """The tutorial's lines: who enforces each rule, then the causes no rule covers."""
-    lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
+    lines = [
+        line
+        for rule in plan.rules
+        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *backoff_lines(rule))
+    ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
     return lines + queue_lines(plan)
+
+
+def backoff_lines(rule: PlannedRule) -> list[str]:
+    """The wait before a rule's firings: its own backoff, or the scheduler's for a native rule."""
+    if rule.backoff is not None:
+        return [f"  backoff: {rule.backoff.describe()}"]
+    if rule.scheduler_backoff is not None:
+        return [f"  the scheduler's own backoff: {rule.scheduler_backoff}"]
+    return []
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -308,6 +321,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
                 f"  rule {rule.index} is enforced by the {rule.enforcer}: {rule.action} on [{causes}], "
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
+            out.extend(f"  {line}" for line in backoff_lines(rule))
         out.append("  uncovered: [" + " ".join(c.value for c in p.uncovered) + "]")
         out.extend(f"  {line}" for line in queue_lines(p))
     out.append("Submissions:")
