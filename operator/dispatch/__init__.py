@@ -33,6 +33,7 @@ from ._decide import (
     Done,
     End,
     RecordCanonical,
+    RecordEnd,
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
@@ -42,6 +43,7 @@ from ._decide import (
     Write,
     decide,
     describe_step,
+    due,
     status,
 )
 from ._errors import (
@@ -64,6 +66,7 @@ from ._model import (
     Action,
     Actor,
     ActorKind,
+    Backoff,
     CancelRequest,
     Capabilities,
     Cause,
@@ -104,6 +107,7 @@ __all__ = [
     "Backend",
     "BackendAction",
     "BackendError",
+    "Backoff",
     "CancelRequest",
     "Capabilities",
     "Cause",
@@ -148,6 +152,7 @@ __all__ = [
     "QueuePlan",
     "Record",
     "RecordCanonical",
+    "RecordEnd",
     "RecordError",
     "RecordOutcome",
     "RecordRestarts",
@@ -182,6 +187,7 @@ __all__ = [
     "compose",
     "decide",
     "describe_step",
+    "due",
     "make_plan",
     "status",
 ]

@@ -5,14 +5,16 @@ both call :func:`decide`, they never disagree: between the end of submission 1 a
 of submission 2, status is ``recovering`` with the cause, never ``failed``.
 
 Nothing here does I/O or reads a clock. :func:`apply` turns a write step into the next record,
-with the time passed in.
+with the time passed in. A rule's backoff is a :class:`Wait` with the time it ends, computed from
+the time the end was recorded: :func:`due` (given the time by the supervisor) turns it into the
+authorization it waits for once that time has come.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from ._model import (
@@ -81,6 +83,16 @@ class End:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordEnd:
+    """Write: ``submission``'s canonical ended with ``cause``, which ``rule`` answers once its
+    backoff has passed; the cause is recorded now, with the time the backoff counts from."""
+
+    submission: int
+    rule: int
+    cause: Cause
+
+
+@dataclass(frozen=True, slots=True)
 class RecordRestarts:
     """Write: the scheduler restarted the canonical in place under a scheduler-enforced rule."""
 
@@ -104,9 +116,13 @@ class RecordSettled:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Nothing to do until the scheduler or the record changes."""
+    """Nothing to do until the scheduler or the record changes, or until ``until`` has come."""
 
     why: str
+    until: datetime | None = None
+    """When the wait ends by itself (a rule's backoff): then ``then`` is the step to take."""
+    then: Authorize | None = None
+    """The authorization the backoff delays (see :func:`due`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +130,13 @@ class Done:
     """Settled: nothing will ever be done again."""
 
 
-Write = Authorize | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
+Write = Authorize | RecordEnd | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
 """The steps that change the record."""
 BackendAction = Create | Release | End
 """The steps that call the backend."""
 Step = Write | BackendAction | Wait | Done
 """Every step :func:`decide` can return."""
-WRITES = (Authorize, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
+WRITES = (Authorize, RecordEnd, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +219,10 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
             return Decision(RecordCanonical(cur.n, candidates[0].id), *waiting)
         return Decision(Create(cur.n), *waiting)
 
+    if cur.cause is not None:
+        # Its end is recorded and a backoff runs: the record decides from here, whatever the
+        # scheduler shows of the ended object now (it may have been deleted since).
+        return _backoff_decision(record, cur)
     view = next((o for o in objects if o.id == cur.canonical), None)
     if view is None:
         view = ObjectView(
@@ -242,8 +262,53 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
         return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
     index = resubmitting_rule(record.spec, record.plan, ended)
     if index is not None:
+        if backoff_seconds(record, index) > 0:
+            return Decision(RecordEnd(n, index, ended), State.RECOVERING, ended)
         return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+
+
+def backoff_seconds(record: Record, index: int) -> float:
+    """The wait before rule ``index``'s next firing (its firings so far plus one): 0 without a backoff."""
+    rules = record.spec.recovery.rules
+    backoff = rules[index].backoff if index < len(rules) else None
+    if backoff is None:
+        return 0.0
+    return backoff.seconds(record.plan.rules[index].firings + 1)
+
+
+def _backoff_decision(record: Record, cur: Submission) -> Decision:
+    """The current submission's recorded end (:class:`RecordEnd`): wait out the backoff of the rule
+    that answers it, counted from the time the end was recorded, then authorize the next."""
+    ended = cur.cause or NO_CAUSE
+    index = resubmitting_rule(record.spec, record.plan, ended)
+    if index is None:  # recorded only for a rule that fires: nothing else decides this way
+        by = None if record.supervised else SCHEDULER
+        return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+    then = Authorize(cur.n + 1, index, ended)
+    seconds = backoff_seconds(record, index)
+    if cur.ended_at is None or seconds <= 0:
+        return Decision(then, State.RECOVERING, ended)
+    at = cur.ended_at + timedelta(seconds=seconds)
+    firing = record.plan.rules[index].firings + 1
+    why = (
+        f"next submission at {format_time(at)} (backoff {seconds:g} s before firing {firing} of rule {index})"
+    )
+    return Decision(Wait(why, until=at, then=then), State.RECOVERING, ended)
+
+
+def format_time(at: datetime) -> str:
+    """``at`` as status shows it: RFC 3339 in UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def due(decision: Decision, now: datetime) -> Decision:
+    """``decision`` at ``now``: a backoff's :class:`Wait` whose time has come is the authorization it
+    waited for. The supervisor passes its clock's time; :func:`decide` itself reads none."""
+    step = decision.step
+    if isinstance(step, Wait) and step.then is not None and step.until is not None and now >= step.until:
+        return Decision(step.then, decision.state, decision.cause)
+    return decision
 
 
 def resubmitting_rule(spec: JobSpec, plan: Plan, cause: Cause) -> int | None:
@@ -263,8 +328,8 @@ def _needed(record: Record, o: ObjectView) -> bool:
     """Whether the record has yet to take in how ``o`` ended: it is (or may become) the canonical
     of the current submission and no outcome is recorded."""
     cur = record.current
-    if record.state.is_outcome or cur is None or o.submission != cur.n:
-        return False
+    if record.state.is_outcome or cur is None or o.submission != cur.n or cur.cause is not None:
+        return False  # (a recorded end: the record has it, through a backoff too)
     return cur.canonical is None or cur.canonical == o.id
 
 
@@ -274,7 +339,9 @@ def unseen_canonical(record: Record, objects: Sequence[ObjectView]) -> str | Non
     cur = record.current
     if record.settled or record.state.is_outcome or record.cancel is not None:
         return None
-    if cur is None or cur.canonical is None or any(o.id == cur.canonical for o in objects):
+    if cur is None or cur.canonical is None or cur.cause is not None:
+        return None  # (a recorded end needs no listing of its object)
+    if any(o.id == cur.canonical for o in objects):
         return None
     return cur.canonical
 
@@ -303,7 +370,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
         if subs and step.cause is not None:
-            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
+            subs[-1] = _ended(subs[-1], step.cause, now)
         subs.append(new)
         update["submissions"] = tuple(subs)
         if step.rule is not None:
@@ -319,6 +386,12 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
                 _transition(record.state, State.RECOVERING, step.submission, cause, actor, now),
             )
         return record.model_copy(update=update)
+    if isinstance(step, RecordEnd):
+        i = step.submission - 1
+        if i != len(subs) - 1 or subs[i].cause is not None:
+            raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
+        subs[i] = _ended(subs[i], step.cause, now)
+        return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordCanonical):
         i = step.submission - 1
         if subs[i].canonical is not None:
@@ -340,7 +413,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
         if subs and step.state is not State.CANCELLED:
-            subs[-1] = subs[-1].model_copy(update={"cause": step.cause})
+            subs[-1] = _ended(subs[-1], step.cause, now)
         who = step.actor or actor
         return record.model_copy(
             update={
@@ -351,6 +424,11 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             }
         )
     return record.model_copy(update={"settled": True})
+
+
+def _ended(sub: Submission, cause: Cause, now: datetime) -> Submission:
+    """``sub`` with its end recorded: the cause, and the time, unless a backoff's write has it already."""
+    return sub.model_copy(update={"cause": cause, "ended_at": sub.ended_at or now})
 
 
 def _transition(
@@ -409,6 +487,11 @@ def describe_step(step: Step) -> str:
         if step.orphan:
             return f"ending object {step.object_id}: it is not the one recorded for its submission"
         return f"ending object {step.object_id}: the job has its outcome"
+    if isinstance(step, RecordEnd):
+        return (
+            f"rule {step.rule} fires after cause {step.cause.kind} once its backoff has passed: "
+            f"recording the end of submission {step.submission}"
+        )
     if isinstance(step, RecordRestarts):
         return (
             f"recording that the scheduler restarted submission {step.submission} in place "

@@ -166,6 +166,41 @@ class Cause(_Model):
 
 NO_CAUSE: Final = Cause(kind=CauseKind.NONE)
 
+MAX_BACKOFF_SECONDS: Final = 86400
+"""A wait longer than a day between submissions is refused as absurd: it is a schedule, not a backoff."""
+MAX_BACKOFF_FACTOR: Final = 10
+
+
+class Backoff(_Model):
+    """How long a rule waits before each of its firings: ``base_seconds`` before the first, times
+    ``factor`` before each next one, never more than ``max_seconds``. The wait before the k-th
+    firing is ``min(max_seconds, base_seconds * factor ** (k - 1))``, counted from the time the
+    end that fires it was recorded."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    base_seconds: Annotated[int, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 10
+    """The wait before the rule's first firing, in seconds."""
+    factor: Annotated[float, Field(ge=1, le=MAX_BACKOFF_FACTOR)] = 2.0
+    """What each next wait is multiplied by (1: the same wait every time)."""
+    max_seconds: Annotated[int, Field(ge=0, le=MAX_BACKOFF_SECONDS)] = 600
+    """The longest wait, in seconds: the cap of the growing wait."""
+
+    def seconds(self, firing: int) -> float:
+        """The wait before the rule's ``firing``-th firing (1 for the first)."""
+        wait = float(self.base_seconds)
+        for _ in range(max(firing - 1, 0)):
+            if wait >= self.max_seconds:
+                break  # capped already: multiplying on could only overflow
+            wait *= self.factor
+        return min(float(self.max_seconds), wait)
+
+    def describe(self) -> str:
+        """In a user's words, as the plan and ``kubectl dispatch`` show it."""
+        if self.factor == 1 or self.base_seconds >= self.max_seconds:
+            return f"{min(self.base_seconds, self.max_seconds)} s before each firing"
+        return f"{self.base_seconds} s x {self.factor:g} per firing, at most {self.max_seconds} s"
+
 
 class ExitCodeOperator(StrEnum):
     """How a rule's ``exitCodes`` compare with a cause's exit code (Kubernetes' ``onExitCodes``)."""
@@ -231,6 +266,8 @@ class Rule(_Model):
     on: Annotated[tuple[CauseKind, ...], Field(min_length=1, max_length=len(FAILURE_CAUSES))]
     action: Action = Action.RESUBMIT
     budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)]
+    backoff: Backoff | None = None
+    """The wait before each firing's new submission; none (the default): the next submission at once."""
 
     @field_validator("on")
     @classmethod
@@ -404,6 +441,8 @@ class NativeRule(_Model):
     min_budget: int = 0
     max_budget: int = MAX_BUDGET
     note: str = ""
+    backoff: str = "unknown"
+    """The scheduler's own wait before each restart, in words, as its code has it."""
 
     def enforces(self, rule: Rule) -> bool:
         return (
@@ -432,6 +471,11 @@ class Capabilities(_Model):
     a queued object by Kueue's queue label instead of unsuspending it): ``spec.queue`` is allowed."""
 
 
+def _is_none(value: object) -> bool:
+    """A field left out of a dump while unset: a plan without backoffs reads as it did before them."""
+    return value is None
+
+
 class PlannedRule(_Model):
     """One rule as planned: its enforcer, its budget and how often it has fired so far."""
 
@@ -443,6 +487,10 @@ class PlannedRule(_Model):
     firings: int = 0
     exit_codes: ExitCodes | None = None
     """The rule's exit codes, when it covers only some codes of ``non-zero-exit``."""
+    backoff: Annotated[Backoff | None, Field(exclude_if=_is_none)] = None
+    """The rule's backoff, which the supervisor waits before each firing's new submission."""
+    scheduler_backoff: Annotated[str | None, Field(exclude_if=_is_none)] = None
+    """For a rule the scheduler enforces: the scheduler's own wait before each restart, in words."""
 
     @property
     def left(self) -> int:
@@ -521,6 +569,8 @@ class Submission(_Model):
     cause: Cause | None = None
     """How its canonical object ended, once recorded."""
     restarts: int = 0
+    ended_at: datetime | None = None
+    """When ``cause`` was recorded: a rule's backoff counts from it."""
 
 
 class Transition(_Model):

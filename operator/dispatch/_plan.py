@@ -28,17 +28,14 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
     supervisor, which can only resubmit, and only if one will run. A rule with ``exitCodes`` is
     never the scheduler's: no native rule tells a code's exit from an out-of-memory kill or a failed
     start that shows the same code.
+
+    A rule's backoff is the supervisor's: a scheduler restarts on its own schedule (each native
+    rule says which: :attr:`~dispatch.NativeRule.backoff`), so a rule with a backoff never goes to
+    the scheduler. A ``resubmit`` rule then goes to the supervisor, which waits it out exactly; a
+    ``restart`` rule, which only a scheduler can carry out, is refused, naming the field.
     """
     planned = tuple(
-        PlannedRule(
-            index=i,
-            on=rule.on,
-            action=rule.action,
-            budget=rule.budget,
-            enforcer=_enforcer(i, rule, capabilities, supervised=supervised),
-            exit_codes=rule.exit_codes,
-        )
-        for i, rule in enumerate(spec.recovery.rules)
+        _planned(i, rule, capabilities, supervised=supervised) for i, rule in enumerate(spec.recovery.rules)
     )
     covered = {cause for rule in spec.recovery.rules if rule.exit_codes is None for cause in rule.on}
     codes = uncovered_codes([r.exit_codes for r in spec.recovery.rules if r.exit_codes is not None])
@@ -74,8 +71,32 @@ def _queueing_backends() -> tuple[str, ...]:
     return tuple(name for name, info in _registry.registered().items() if info.capabilities.queues)
 
 
+def _planned(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> PlannedRule:
+    native = next((n for n in capabilities.native if n.enforces(rule)), None)
+    if native is not None and rule.backoff is None:
+        enforcer = Enforcer.SCHEDULER
+    elif native is not None and not (rule.action is Action.RESUBMIT and supervised):
+        raise PlanError(
+            index,
+            f"spec.recovery.rules[{index}].backoff: this {rule.action} rule is the scheduler's, which "
+            f"waits its own backoff ({native.backoff}), not dispatch's; remove the backoff",
+        )
+    else:
+        enforcer = _enforcer(index, rule, capabilities, supervised=supervised)
+    return PlannedRule(
+        index=index,
+        on=rule.on,
+        action=rule.action,
+        budget=rule.budget,
+        enforcer=enforcer,
+        exit_codes=rule.exit_codes,
+        backoff=rule.backoff,
+        scheduler_backoff=native.backoff if enforcer is Enforcer.SCHEDULER and native is not None else None,
+    )
+
+
 def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> Enforcer:
-    if any(native.enforces(rule) for native in capabilities.native):
+    if rule.backoff is None and any(native.enforces(rule) for native in capabilities.native):
         return Enforcer.SCHEDULER
     if rule.action is Action.RESUBMIT and supervised:
         return Enforcer.SUPERVISOR

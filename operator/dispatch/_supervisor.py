@@ -2,7 +2,10 @@
 
 It keeps nothing between steps that the record and the scheduler do not hold, so a supervisor that
 restarts anywhere goes on from where things really are, and two supervisors on one job are safe:
-every write is a compare-and-swap, and the loser re-reads and decides again.
+every write is a compare-and-swap, and the loser re-reads and decides again. A rule's backoff is no
+exception: its end time is computed from the record (:func:`~dispatch._decide.decide`), the
+supervisor's clock says when it has come (:func:`~dispatch._decide.due`), and the one timer the
+work queue keeps for the job only wakes it then (:meth:`WorkQueue.wake_at`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ._decide import (
     apply,
     decide,
     describe_step,
+    due,
     unseen_canonical,
 )
 from ._errors import ObjectExists, TransientBackendError, VersionConflict
@@ -126,6 +130,7 @@ class Supervisor:
                 settled[job] = intent.record
                 return Turn.DONE
             if isinstance(step, Wait):
+                queue.wake_at(job, self.seconds_until(step))
                 return Turn.WAIT
             await self.perform(intent)
             return Turn.AGAIN
@@ -146,6 +151,13 @@ class Supervisor:
         if queue.errors:
             raise next(iter(queue.errors.values()))
         return settled
+
+    def seconds_until(self, step: Wait) -> float | None:
+        """How long until a timed ``step`` (a backoff) ends by the supervisor's clock; None for a
+        wait that ends only when something changes."""
+        if step.until is None:
+            return None
+        return max((step.until - self.clock()).total_seconds(), 0.0)
 
     async def drive(self, job: str) -> Decision:
         """Take steps until there is nothing to do but wait; return that last decision."""
@@ -169,7 +181,8 @@ class Supervisor:
         if missing is not None and isinstance(self.backend, Confirming):
             # Another process may have created it a moment ago and our cache not seen it yet.
             objects = tuple(await self.backend.confirm(job, missing))
-        return Intent(record, version, objects, decide(record, objects))
+        # A backoff whose time has come is its authorization (decide itself reads no clock).
+        return Intent(record, version, objects, due(decide(record, objects), self.clock()))
 
     async def perform(self, intent: Intent) -> None:
         """Do the intent's step: one write or one backend call. Raises VersionConflict when a write loses."""
@@ -308,6 +321,8 @@ class WorkQueue:
         self.waiting: deque[asyncio.Future[None]] = deque()
         """One future per idle worker: a queued job wakes one of them, not all (32 idle workers
         each leaving and re-entering their wait for every job were 4 % of a reaction's CPU)."""
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        """One timer per job whose backoff runs (:meth:`wake_at`); no other job has one."""
         self.queued_at = 0.0
         """When the last job was queued (``time.monotonic``): a worker that waited ``poll_interval``
         looks only if none was queued meanwhile (the periodic look is for a quiet queue)."""
@@ -319,8 +334,25 @@ class WorkQueue:
             self.errors.pop(job, None)
         self.enqueue(job, urgent=urgent)
 
+    def wake_at(self, job: str, delay: float | None) -> None:
+        """Wake ``job`` (urgently: a recovery is due) once ``delay`` seconds have passed, replacing
+        the job's earlier timer; None only cancels it. A timer that fires early by the wall clock
+        costs one turn, which finds the wait still running and sets the timer again."""
+        old = self.timers.pop(job, None)
+        if old is not None:
+            old.cancel()
+        if delay is None or job not in self.pending:
+            return
+
+        def fire() -> None:
+            self.timers.pop(job, None)
+            self.enqueue(job, urgent=True)
+
+        self.timers[job] = asyncio.get_running_loop().call_later(delay, fire)
+
     async def remove(self, job: str) -> None:
         """Stop supervising ``job``; returns once no turn of it runs any more."""
+        self.wake_at(job, None)
         self.pending.pop(job, None)
         self.failures.pop(job, None)
         self.queued.discard(job)
@@ -359,6 +391,7 @@ class WorkQueue:
         return any(job in self.queued for job in self.lanes[0])
 
     def finish(self, job: str) -> None:
+        self.wake_at(job, None)
         self.pending.pop(job, None)
         self.failures.pop(job, None)
         if not self.pending:

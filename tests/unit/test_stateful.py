@@ -4,11 +4,13 @@ The machine drives both memory shapes with random scheduler events, steps superv
 holds a supervisor's prepared intent across other steps (a slow supervisor) or throws it away (a
 killed one, including right after a Create and right after a RecordCanonical, and a creator that dies
 right after a late create), restarts them, runs two supervisors on one job interleaved between read
-and write, and lets a human cancel. Some jobs are submitted without a supervisor (every rule the
-scheduler's): anyone may run ``Operator.settle`` on them. After every step it checks the seven
-invariants of semantics.md (invariant 4 across submissions, against what the scheduler really did;
-invariant 5 at every moment, with the exact exception semantics.md states), what status shows, and
-at the end that every job settles.
+and write, and lets a human cancel. Some resubmit rules have a backoff (the machine's clock moves a
+second per reading), and a supervisor killed in its wait is replaced by one that resumes it. Some
+jobs are submitted without a supervisor (every rule the scheduler's): anyone may run
+``Operator.settle`` on them. After every step it checks the seven invariants of semantics.md
+(invariant 4 across submissions, against what the scheduler really did; invariant 5 at every
+moment, with the exact exception semantics.md states), that no submission was authorized before
+its rule's backoff had passed, what status shows, and at the end that every job settles.
 
 A second test runs the same machine over a record store whose ``put`` ignores the expected version,
 and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
@@ -43,6 +45,7 @@ from dispatch import (
     Action,
     Actor,
     ActorKind,
+    Backoff,
     CauseKind,
     Enforcer,
     JobSpec,
@@ -75,6 +78,7 @@ MAX_JOBS = 4
 LIVENESS_ROUNDS = 60
 STEP_NAMES = re.compile(
     r"\b(Authorize|Create|RecordCanonical|Release|End|RecordRestarts|RecordOutcome|RecordSettled|Wait|Done)\b"
+    r"|\bRecordEnd\b"
 )
 """The step classes: internal names no status message may show."""
 
@@ -130,6 +134,20 @@ KUBEFLOW_NATIVE = (CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY)
 
 
 @st.composite
+def backoffs(draw: st.DrawFn) -> Backoff | None:
+    """None often (the default); else waits of a few seconds of the machine's clock (which moves a
+    second per reading: a wait of 3 s or more outlasts the two readings between recording an end and
+    authorizing the next submission, so an early authorization shows)."""
+    if draw(st.booleans()):
+        return None
+    return Backoff(
+        base_seconds=draw(st.integers(0, 8)),
+        factor=draw(st.sampled_from([1.0, 2.0])),
+        max_seconds=draw(st.integers(0, 12)),
+    )
+
+
+@st.composite
 def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
     """Rules with budgets 0..3 over disjoint causes; often the shape's usual first rule as well.
 
@@ -148,7 +166,9 @@ def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
             if draw(st.booleans()):
                 # and a resubmission after restarts in place: the native budget must then hold
                 # across submissions (the next object restarts only what is left)
-                rules.append(Rule(on=(CauseKind.PREEMPTED,), budget=draw(st.integers(1, 3))))
+                rules.append(
+                    Rule(on=(CauseKind.PREEMPTED,), budget=draw(st.integers(1, 3)), backoff=draw(backoffs()))
+                )
                 taken.add(CauseKind.PREEMPTED)
     for _ in range(draw(st.integers(0, 3))):
         free = [c for c in RESUBMITTABLE if c not in taken]
@@ -156,7 +176,8 @@ def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
             break
         on = draw(st.lists(st.sampled_from(free), min_size=1, max_size=3, unique=True))
         taken.update(on)
-        rules.append(Rule(on=tuple(on), action=Action.RESUBMIT, budget=draw(st.integers(0, 3))))
+        budget = draw(st.integers(0, 3))
+        rules.append(Rule(on=tuple(on), action=Action.RESUBMIT, budget=budget, backoff=draw(backoffs())))
     if draw(st.booleans()):
         rules.reverse()
     return tuple(rules)
@@ -319,6 +340,23 @@ class DispatchMachine(RuleBasedStateMachine):
         self.kill(j, "c")
 
     @rule(job=st.integers(0, MAX_JOBS - 1))
+    def supervisor_is_killed_in_a_backoff(self, job: int) -> None:
+        """A supervisor waiting out a backoff dies; the next one computes the same end from the
+        record alone, and authorizes only once its clock has passed it."""
+        j = self.pick(job)
+        if not j.supervised:
+            return
+        wait = self.step(j, "c").step
+        if not isinstance(wait, Wait) or wait.until is None:
+            return
+        self.kill(j, "c")
+        again = self.run(self.supervisor(j, "c").prepare(j.name)).decision.step
+        if isinstance(again, Wait):
+            assert again.until == wait.until, f"{j.name}: the wait moved from {wait.until} to {again.until}"
+        elif isinstance(again, Authorize):
+            assert self.clock >= wait.until, f"{j.name}: authorized at {self.clock}, due {wait.until}"
+
+    @rule(job=st.integers(0, MAX_JOBS - 1))
     def two_supervisors_interleave(self, job: int) -> None:
         """A reads, B reads, A writes, B writes: the case compare-and-swap exists for."""
         j = self.pick(job)
@@ -477,6 +515,20 @@ class DispatchMachine(RuleBasedStateMachine):
                         f"budget {planned.budget}"
                     )
             assert record.submissions[0].rule is None if record.submissions else True
+
+    @invariant()
+    def no_submission_before_its_backoff_has_passed(self) -> None:
+        for j in self.jobs:
+            record = self.record(j)
+            firings: Counter[int] = Counter()
+            for previous, sub in zip(record.submissions, record.submissions[1:], strict=False):
+                assert sub.rule is not None
+                firings[sub.rule] += 1
+                backoff = record.spec.recovery.rules[sub.rule].backoff
+                wait = backoff.seconds(firings[sub.rule]) if backoff is not None else 0
+                assert previous.ended_at is not None, f"{j.name}: submission {previous.n} ended unrecorded"
+                early = previous.ended_at + timedelta(seconds=wait) - sub.authorized_at
+                assert early <= timedelta(0), f"{j.name}: submission {sub.n} authorized {early} early"
 
     @invariant()
     def settled_means_everything_ended(self) -> None:  # 5

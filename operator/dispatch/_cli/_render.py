@@ -17,7 +17,7 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
 )
 from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
-from .._model import ActorKind, Plan, Transition
+from .._model import ActorKind, Plan, PlannedRule, Transition
 
 Body = Mapping[str, Any]
 
@@ -30,7 +30,11 @@ WIDTH = 100
 
 def plan_lines(plan: Plan) -> list[str]:
     """The tutorial's lines: who enforces each rule, then the causes no rule covers."""
-    lines = [f"rule {rule.index} is enforced by the {rule.enforcer}" for rule in plan.rules]
+    lines = [
+        line
+        for rule in plan.rules
+        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *backoff_lines(rule))
+    ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
     return lines + uncovered_code_lines(plan) + queue_lines(plan)
 
@@ -39,6 +43,15 @@ def uncovered_code_lines(plan: Plan) -> list[str]:
     """The exit codes of non-zero-exit no rule covers, when rules with exitCodes cover the others."""
     codes = plan.uncovered_exit_codes
     return [] if codes is None else [f"uncovered exit codes of non-zero-exit: {codes.describe()}"]
+
+
+def backoff_lines(rule: PlannedRule) -> list[str]:
+    """The wait before a rule's firings: its own backoff, or the scheduler's for a native rule."""
+    if rule.backoff is not None:
+        return [f"  backoff: {rule.backoff.describe()}"]
+    if rule.scheduler_backoff is not None:
+        return [f"  the scheduler's own backoff: {rule.scheduler_backoff}"]
+    return []
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -355,6 +368,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
             out.extend(wrap(line, 4, first="  "))
+            out.extend(f"  {line}" for line in backoff_lines(rule))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
         out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
         out.append("Submissions:")

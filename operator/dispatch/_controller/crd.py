@@ -69,7 +69,9 @@ OBSERVED_NOTE_DESCRIPTION: Final = (
     "(suspended by another controller after dispatch released it, such as Kueue evicting it), and by whom "
     "(the field manager that suspended it); or else why it waits: in Kueue's queue (Kueue's message), a pod "
     "unschedulable for 5 s (that pod, what kube-scheduler said and when the wait becomes `no-capacity`), on "
-    "Slurm the reason a released job waits, as squeue shows it. Absent otherwise."
+    "Slurm the reason a released job waits, as squeue shows it; while a rule's backoff runs, when the next "
+    "submission is due (`next submission at <time> (backoff <s> s before firing <k> of rule <i>)`). Absent "
+    "otherwise."
 )
 OBSERVED_GENERATION_DESCRIPTION: Final = "The metadata.generation of the spec the status was computed from."
 CONDITIONS_DESCRIPTION: Final = (

@@ -67,6 +67,7 @@ from .._decide import (
     Create,
     End,
     RecordCanonical,
+    RecordEnd,
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
@@ -208,6 +209,7 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
 
 _ACTIONS: Final[dict[type, str]] = {
     Authorize: "AuthorizeSubmission",
+    RecordEnd: "AwaitBackoff",
     Create: "CreateObject",
     RecordCanonical: "ChooseObject",
     Release: "ReleaseObject",

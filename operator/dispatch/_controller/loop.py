@@ -13,6 +13,8 @@ canonical, release) stays urgent until it waits, its writes marked urgent for th
 has been quiet for ``poll_interval``, the periodic look queues the jobs whose backend cannot wake
 them on every change (the Slurm adapter polls); the workload kit wakes its jobs itself
 (:class:`~dispatch._protocols.SelfWaking`), so an idle operator of kit jobs takes no turn at all.
+A job whose rule's backoff runs has one timer in the queue (:meth:`WorkQueue.wake_at`), set from
+the wait's end time in the record, which wakes it urgently when its next submission is due.
 A settled job leaves the queue; a backend that sees every job's objects at once
 (:class:`~dispatch._protocols.Overseeing`) brings it back for one turn when an object of it
 changes, and that turn (the first after a start too) ends what a creator that died left held.
@@ -46,7 +48,7 @@ from collections.abc import Callable
 from typing import Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
-from .._decide import Authorize, Create, Done, End, RecordCanonical, Release, Wait, decide
+from .._decide import Authorize, Create, Done, End, RecordCanonical, RecordEnd, Release, Wait, decide
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
 from .._model import Phase, Record
@@ -57,7 +59,7 @@ from .ports import Supervising
 
 log = logging.getLogger("dispatch.operator")
 
-RECOVERY_STEPS: Final = (Authorize, Create, RecordCanonical, Release)
+RECOVERY_STEPS: Final = (RecordEnd, Authorize, Create, RecordCanonical, Release)
 """Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DEFAULT_WORKERS: Final = 64
@@ -365,6 +367,9 @@ class SupervisionLoop:
             log.info("job %s settled: %s", job, intent.record.state, extra={"job": job})
             return Turn.DONE
         if isinstance(step, Wait):
+            # A backoff: its end is computed from the record, so a restarted operator sets the
+            # same timer again on the job's first turn.
+            self.queue.wake_at(job, supervisor.seconds_until(step))
             return Turn.WAIT
         recovering = isinstance(step, RECOVERY_STEPS)
         with urgent(recovering):

@@ -85,6 +85,7 @@ REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
+    | {"RecordEnd"}
 )
 
 

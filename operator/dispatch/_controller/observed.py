@@ -13,7 +13,8 @@ writes nothing: one status write per recovery fewer.
 
 ``status.observedNote`` says why the current object does not run: held outside dispatch (with a
 Warning Event, once per holder), or its pods unschedulable (the kit's ``waiting``: no Event of
-dispatch's own). A write that would change the note alone waits while recoveries wait for a worker
+dispatch's own); while a rule's backoff runs, when the next submission is due. A write that
+would change the note alone waits while recoveries wait for a worker
 (:attr:`ObservingSupervisor.defer_note`): it is routine work.
 """
 
@@ -45,6 +46,15 @@ def _note(view: ObjectView | None) -> str:
     return (view.note or view.waiting) if view is not None else ""
 
 
+def _shown_note(intent: Intent) -> str:
+    """The note of a waiting decision: a backoff's wait says when the next submission is due (its
+    canonical has ended, so it has no note of its own); any other wait, the canonical's note."""
+    step = intent.decision.step
+    if isinstance(step, Wait) and step.until is not None:
+        return step.why
+    return _note(_canonical(intent))
+
+
 class ObservingSupervisor(Supervisor):
     """A :class:`~dispatch._supervisor.Supervisor` whose waiting decisions update the observed fields,
     and whose record writes carry them."""
@@ -74,7 +84,7 @@ class ObservingSupervisor(Supervisor):
         store = self.store
         if isinstance(decision.step, Wait | Done):
             view = _canonical(intent)
-            note = _note(view)
+            note = _shown_note(intent)
             hold = view.note if view is not None else ""
             shown = store.observed(job)  # a copy: the note taken out, the fields beside it stay
             before = shown.pop(STATUS_OBSERVED_NOTE, "")

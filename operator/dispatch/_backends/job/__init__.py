@@ -41,6 +41,10 @@ CAPABILITIES: Final = Capabilities(
                 " (podFailurePolicy FailJob on DisruptionTarget); dispatch stops the Job on any other"
                 " pod failure, which the Job controller would count and replace"
             ),
+            backoff=(
+                "the Job controller's: it replaces a failed pod after 10 s, doubling up to 10 min"
+                " (job_controller.go: DefaultJobPodFailureBackOff, MaxJobPodFailureBackOff)"
+            ),
         ),
     )
 )

@@ -44,6 +44,10 @@ CAPABILITIES: Final = Capabilities(
                 " a disrupted pod or any other failure fails it (FailJobSet), and dispatch stops it on a"
                 " non-zero exit it classifies otherwise"
             ),
+            backoff=(
+                "none: the JobSet controller recreates the child Jobs at once"
+                " (failure_policy.go: RestartJobSet has no delay)"
+            ),
         ),
     )
 )

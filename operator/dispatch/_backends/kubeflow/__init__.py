@@ -28,6 +28,10 @@ CAPABILITIES: Final = Capabilities(
                 " operator also recreates a preempted, evicted or node-lost pod uncounted, so dispatch"
                 " stops the PyTorchJob on such a cause (while no dispatch operator runs, it cannot)"
             ),
+            backoff=(
+                "the kubelet's: under restartPolicy OnFailure it restarts the failed container in place"
+                " after 10 s, doubling up to 5 min (its crash-loop backoff)"
+            ),
         ),
     )
 )
