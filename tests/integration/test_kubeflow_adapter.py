@@ -26,6 +26,7 @@ from dispatch import (
 from dispatch._backends.kubeflow._adapter import CAPABILITIES, KubeflowBackend
 from dispatch._kubeclient import JSON_PATCH, MERGE_PATCH, Informer, KubeError, new_client, request
 from dispatch._workload._release import release_ops
+from tests.support.builders import identity
 from tests.support.kube import KubeCluster
 from tests.support.kubeflow_adapter import (
     GUARD,
@@ -129,7 +130,10 @@ async def test_create_held_release_run_succeed_end(
         assert container["name"] == "pytorch"
         assert container["image"] == "example.invalid/train:1"
         assert container["command"] == ["python", "train.py", "--epochs", "3"]
-        assert container["env"] == [{"name": "WANDB_MODE", "value": "offline"}]
+        assert container["env"] == [
+            *identity(namespace, "train", 1),
+            {"name": "WANDB_MODE", "value": "offline"},
+        ]
         assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}
 
     # The training operator marks it suspended and creates no pods.

@@ -72,7 +72,14 @@ async def test_a_stale_view_still_conflicts_and_observe_keeps_the_status(
     assert store.parses == 1
     after = get_job(crds, namespace, "slim")["status"]
     assert after[STATUS_OBSERVED_NOTE] == "held by a test"
+    # The record is kept; the conditions say the same, their messages now with why the job waits.
+    conditions_before, conditions_after = before.pop("conditions"), after.pop("conditions")
     assert without_observed(after) == without_observed(before)
+    assert [(c["type"], c["status"], c["reason"]) for c in conditions_after] == [
+        (c["type"], c["status"], c["reason"]) for c in conditions_before
+    ]
+    for old, new in zip(conditions_before, conditions_after, strict=True):
+        assert new["message"] in (old["message"], f"{old['message']}; held by a test"), new
 
 
 async def test_the_list_is_read_a_page_at_a_time(
