@@ -276,7 +276,9 @@ class Operator:
         self.port = free_port()
         self.log = self.work / f"operator-{self.starts}.log"
         self.starts += 1
-        argv = [sys.executable, "-m", "dispatch._controller", f"--kubeconfig={self.identity}"]
+        # A tree from before the operator's package was named dispatch._controller has dispatch._kube.
+        named = "_controller" if (self.tree / "operator" / "dispatch" / "_controller").is_dir() else "_kube"
+        argv = [sys.executable, "-m", f"dispatch.{named}", f"--kubeconfig={self.identity}"]
         argv += [f"--namespace={NAMESPACE}", "--log-level=INFO", f"--metrics-port={self.port}"]
         argv += ["--metrics-addr=127.0.0.1", *(["--no-events"] if self.no_events else []), *self.flags]
         env = {**os.environ, "PYTHONPATH": str(self.tree / "operator")}
