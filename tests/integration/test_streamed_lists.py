@@ -23,6 +23,7 @@ from dispatch._kubeclient import Informer, KubeClient, new_client
 from tests.integration.conftest import dispatch_job
 from tests.support.controlplane import ControlPlane, resolve_binaries
 from tests.support.kube import KubeCluster
+from tests.support.lab_setup import wait_established
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +53,19 @@ def without_watch_list(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     )
     with cp:
         kubectl(binaries.kubectl, cp.kubeconfig, "apply", "-f", str(REPO / "crds"))
-        kubectl(
-            binaries.kubectl,
-            cp.kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "crd/dispatchjobs.dispatch.dev",
-            "--timeout=60s",
-        )
+
+        def run(*args: str, check: bool = True) -> str:
+            done = subprocess.run(
+                [binaries.kubectl, f"--kubeconfig={cp.kubeconfig}", *args],
+                capture_output=True,
+                text=True,
+                check=check,
+                timeout=60,
+            )
+            return done.stdout
+
+        # polled: `kubectl wait` fails at once on a CRD whose status has no conditions yet
+        wait_established(run, ["dispatchjobs.dispatch.dev"])
         yield cp, binaries.kubectl
 
 
