@@ -247,6 +247,13 @@ class ExitCodes(_Model):
         return f"{self.operator} [{' '.join(str(v) for v in sorted(self.values))}]"
 
 
+def rule_causes(on: Sequence[CauseKind], exit_codes: ExitCodes | None) -> str:
+    """A rule's causes as the plan, status and Events say them: ``preempted node-lost``, with the
+    codes of a rule on exit codes (``non-zero-exit exitCodes In [137]``)."""
+    causes = " ".join(c.value for c in on)
+    return causes if exit_codes is None else f"{causes} exitCodes {exit_codes.describe()}"
+
+
 def uncovered_codes(covering: Sequence[ExitCodes]) -> ExitCodes | None:
     """The exit codes none of ``covering`` covers, exactly (``In`` a finite set, or ``NotIn`` one:
     every other code), or None when every code is covered or ``covering`` is empty."""

@@ -17,7 +17,7 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
 )
 from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
-from .._model import ActorKind, Plan, PlannedRule, Transition
+from .._model import ActorKind, Plan, PlannedRule, Transition, rule_causes
 
 Body = Mapping[str, Any]
 
@@ -360,9 +360,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
         out.append("Plan:")
         p = Plan.model_validate(plan)
         for rule in p.rules:
-            causes = " ".join(c.value for c in rule.on)
-            if rule.exit_codes is not None:
-                causes += f" exitCodes {rule.exit_codes.describe()}"
+            causes = rule_causes(rule.on, rule.exit_codes)
             line = (
                 f"rule {rule.index} ({rule.enforcer}): {rule.action} on [{causes}], "
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"

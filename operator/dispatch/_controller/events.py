@@ -77,7 +77,7 @@ from .._decide import (
 )
 from .._errors import PlanError
 from .._kubeclient import urgent
-from .._model import Cause, Record, State
+from .._model import Cause, Record, State, rule_causes
 from .logs import redact
 
 log = logging.getLogger("dispatch.events")
@@ -159,9 +159,7 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
     """(type, reason, action, message) of the Event for a step, or None when it deserves none."""
     if isinstance(step, Authorize) and step.rule is not None and after is not None:
         rule = after.plan.rules[step.rule]
-        causes = " ".join(c.value for c in rule.on)
-        if rule.exit_codes is not None:
-            causes += f" exitCodes {rule.exit_codes.describe()}"
+        causes = rule_causes(rule.on, rule.exit_codes)
         message = (
             f"submission {step.submission - 1} ended with cause {_cause(step.cause)}; rule {step.rule} "
             f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
