@@ -35,6 +35,7 @@ from ._model import (
     Submission,
     SubmissionStatus,
     Transition,
+    cause_words,
 )
 
 # Steps: what decide() says to do next. They are public (dispatch.Authorize, ...) because
@@ -503,10 +504,7 @@ def describe_step(step: Step) -> str:
 
 
 def _cause_words(cause: Cause) -> str:
-    """A cause's kind with its exit code or signal, the part of it a rule matches on."""
-    code = f" exit code {cause.exit_code}" if cause.exit_code is not None else ""
-    signal = f" signal {cause.signal}" if cause.signal is not None else ""
-    return f"{cause.kind}{code}{signal}"
+    return cause_words(cause.kind.value, cause.exit_code, cause.signal)
 
 
 def _outcome_words(step: RecordOutcome) -> str:

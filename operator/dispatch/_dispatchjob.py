@@ -69,6 +69,7 @@ from ._model import (
     State,
     Submission,
     Transition,
+    cause_words,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -340,11 +341,7 @@ class Condition:
 def cause_text(kind: str, detail: object = "", exit_code: object = None, signal: object = None) -> str:
     """``kind exit code N signal S: detail``, the kind said once: a detail that already starts with
     it (a scheduler's "preempted by a higher-priority job") is shown as it is."""
-    said = kind
-    if exit_code is not None:
-        said += f" exit code {exit_code}"
-    if signal is not None:
-        said += f" signal {signal}"
+    said = cause_words(kind, exit_code, signal)
     words = " ".join(str(detail or "").split())
     if not words:
         return said

@@ -247,6 +247,14 @@ class ExitCodes(_Model):
         return f"{self.operator} [{' '.join(str(v) for v in sorted(self.values))}]"
 
 
+def cause_words(kind: str, exit_code: object = None, signal: object = None) -> str:
+    """A cause's kind with its exit code and signal, the part of it a rule matches on:
+    ``non-zero-exit exit code 3``, ``out-of-memory exit code 137 signal 9``."""
+    code = f" exit code {exit_code}" if exit_code is not None else ""
+    killed = f" signal {signal}" if signal is not None else ""
+    return f"{kind}{code}{killed}"
+
+
 def rule_causes(on: Sequence[CauseKind], exit_codes: ExitCodes | None) -> str:
     """A rule's causes as the plan, status and Events say them: ``preempted node-lost``, with the
     codes of a rule on exit codes (``non-zero-exit exitCodes In [137]``)."""
