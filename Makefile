@@ -20,6 +20,10 @@ help:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# A .venv made when the distribution was named `dispatch` still holds that editable install
+	@# (and operator/ its egg-info, which would still answer to the old name).
+	$(PY) -m pip uninstall --quiet --yes dispatch 2>/dev/null || true
+	rm -rf operator/dispatch.egg-info
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -357,7 +357,7 @@ def test_the_version_has_one_source() -> None:
     assert "version" not in project["project"]
     assert "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dispatch._version.__version__"}
-    assert dispatch.__version__ == importlib.metadata.version("dispatch")
+    assert dispatch.__version__ == importlib.metadata.version("dispatch-jobs")
     done = subprocess.run(
         [sys.executable, "-m", "dispatch._controller", "--version"],
         capture_output=True,
