@@ -11,7 +11,7 @@
 PROMTOOL_VERSION ?= v0.316.0
 PROMTOOL = $(BINS_DIR)/promtool-$(PROMTOOL_VERSION)/promtool
 RULES = charts/dispatch-operator/files/prometheus-rules.yaml
-RULES_TESTS = $(wildcard monitoring/*-test.yaml)
+RULES_TESTS = $(wildcard tests/monitoring/*-test.yaml)
 
 export PROMTOOL
 
