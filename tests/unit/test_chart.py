@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import yaml
 
 from dispatch import _constants as k8s_names
 from dispatch._backends.slurm._adapter import SlurmConfig
-from tests.support.helm import helm_binary
+from tests.support.helm import helm_binary, required
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dispatch-operator"
@@ -54,12 +53,7 @@ gen_chart = importlib.import_module("gen_chart")
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = helm_binary()
-    if found is None:
-        if os.environ.get("DISPATCH_REQUIRE_HELM") == "1":
-            pytest.fail("helm not found (run `make bins` or set DISPATCH_HELM)", pytrace=False)
-        pytest.skip("helm not found (run `make bins` or set DISPATCH_HELM)")
-    return found
+    return required(helm_binary(), "helm", "DISPATCH_REQUIRE_HELM", "run `make bins` or set DISPATCH_HELM")
 
 
 def template(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

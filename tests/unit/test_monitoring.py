@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from dispatch._controller.metrics import Metrics
-from tests.support.helm import helm_binary
+from tests.support.helm import helm_binary, required
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dispatch-operator"
@@ -179,12 +179,7 @@ def promtool() -> str | None:
 
 @pytest.fixture(scope="module")
 def promtool_bin() -> str:
-    found = promtool()
-    if found is None:
-        if os.environ.get("DISPATCH_REQUIRE_PROMTOOL") == "1":
-            pytest.fail("promtool not found: run `make promtool`", pytrace=False)
-        pytest.skip("promtool not built (make promtool)")
-    return found
+    return required(promtool(), "promtool", "DISPATCH_REQUIRE_PROMTOOL", "run `make promtool`")
 
 
 def test_promtool_checks_and_unit_tests_the_rules(promtool_bin: str) -> None:
@@ -209,12 +204,7 @@ def test_promtool_finds_nothing_to_lint_in_the_exposition(promtool_bin: str) -> 
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = helm_binary()
-    if found is None:
-        if os.environ.get("DISPATCH_REQUIRE_HELM") == "1":
-            pytest.fail("helm not found: run `make bins`", pytrace=False)
-        pytest.skip("helm not built (make bins)")
-    return found
+    return required(helm_binary(), "helm", "DISPATCH_REQUIRE_HELM", "run `make bins` or set DISPATCH_HELM")
 
 
 def render(helm: str, *values: str) -> list[dict[str, Any]]:
