@@ -48,10 +48,9 @@ def script(kubeconfig: Path, namespace: str, log: Path) -> str:
         .replace("--namespace=quickstart", f"--namespace={namespace}")
         .replace("8081", health)
         .replace("8080", metrics)
-        .replace("> operator.log", f"> {log}")
     )
     assert "quickstart" not in text, text
-    return text
+    return text.replace("> operator.log", f"> {log}")
 
 
 def test_the_page_runs_every_block() -> None:
