@@ -838,3 +838,45 @@ def test_probes_are_on_by_default_and_use_the_health_port(helm: str) -> None:
     assert "readinessProbe" not in off
     assert not [a for a in off["args"] if a.startswith("--health-port")]
     assert "health" not in {p["name"] for p in off.get("ports", [])}
+
+
+# The monitoring the chart ships: the files of files/ unchanged (tests/unit/test_monitoring.py
+# checks their contents against the operator's metrics; `make rules-test` runs promtool on them).
+MONITORING = CHART / "files"
+
+
+def test_the_chart_installs_monitoring_only_when_asked(helm: str) -> None:
+    docs = render(helm)
+    assert not {d["kind"] for d in docs} & {"ServiceMonitor", "PrometheusRule"}
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_the_prometheus_rule_is_the_tested_rule_file(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=prom",
+    )
+    rule = one(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((MONITORING / "prometheus-rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    docs = render(helm, "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.enabled=false")
+    assert by_kind(docs, "PrometheusRule") == [], "rules about metrics nobody serves"
+
+
+def test_the_dashboard_config_map_holds_the_dashboard(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.namespace=grafana",
+    )
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    assert json.loads(cm["data"]["dispatch-operator.json"]) == dashboard
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "grafana"

@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from dispatch._controller.metrics import Metrics
-from tests.support.helm import helm_binary, required
+from tests.support.helm import required
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dispatch-operator"
@@ -197,44 +197,3 @@ def test_promtool_finds_nothing_to_lint_in_the_exposition(promtool_bin: str) -> 
         [promtool_bin, "check", "metrics"], input=generate_latest(metrics.registry), capture_output=True
     )
     assert done.returncode == 0, (done.stdout + done.stderr).decode()
-
-
-# ----------------------------------------------------------------------------------- the chart
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return required(helm_binary(), "helm", "DISPATCH_REQUIRE_HELM", "run `make bins` or set DISPATCH_HELM")
-
-
-def render(helm: str, *values: str) -> list[dict[str, Any]]:
-    args = [helm, "template", "dispatch", str(CHART), "--namespace", "dispatch-system"]
-    for value in values:
-        args += ["--set", value]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
-
-
-def test_the_chart_installs_monitoring_only_when_asked(helm: str) -> None:
-    kinds = {d["kind"] for d in render(helm)}
-    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
-    assert not [d for d in render(helm) if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]]
-
-
-def test_the_prometheus_rule_is_the_tested_rule_file(helm: str) -> None:
-    docs = render(helm, "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom")
-    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
-    assert rule["spec"] == yaml.safe_load(RULES.read_text())
-    assert rule["metadata"]["labels"]["release"] == "prom"
-    assert rule["metadata"]["namespace"] == "dispatch-system"
-    docs = render(helm, "metrics.prometheusRule.enabled=true", "metrics.enabled=false")
-    assert not [d for d in docs if d["kind"] == "PrometheusRule"], "rules about metrics nobody serves"
-
-
-def test_the_dashboard_config_map_holds_the_dashboard(helm: str) -> None:
-    docs = render(helm, "metrics.grafanaDashboard.enabled=true", "metrics.grafanaDashboard.namespace=grafana")
-    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
-    assert json.loads(cm["data"]["dispatch-operator.json"]) == json.loads(DASHBOARD.read_text())
-    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert cm["metadata"]["namespace"] == "grafana"
