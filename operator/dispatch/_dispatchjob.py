@@ -44,6 +44,7 @@ from ._constants import (
     COND_STALLED,
     COND_SUCCEEDED,
     KUEUE_LABEL_QUEUE,
+    REASON_BACKEND_NOT_CONFIGURED,
     REASON_CANCELLED,
     REASON_FAILED,
     REASON_PENDING,
@@ -438,8 +439,22 @@ def conditions_for(record: Record, shown: State | None = None, note: str = "") -
     return out
 
 
+WAITING_REASONS: Final = frozenset({REASON_BACKEND_NOT_CONFIGURED})
+"""Why a job that has no record yet waits rather than is refused: what it needs may come."""
+
+
 def refusal_conditions(reason: str, message: str) -> list[Condition]:
-    """A job dispatch refuses (nothing will be created): not ready, stalled, failed."""
+    """A job dispatch refuses (nothing will be created): not ready, stalled, failed. A job that
+    waits for something that may come (:data:`WAITING_REASONS`: an operator with its backend) is
+    not ready and reconciling, neither stalled nor failed, so GitOps tools and ``kubectl wait``
+    read it as in progress."""
+    if reason in WAITING_REASONS:
+        return [
+            Condition(COND_READY, False, reason, message),
+            Condition(COND_RECONCILING, True, reason, message),
+            Condition(COND_SUCCEEDED, False, reason, message),
+            Condition(COND_FAILED, False, reason, message),
+        ]
     return [
         Condition(COND_READY, False, reason, message),
         Condition(COND_STALLED, True, reason, message),
@@ -492,7 +507,8 @@ def observed_of(body: Mapping[str, Any]) -> dict[str, str]:
 
 
 def refusal(body: Mapping[str, Any]) -> str | None:
-    """The reason the current generation was refused (a status with Stalled=True and no record), if so."""
+    """The reason the current generation was refused or waits (a status without a record, with
+    Stalled=True, or Reconciling=True for one of :data:`WAITING_REASONS`), if so."""
     status = body.get("status") or {}
     if "plan" in status:
         return None
@@ -500,7 +516,11 @@ def refusal(body: Mapping[str, Any]) -> str | None:
     if status.get("observedGeneration") != generation:
         return None
     for c in status.get("conditions") or ():
-        if c.get("type") == COND_STALLED and c.get("status") == "True":
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == COND_STALLED or (
+            c.get("type") == COND_RECONCILING and c.get("reason") in WAITING_REASONS
+        ):
             return str(c.get("reason"))
     return None
 

@@ -257,3 +257,34 @@ def test_the_spec_is_fixed_and_a_cancel_cannot_be_undone(
                 "patch", "-n", namespace, "dispatchjob/fixed", "--type=merge", "-p", json.dumps(patch)
             )
         assert message in info.value.stderr
+
+
+def test_a_large_job_can_be_cancelled_and_let_go_and_a_too_large_one_is_refused_readably(
+    kube_cluster: KubeCluster, namespace: str, admission: WebhookOperator
+) -> None:
+    # 600 KiB of arguments: a CREATE's review holds it once, an UPDATE's twice (over kopf's 1 MiB).
+    large = job("large", command=["python", "train.py", *(["x" * 4000] * 150)])
+    text = yaml.safe_dump(large)
+    kube_cluster.kubectl("create", "-n", namespace, "-f", "-", input=text)
+    kube_cluster.kubectl(
+        "patch", "-n", namespace, "dispatchjob/large", "--type=merge", "-p", '{"spec":{"cancel":true}}'
+    )
+    assert kube_cluster.get("dispatchjob", "large", namespace)["spec"]["cancel"] is True
+    kube_cluster.kubectl("delete", "-n", namespace, "dispatchjob/large", "--wait=false")
+    # What the loop does to let a deleted job go: the finalizer's removal is admitted too.
+    kube_cluster.kubectl(
+        "patch",
+        "-n",
+        namespace,
+        "dispatchjob/large",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
+    )
+    kube_cluster.kubectl("wait", "-n", namespace, "--for=delete", "dispatchjob/large", "--timeout=60s")
+
+    # Client-side apply keeps a copy in an annotation: 1.2 MB, refused with the sizes, not a bare 413.
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("larger", command=large["spec"]["command"]), namespace)
+    assert "denied the request: the DispatchJob is " in info.value.stderr
+    assert f"half the API server's object size limit ({webhook.MAX_OBJECT_BYTES})" in info.value.stderr

@@ -370,6 +370,11 @@ class EventRecorder:
         reason = REASON_UNQUEUEABLE if error.field is not None else REASON_UNENFORCEABLE
         self.emit(job, EVENT_WARNING, reason, "Refuse", f"refused: {error}")
 
+    def waiting(self, job: str, reason: str, message: str) -> None:
+        """The job waits before anything is created: a Warning, since it needs a person (or an
+        operator that serves its backend) to go on."""
+        self.emit(job, EVENT_WARNING, reason, "Wait", message)
+
     def invalid(self, job: str, message: str) -> None:
         """The job was refused: its spec is invalid."""
         self.emit(job, EVENT_WARNING, REASON_INVALID_SPEC, "Refuse", f"refused: {message}")

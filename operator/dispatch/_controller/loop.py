@@ -340,8 +340,13 @@ class SupervisionLoop:
                 return Turn.DONE  # stands for this generation; a new one is a new event
             if backend is None:
                 if view.refusal != REASON_BACKEND_NOT_CONFIGURED:
-                    message = f"this operator has no adapter for backend {name!r}; nothing was created"
+                    message = (
+                        f"backend {name!r} is not served by this operator; nothing was created, and "
+                        f"the job starts once an operator that serves it runs"
+                    )
                     await runtime.refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
+                    if runtime.events is not None:
+                        runtime.events.waiting(job, REASON_BACKEND_NOT_CONFIGURED, message)
                 log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
                 return Turn.DONE  # a change of the object, or an operator with the adapter, looks again
             assert view.body is not None  # a view without a record keeps its body (for planning)

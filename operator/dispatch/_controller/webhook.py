@@ -5,7 +5,13 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     the operator makes it (``make_plan`` with the capabilities of the adapter for ``spec.backend``
     and ``supervised=True``), and the message is the PlanError's, which names the rule and why.
     It also refuses what the CRD's schema and CEL rules cannot say: options for a backend other than
-    ``spec.backend``, and anything the core's JobSpec refuses. An UPDATE that leaves the spec as it
+    ``spec.backend``, and anything the core's JobSpec refuses; a backend the operator serving the
+    webhook did not open (the webhook covers exactly the namespaces that operator supervises, so
+    nothing would ever run it); and a job whose object could never be stored: the object its
+    backend would create (:class:`~dispatch._protocols.Previewing`) over the API server's object
+    size limit (``--max-object-bytes``, etcd's default request limit), or the DispatchJob itself over
+    half of it (its record, written into its status, needs room to grow). Each refusal says the
+    size and the limit. An UPDATE that leaves the spec as it
     was (apart from ``cancel``) is always allowed, so the operator can always remove its finalizer;
     a spec change is refused (the CRD's CEL refuses it too).
 
@@ -25,7 +31,11 @@ Server and certificates
     ``port`` over TLS. With ``cert_dir`` (a mounted Secret: ``tls.crt``, ``tls.key``, optionally
     ``ca.crt``, the layout of cert-manager and of ``kubernetes.io/tls`` Secrets) the server uses
     those files and reloads them when they change; without it a CA and a serving certificate for
-    ``host`` (plus ``extra_sans``) are generated at start. With ``managed`` set (tests, development)
+    ``host`` (plus ``extra_sans``) are generated at start. The server reads admission reviews of
+    up to :data:`MAX_REVIEW_BYTES` (kopf's own limit, 1 MiB, would refuse with a bare 413 the review
+    of an UPDATE of a DispatchJob over 512 KiB, which holds the object twice, and with
+    ``failurePolicy: Fail`` make that job impossible to cancel or to let go of its finalizer).
+    With ``managed`` set (tests, development)
     the operator installs its own ``ValidatingWebhookConfiguration`` and
     ``MutatingWebhookConfiguration`` named ``managed``, pointing at ``https://<host>:<port>/<id>``
     with the CA as ``caBundle``; in production the Helm chart installs them (``managed`` unset).
@@ -41,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import ipaddress
+import json
 import logging
 import os
 import tempfile
@@ -49,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp.web
 import kopf
 
 from .. import _registry
@@ -64,8 +76,10 @@ from .._constants import (
 )
 from .._dispatchjob import SpecError, backend_of, job_spec
 from .._errors import PlanError
-from .._model import ActorKind, Capabilities
+from .._model import ActorKind, Capabilities, JobSpec, Plan
 from .._plan import make_plan
+from .._protocols import Previewing
+from .._workload import Refused as NotBuildable
 from .ports import Configured
 
 log = logging.getLogger("dispatch.webhook")
@@ -77,7 +91,18 @@ CA_FILE: Final = "ca.crt"
 CERT_DAYS: Final = 365
 ENV_PREFIX: Final = "DISPATCH_WEBHOOK_"
 
+MAX_OBJECT_BYTES: Final = 1_572_864
+"""etcd's default ``--max-request-bytes`` (1.5 MiB): the largest object a default cluster stores."""
+MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
+"""The largest admission review the server reads: an UPDATE's review holds the object twice, and
+the API server accepts a request body of up to 3 MiB."""
+
 CapabilitiesOf = Callable[[str], Capabilities | None]
+PreviewOf = Callable[[str], Previewing | None]
+
+
+def _no_preview(backend: str) -> Previewing | None:
+    return None
 
 
 def default_capabilities(backend: str) -> Capabilities | None:
@@ -98,6 +123,34 @@ def runtime_capabilities(runtime: Configured) -> CapabilitiesOf:
     return of
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What the validating webhook checks a DispatchJob against."""
+
+    capabilities: CapabilitiesOf = default_capabilities
+    served: frozenset[str] | None = None
+    """The backends the operator serving the webhook opened; None (a webhook without an operator,
+    as in tests): every registered backend."""
+    preview: PreviewOf = _no_preview
+    """The backend that shows the object a spec would create, for the size check."""
+    max_object_bytes: int = MAX_OBJECT_BYTES
+
+    @classmethod
+    def of(cls, runtime: Configured, max_object_bytes: int = MAX_OBJECT_BYTES) -> Admission:
+        """The checks of the operator's runtime: its backends, their capabilities and previews."""
+
+        def preview(backend: str) -> Previewing | None:
+            configured = runtime.backends.get(backend)
+            return configured if isinstance(configured, Previewing) else None
+
+        return cls(
+            capabilities=runtime_capabilities(runtime),
+            served=frozenset(runtime.backends),
+            preview=preview,
+            max_object_bytes=max_object_bytes,
+        )
+
+
 # ---- the checks (pure, tested without a server) ------------------------------------------------------
 
 
@@ -113,7 +166,7 @@ def check(
     body: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     operation: str | None,
-    capabilities: CapabilitiesOf = default_capabilities,
+    admission: Admission = Admission(),
 ) -> None:
     """Raise :class:`Refused` when the DispatchJob must not be admitted."""
     spec = body.get("spec") or {}
@@ -135,13 +188,58 @@ def check(
         raise Refused(str(error)) from None
     except (KeyError, TypeError) as error:
         raise Refused(f"not a DispatchJob: {error}") from None
-    caps = capabilities(backend)
+    if admission.served is not None and backend not in admission.served:
+        serves = ", ".join(sorted(admission.served)) or "no backend"
+        raise Refused(
+            f"spec.backend: {backend!r} is not served by the operator supervising this namespace "
+            f"(it serves {serves}), so nothing would run the job; the chart's value `backends` "
+            f"(or `slurm.enabled`) opens it"
+        )
+    caps = admission.capabilities(backend)
     if caps is None:
         raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")
     try:
-        make_plan(job, job_spec_, caps, supervised=True)
+        plan = make_plan(job, job_spec_, caps, supervised=True)
     except PlanError as error:
         raise Refused(f"{error} (backend {backend})") from None
+    _check_sizes(body, job, job_spec_, plan, admission.preview(backend), admission.max_object_bytes)
+
+
+def _size(obj: Mapping[str, Any]) -> int:
+    """The object's size as the API server stores it (compact JSON; etcd's protobuf is close)."""
+    return len(json.dumps(obj, separators=(",", ":"), default=str).encode())
+
+
+def _check_sizes(
+    body: Mapping[str, Any],
+    job: str,
+    spec: JobSpec,
+    plan: Plan,
+    previewing: Previewing | None,
+    limit: int,
+) -> None:
+    """Refuse a job whose DispatchJob or first object could never be stored (see the module doc)."""
+    own = _size(body)
+    if own > limit // 2:
+        raise Refused(
+            f"the DispatchJob is {own} bytes: over {limit // 2}, half the API server's object size "
+            f"limit ({limit}), which leaves its record room to grow in its status; move large "
+            f"values (env, command) into a ConfigMap or Secret the pods read"
+        )
+    if previewing is None:
+        return
+    try:
+        workload = previewing.preview(job, spec, plan)
+    except NotBuildable as error:
+        raise Refused(str(error)) from None
+    size = _size(workload)
+    if size > limit:
+        kind = str(workload.get("kind") or "object")
+        raise Refused(
+            f"its {kind} would be {size} bytes, over the API server's object size limit ({limit}): "
+            f"the spec is copied into each replica's pod template; move large values (env, "
+            f"command) into a ConfigMap or Secret the pods read"
+        )
 
 
 def actor_of(userinfo: Mapping[str, Any] | None) -> str:
@@ -193,7 +291,7 @@ def finalizers_to_set(body: Mapping[str, Any], operation: str | None) -> list[st
 # ---- kopf handlers ----------------------------------------------------------------------------------
 
 
-def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = default_capabilities) -> None:
+def register(registry: kopf.OperatorRegistry, admission: Admission | None = None) -> None:
     """Register the validating and mutating handlers for DispatchJobs in ``registry``."""
 
     @kopf.on.mutate(
@@ -236,7 +334,7 @@ def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = def
         body: kopf.Body = kwargs["body"]
         operation: str | None = kwargs.get("operation")
         try:
-            check(body, kwargs.get("old"), operation, capabilities)
+            check(body, kwargs.get("old"), operation, admission or Admission())
         except Refused as error:
             meta = body.get("metadata") or {}
             log.info("%s %s/%s refused: %s", operation, meta.get("namespace"), meta.get("name"), error)
@@ -255,6 +353,7 @@ class Options:
     cert_dir: Path | None = None
     managed: str | None = None
     extra_sans: tuple[str, ...] = field(default_factory=tuple)
+    max_object_bytes: int = MAX_OBJECT_BYTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +380,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--webhook-extra-san", action="append", default=None, help="extra DNS name or IP for a generated cert"
     )
+    g.add_argument(
+        "--max-object-bytes",
+        type=int,
+        default=None,
+        help=f"the API server's object size limit (etcd's --max-request-bytes; default {MAX_OBJECT_BYTES}): "
+        "a job whose object would exceed it is refused at apply",
+    )
 
 
 def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> Options:
@@ -305,6 +411,9 @@ def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> 
         cert_dir=Path(cert_dir) if cert_dir else None,
         managed=pick("managed"),
         extra_sans=tuple(sans),
+        max_object_bytes=int(
+            given.get("max_object_bytes") or getattr(args, "max_object_bytes", None) or MAX_OBJECT_BYTES
+        ),
     )
 
 
@@ -397,6 +506,16 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+class _Server(kopf.WebhookServer):
+    """kopf's webhook server, reading reviews of up to :data:`MAX_REVIEW_BYTES`: its aiohttp
+    application keeps aiohttp's default of 1 MiB and has no setting for it, so each request is
+    served as a clone that allows more."""
+
+    @staticmethod
+    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
+
+
 def server(opts: Options) -> kopf.WebhookServer:
     """kopf's HTTPS webhook server for ``opts``, with certificates from ``cert_dir`` or generated."""
     host = opts.host or ("127.0.0.1" if opts.addr in ("0.0.0.0", "::", "") else opts.addr)
@@ -404,7 +523,7 @@ def server(opts: Options) -> kopf.WebhookServer:
         cert, key = opts.cert_dir / CERT_FILE, opts.cert_dir / KEY_FILE
         ca = opts.cert_dir / CA_FILE
         log.info("webhook certificates from %s", opts.cert_dir)
-        return kopf.WebhookServer(
+        return _Server(
             addr=opts.addr,
             port=opts.port,
             host=host,
@@ -416,7 +535,7 @@ def server(opts: Options) -> kopf.WebhookServer:
     hostnames = [host, opts.addr, "localhost", "127.0.0.1", *opts.extra_sans]
     cert, key, ca = generate_certificates(directory, hostnames)
     log.info("webhook certificates generated for %s", ", ".join(h for h in dict.fromkeys(hostnames) if h))
-    return kopf.WebhookServer(
+    return _Server(
         addr=opts.addr, port=opts.port, host=host, certfile=str(cert), pkeyfile=str(key), cafile=str(ca)
     )
 
@@ -428,18 +547,18 @@ def setup(
     port: int,
     runtime: Configured | None = None,
     args: argparse.Namespace | None = None,
-    capabilities: CapabilitiesOf | None = None,
     **given: Any,
 ) -> Options:
     """Register the webhooks and configure kopf's webhook server (and managed configurations).
 
     ``runtime`` (the operator's :class:`~dispatch._controller.runtime.Runtime`) supplies the
-    capabilities of the configured adapters; ``args`` the flags of :func:`add_arguments`; ``given``
-    overrides (``addr``, ``host``, ``cert_dir``, ``managed``, ``extra_sans``).
+    backends the webhook admits, their capabilities and previews (:meth:`Admission.of`; without
+    it every registered backend is admitted with its default capabilities); ``args`` the flags of
+    :func:`add_arguments`; ``given`` overrides (``addr``, ``host``, ``cert_dir``, ``managed``,
+    ``extra_sans``, ``max_object_bytes``).
     """
     opts = options(port, args, **given)
-    caps = capabilities or (runtime_capabilities(runtime) if runtime is not None else default_capabilities)
-    register(registry, caps)
+    register(registry, Admission.of(runtime, opts.max_object_bytes) if runtime is not None else None)
     settings.admission.server = server(opts)
     settings.admission.managed = opts.managed
     log.info(
