@@ -75,9 +75,10 @@ from .._decide import (
     Step,
     describe_step,
 )
+from .._dispatchjob import cause_text
 from .._errors import PlanError
 from .._kubeclient import urgent
-from .._model import Cause, Record, State, rule_causes
+from .._model import Cause, Record, State, cause_words, rule_causes
 from .logs import redact
 
 log = logging.getLogger("dispatch.events")
@@ -139,16 +140,10 @@ def split_job(job: str) -> tuple[str, str]:
 
 
 def _cause(cause: Cause | None) -> str:
+    """A cause as status and ``kubectl dispatch`` say it (:func:`~dispatch._dispatchjob.cause_text`)."""
     if cause is None:
         return "unknown"
-    text = cause.kind.value
-    if cause.detail:
-        text += f" ({cause.detail})"
-    if cause.exit_code is not None:
-        text += f" exit code {cause.exit_code}"
-    if cause.signal is not None:
-        text += f" signal {cause.signal}"
-    return text
+    return cause_text(cause.kind.value, cause.detail, cause.exit_code, cause.signal)
 
 
 def _budget(left: int, budget: int) -> str:
@@ -227,8 +222,8 @@ def _why_failed(step: RecordOutcome, before: Record) -> str:
     kind = step.cause.kind
     index = before.spec.recovery.rule_for(step.cause)
     if index is None:
-        code = f" exit code {step.cause.exit_code}" if step.cause.exit_code is not None else ""
-        return f"no rule covers {kind}{code} (it was listed as uncovered in the plan)"
+        said = cause_words(kind.value, step.cause.exit_code, step.cause.signal)
+        return f"no rule covers {said} (it was listed as uncovered in the plan)"
     rule = before.plan.rules[index]
     if rule.left == 0:
         return f"rule {index} covers {kind} but its budget of {rule.budget} is spent"
