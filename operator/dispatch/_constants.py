@@ -125,3 +125,9 @@ dispatch released it); the note says by whom, as ``status.observedNote`` does.""
 REASON_UNQUEUEABLE: Final = "QueueRefused"
 """Condition reason: spec.queue names a LocalQueue, but Kueue cannot queue this job here (a backend
 Kueue does not integrate, or a cluster that does not serve workloads.kueue.x-k8s.io)."""
+
+JWT_FRAGMENT: Final = r"eyJ[A-Za-z0-9_-]{2,}(?:\.[A-Za-z0-9_-]*)*"
+"""Any piece of a JSON Web Token (a Slurm JWT, a service-account token), however it was cut: each
+of its first two parts is base64url of a JSON object, so it starts ``eyJ`` (``{"``). Scrubbed from
+every error, status, Event and log line, with what follows it up to the next character no token
+holds."""

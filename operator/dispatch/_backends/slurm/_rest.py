@@ -21,6 +21,7 @@ import httpx
 from pydantic import SecretStr
 
 from ..._config import RereadFile
+from ..._constants import JWT_FRAGMENT
 from ..._errors import BackendError, TransientBackendError
 
 log = logging.getLogger("dispatch.slurm.rest")
@@ -40,7 +41,7 @@ AUTH_STATUSES = frozenset({401, 403, 511})
 """HTTP statuses slurmrestd answers a missing, rejected or expired token with (24.11+: 511 + 1007)."""
 TOKEN_REJECTED = "token rejected or expired (check the token and that it belongs to the user name)"
 
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*")
+_JWT = re.compile(JWT_FRAGMENT)
 """Anything shaped like a JWT (header.payload.signature, base64url, header starting '{"')."""
 
 
