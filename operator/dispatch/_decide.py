@@ -154,6 +154,12 @@ _VANISHED = "the scheduler no longer shows the canonical object"
 CANCELLED_OUTSIDE = "cancelled on the scheduler, outside dispatch"
 
 
+def _id_order(object_id: str) -> tuple[int, str]:
+    """Object ids in creation order where the scheduler numbers them (Slurm's job ids: ``"999"``
+    before ``"1000"``), else by name."""
+    return (len(object_id), object_id) if object_id.isdigit() else (0, object_id)
+
+
 def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     """The next step for ``record`` given every object tagged with its job.
 
@@ -214,7 +220,8 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     waiting = _shown(record)
     if cur.canonical is None:
         candidates = sorted(
-            (o for o in objects if o.submission == cur.n), key=lambda o: (o.phase is Phase.ENDED, o.id)
+            (o for o in objects if o.submission == cur.n),
+            key=lambda o: (o.phase is Phase.ENDED, *_id_order(o.id)),
         )
         if candidates:
             return Decision(RecordCanonical(cur.n, candidates[0].id), *waiting)

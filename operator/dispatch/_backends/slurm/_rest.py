@@ -10,6 +10,7 @@ built here goes through :meth:`RestClient.scrub`, which also removes anything sh
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -112,6 +113,23 @@ class TokenSource:
             raise TransientBackendError(
                 f"slurm token file {self._file.path} unreadable: {e.strerror}"
             ) from None
+
+    def user(self) -> str | None:
+        """The Slurm user the token was minted for (its ``sun`` claim, as ``scontrol token`` writes
+        it), or None. Read without checking the signature: slurmrestd checks it on every request."""
+        try:
+            tok = self.get()
+        except TransientBackendError:
+            return None
+        parts = (tok or "").split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except (ValueError, TypeError):
+            return None
+        user = claims.get("sun") if isinstance(claims, dict) else None
+        return user if isinstance(user, str) and user else None
 
     def secrets(self) -> list[str]:
         """Every form of the token that must never be shown (the token, its signature)."""
