@@ -246,13 +246,20 @@ RECORD_FIELDS: Final = tuple(
 )
 
 
+REQUESTERS: Final = frozenset({ActorKind.HUMAN, ActorKind.SERVICE_ACCOUNT})
+"""The kinds of actor that ask for a job or its cancel through the API: only the supervisor and
+the scheduler act as themselves, and only in the record."""
+
+
 def parse_actor(text: str | None, default: Actor = UNKNOWN_HUMAN) -> Actor:
-    """``"kind:id"`` (kind one of human, supervisor, scheduler) or a bare name (a human)."""
+    """A requester's annotation: ``"kind:id"`` (kind one of :data:`REQUESTERS`) or a bare name (a
+    human). An annotation claiming the supervisor or the scheduler was written by hand, where no
+    webhook stamped it: it is ``default``, since the record must not say dispatch did it."""
     if not text:
         return default
     kind, sep, ident = text.partition(":")
     if sep and kind in {k.value for k in ActorKind} and ident:
-        return Actor(kind=ActorKind(kind), id=ident)
+        return Actor(kind=ActorKind(kind), id=ident) if ActorKind(kind) in REQUESTERS else default
     return Actor(kind=ActorKind.HUMAN, id=text)
 
 

@@ -91,6 +91,8 @@ class ActorKind(StrEnum):
     """What kind of actor did a thing."""
 
     HUMAN = "human"
+    SERVICE_ACCOUNT = "serviceaccount"
+    """A Kubernetes service account (a CI pipeline, a GitOps controller): ``<namespace>/<name>``."""
     SUPERVISOR = "supervisor"
     SCHEDULER = "scheduler"
 

@@ -242,10 +242,18 @@ def _check_sizes(
         )
 
 
+SERVICE_ACCOUNT_PREFIX: Final = "system:serviceaccount:"
+
+
 def actor_of(userinfo: Mapping[str, Any] | None) -> str:
-    """``human:<username>`` of the admission request's userInfo (``human:unknown`` without one)."""
+    """The requester of an admission request, from its userInfo: ``serviceaccount:<namespace>/<name>``
+    for a service account, else ``human:<username>`` (``human:unknown`` without one)."""
     username = str((userinfo or {}).get("username") or "unknown")
-    return f"{ActorKind.HUMAN.value}:{username}"[: MAX_ACTOR_ID + len(ActorKind.HUMAN.value) + 1]
+    kind = ActorKind.HUMAN
+    if username.startswith(SERVICE_ACCOUNT_PREFIX) and username.count(":") == 3:
+        kind = ActorKind.SERVICE_ACCOUNT
+        username = "/".join(username[len(SERVICE_ACCOUNT_PREFIX) :].split(":"))
+    return f"{kind.value}:{username[:MAX_ACTOR_ID]}"
 
 
 def annotations_to_set(
