@@ -283,8 +283,14 @@ def test_a_large_job_can_be_cancelled_and_let_go_and_a_too_large_one_is_refused_
     )
     kube_cluster.kubectl("wait", "-n", namespace, "--for=delete", "dispatchjob/large", "--timeout=60s")
 
-    # Client-side apply keeps a copy in an annotation: 1.2 MB, refused with the sizes, not a bare 413.
+    # Client-side apply keeps a copy in an annotation: 1.2 MB, refused readably, not a bare 413.
     with pytest.raises(KubectlError) as info:
-        apply_as(kube_cluster, job("larger", command=large["spec"]["command"]), namespace)
+        apply_as(kube_cluster, job("copied", command=large["spec"]["command"]), namespace)
+    assert "metadata.annotations: Too long" in info.value.stderr
+    assert "413" not in info.value.stderr
+    # Over half the object limit: its record would have no room; refused with both sizes.
+    larger = job("larger", command=["python", "train.py", *(["x" * 4000] * 200)])
+    with pytest.raises(KubectlError) as info:
+        kube_cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(larger))
     assert "denied the request: the DispatchJob is " in info.value.stderr
     assert f"half the API server's object size limit ({webhook.MAX_OBJECT_BYTES})" in info.value.stderr
