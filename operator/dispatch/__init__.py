@@ -86,6 +86,8 @@ from ._model import (
     RecoveryPolicy,
     Resources,
     Rule,
+    SimulatedEnd,
+    Simulation,
     State,
     Status,
     Submission,
@@ -94,6 +96,7 @@ from ._model import (
 )
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore, Subscribers, Unsubscribe, Versioned, Wake
+from ._simulate import simulate
 from ._supervisor import Intent, Listener, Supervisor
 from ._version import __version__
 
@@ -164,6 +167,8 @@ __all__ = [
     "Rule",
     "SecretSource",
     "Shape",
+    "SimulatedEnd",
+    "Simulation",
     "SlurmOptions",
     "State",
     "Status",
@@ -189,6 +194,7 @@ __all__ = [
     "describe_step",
     "due",
     "make_plan",
+    "simulate",
     "status",
 ]
 

@@ -655,3 +655,38 @@ class Status(_Model):
     history: tuple[Transition, ...] = ()
     settled: bool = False
     message: str = ""
+
+
+class SimulatedEnd(_Model):
+    """One submission's end in a simulation and what the rules make of it."""
+
+    submission: int
+    cause: Cause
+    rule: int | None = None
+    """The rule that fired on it; None when none did (the job ended, or succeeded)."""
+    backoff_seconds: float = 0.0
+    """The wait before the next submission (the rule's backoff)."""
+    next_submission: int | None = None
+    """The submission the firing authorized; None when the job ended here."""
+    budget_left: int | None = None
+    """What the firing rule has left after this firing."""
+    in_place: bool = False
+    """The scheduler restarted the submission's object in place (a rule it enforces): no new
+    submission, and the same submission ends again later."""
+    change: str = ""
+    """What the firing changes in the next submission; empty when it runs as the last one did."""
+    state: State
+    """The job's recorded state after this end: ``recovering``, or its outcome."""
+
+
+class Simulation(_Model):
+    """What :func:`simulate` answers: each end in order, where the job ends, and the causes unused."""
+
+    ends: tuple[SimulatedEnd, ...]
+    state: State
+    """The job's outcome: ``succeeded`` once the causes are spent, or ``failed``."""
+    cause: Cause
+    unused: tuple[Cause, ...] = ()
+    """Causes the job never met: it ended before them."""
+    record: Record
+    """The simulated record, its history and firings as a supervisor would have written them."""

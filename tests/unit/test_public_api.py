@@ -113,6 +113,8 @@ PUBLIC = [
     "Rule",
     "SecretSource",
     "Shape",
+    "SimulatedEnd",
+    "Simulation",
     "SlurmOptions",
     "State",
     "Status",
@@ -138,6 +140,7 @@ PUBLIC = [
     "due",
     "make_plan",
     "open",
+    "simulate",
     "status",
 ]
 """Every public name of the package, sorted: what ``vars(dispatch)`` holds without a leading ``_``."""

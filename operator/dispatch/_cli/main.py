@@ -31,6 +31,8 @@ import aiohttp
 from .. import _dispatchjob as dispatchjob
 from .._constants import GROUP, KIND, PLURAL, SINGULAR
 from .._errors import PlanError
+from .._model import Cause
+from .._simulate import parse_cause, simulate
 from .._version import __version__
 from . import _render as render
 from ._manifest import ManifestError, load
@@ -89,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", nargs="?", help="the manifest (YAML; - for stdin), as with -f")
     p.add_argument("-f", "--filename", help="the manifest (YAML; - for stdin)")
+    p.add_argument(
+        "--simulate",
+        metavar="CAUSES",
+        help="walk the rules over these ends of submissions 1, 2, ... (comma-separated causes, such as "
+        "preempted,preempted,out-of-memory; non-zero-exit:3 for an exit code): which rule fires, the "
+        "backoff, the next submission and where the job ends, by the operator's own decision",
+    )
 
     p = sub.add_parser("get", parents=[common], help="summarise DispatchJobs")
     p.add_argument("name", nargs="?", help="one DispatchJob (all in the namespace without it)")
@@ -152,6 +161,7 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not path or (args.filename and args.file):
         raise Usage("plan takes one manifest: kubectl dispatch plan FILE (or -f FILE)")
     manifests = load(path, namespace=_default_namespace(args))
+    causes = _causes(args.simulate)
     results: list[Any] = []
     refused = False
     for i, manifest in enumerate(manifests):
@@ -168,8 +178,12 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 prefix = f"{manifest.job}: " if len(manifests) > 1 else ""
                 print(f"{prefix}refused: {error}", file=err)
             continue
+        sim = simulate(manifest.spec, p, causes) if causes is not None else None
         if args.output:
-            results.append(render.plan_data(p))
+            data = render.plan_data(p)
+            if sim is not None:
+                data = {"plan": data, "simulation": render.simulation_data(sim)}
+            results.append(data)
             continue
         if len(manifests) > 1:
             if i:
@@ -177,9 +191,23 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"{manifest.job}:", file=out)
         for line in render.plan_lines(p):
             print(line, file=out)
+        if sim is not None:
+            print(file=out)
+            for line in render.simulation_lines(sim):
+                print(line, file=out)
     if args.output:
         print(render.dump(results[0] if len(results) == 1 else results, args.output), file=out)
     return 1 if refused else 0
+
+
+def _causes(text: str | None) -> list[Cause] | None:
+    """``--simulate``'s causes, or None without it; a word that is no cause is a usage error."""
+    if text is None:
+        return None
+    try:
+        return [parse_cause(word) for word in text.split(",") if word.strip()]
+    except ValueError as error:
+        raise Usage(f"--simulate: {error}") from None
 
 
 # ---- commands that read the cluster -----------------------------------------------------------------
