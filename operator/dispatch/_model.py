@@ -112,6 +112,9 @@ class State(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     RECOVERING = "recovering"
+    SUSPENDED = "suspended"
+    """A person suspended the job: its running submission is stopped and no next one is authorized
+    until a person resumes it. Not an outcome."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -491,6 +494,11 @@ def _is_none(value: object) -> bool:
     return value is None
 
 
+def _is_zero(value: object) -> bool:
+    """A count left out of a dump while zero: a record without a person's retry reads as before."""
+    return value == 0
+
+
 class PlannedRule(_Model):
     """One rule as planned: its enforcer, its budget and how often it has fired so far."""
 
@@ -507,9 +515,12 @@ class PlannedRule(_Model):
     scheduler_backoff: Annotated[str | None, Field(exclude_if=_is_none)] = None
     """For a rule the scheduler enforces: the scheduler's own wait before each restart, in words."""
 
+    renewed: Annotated[int, Field(exclude_if=_is_zero)] = 0
+    """The firings before a person's retry renewed the rule's budget: they no longer count against it."""
+
     @property
     def left(self) -> int:
-        return max(self.budget - self.firings, 0)
+        return max(self.budget - (self.firings - self.renewed), 0)
 
 
 KUEUE_ENFORCES: Final = ("admission", "quota", "preemption")
@@ -607,6 +618,27 @@ class CancelRequest(_Model):
     time: datetime
 
 
+class SuspendRequest(_Model):
+    """A person's latest word on suspending the job (kept in the record): ``suspend`` true stops the
+    running submission and authorizes none; false resumes it with a new submission."""
+
+    suspend: bool
+    actor: Actor
+    time: datetime
+
+
+class RetryRequest(_Model):
+    """A person asked for a failed job to run again (kept in the record): the ``n``-th retry."""
+
+    n: Annotated[int, Field(ge=1)]
+    """The retry's number: 1, 2, ... A request whose number the record has already taken
+    (``Record.retries``) asks for nothing, so asking again with the same number is harmless."""
+    actor: Actor
+    time: datetime
+    fresh_budget: int | None = None
+    """A rule whose budget starts afresh with this retry (its earlier firings no longer count)."""
+
+
 class Record(_Model):
     """The durable truth about one job. Every write of it is a compare-and-swap on its version."""
 
@@ -621,6 +653,10 @@ class Record(_Model):
     submissions: tuple[Submission, ...] = ()
     history: tuple[Transition, ...] = ()
     cancel: CancelRequest | None = None
+    suspend: SuspendRequest | None = None
+    retry: RetryRequest | None = None
+    retries: Annotated[int, Field(ge=0, exclude_if=_is_zero)] = 0
+    """The number of the last retry taken: a retry request with a higher one is still to be taken."""
     settled: bool = False
 
     @field_validator("state")
@@ -633,6 +669,17 @@ class Record(_Model):
     @property
     def current(self) -> Submission | None:
         return self.submissions[-1] if self.submissions else None
+
+    @property
+    def retry_asked(self) -> RetryRequest | None:
+        """A retry a person asked for that the record has not taken yet."""
+        retry = self.retry
+        return retry if retry is not None and retry.n > self.retries else None
+
+    @property
+    def suspend_asked(self) -> bool:
+        """Whether a person's latest word is to keep the job suspended."""
+        return self.suspend is not None and self.suspend.suspend
 
 
 class SubmissionStatus(_Model):
