@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -66,7 +66,17 @@ from dispatch import (
     compose,
 )
 from dispatch._cluster import Cluster
-from dispatch._decide import Authorize, Create, Decision, Done, RecordCanonical, Resume, Step, Wait
+from dispatch._decide import (
+    Authorize,
+    Create,
+    Decision,
+    Done,
+    RecordCanonical,
+    Resume,
+    Step,
+    Wait,
+    _suspension,
+)
 from dispatch._supervisor import Intent
 
 T = TypeVar("T")
@@ -759,4 +769,19 @@ def test_without_compare_and_swap_a_non_canonical_object_is_released() -> None:
             settings=settings(
                 PLANTED, max_examples=1500, phases=[Stage.generate], report_multiple_bugs=False
             ),
+        )
+
+
+def _resume_without_ending(record: Record, objects: Sequence[ObjectView], live: Sequence[ObjectView]) -> Any:
+    """The planted bug: a suspend that never ends the suspended submission's live objects."""
+    return _suspension(record, objects, ())
+
+
+def test_the_machine_finds_a_resume_beside_a_live_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ending what a suspend stopped, a resume releases a second object of the job."""
+    monkeypatch.setattr("dispatch._decide._suspension", _resume_without_ending)
+    with pytest.raises(AssertionError, match=r"peak_released|released and not ended at once"):
+        run_state_machine_as_test(
+            DispatchMachine,
+            settings=settings(PLANTED, max_examples=400, phases=[Stage.generate], report_multiple_bugs=False),
         )
