@@ -410,7 +410,8 @@ def _outcome_message(record: Record) -> str:
         return f"failed: cause {what}"
     rule = record.plan.rules[index]
     if rule.left == 0 and rule.enforcer is Enforcer.SUPERVISOR:
-        return f"failed: cause {what}; rule {index} has used its budget ({rule.firings}/{rule.budget})"
+        spent = rule.firings - rule.renewed  # since a person's retry last renewed it
+        return f"failed: cause {what}; rule {index} has used its budget ({spent}/{rule.budget})"
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
 
 
