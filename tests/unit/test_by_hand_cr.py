@@ -1,15 +1,17 @@
 """A person's suspend, resume and retry on the DispatchJob: the codec reads them from the spec with
 the actor the webhook stamped, the webhook stamps who asked and refuses what the job cannot take,
-and the CRD lets exactly these fields change."""
+the CRD lets exactly these fields change, and the plugin says a usage mistake before it asks."""
 
 from __future__ import annotations
 
 import copy
+import io
 from typing import Any
 
 import pytest
 
 from dispatch import Cause, CauseKind, ObjectView, Phase, Record, State
+from dispatch._cli.main import main
 from dispatch._constants import ANNOTATION_RETRIED_BY, ANNOTATION_SUBMITTED_BY, ANNOTATION_SUSPENDED_BY
 from dispatch._controller.crd import spec_schema
 from dispatch._controller.webhook import Refused, annotations_to_set, check
@@ -168,3 +170,11 @@ def test_the_crd_lets_the_asks_change_and_a_count_only_grow() -> None:
 
 def _first() -> tuple[Authorize, RecordCanonical]:
     return Authorize(1), RecordCanonical(1, "o1")
+
+
+def test_retry_takes_a_fresh_budget_with_its_rule() -> None:
+    """A usage mistake is said before any cluster is reached."""
+    for args in (["--fresh-budget"], ["--rule", "0"]):
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["retry", "train", *args], stdout=out, stderr=err) == 2
+        assert "--fresh-budget and --rule N go together" in err.getvalue()

@@ -170,6 +170,8 @@ def main(
     err = stderr or sys.stderr
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "retry" and args.fresh_budget != (args.rule is not None):
+            raise Usage("retry: --fresh-budget and --rule N go together (renew rule N's budget)")
         if args.command == "plan":
             return plan(args, out, err)
         return asyncio.run(_remote(args, out))
@@ -410,8 +412,6 @@ async def suspend(args: argparse.Namespace, objects: Any, namespace: str, out: T
 
 async def retry(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
     """Raise spec.retry.count by one (with spec.retry.freshBudget for --fresh-budget)."""
-    if args.fresh_budget != (args.rule is not None):
-        raise Usage("retry: --fresh-budget and --rule N go together (renew rule N's budget)")
     name = f"{SINGULAR}.{GROUP}/{args.name}"
     obj = await objects.get(namespace, args.name)
     spec = obj.get("spec") or {}
