@@ -62,7 +62,7 @@ def flux(obj: Mapping[str, Any]) -> str:
         (FAILED_ENDING, "Progressing", "ending the job's objects", "InProgress"),
         (FAILED, "Degraded", "out-of-memory", "Failed"),
         (CANCELLED, "Degraded", "cancelled by human:ada", "Failed"),
-        (SUSPENDED, "Suspended", "suspended by human:ada", "Current"),
+        (SUSPENDED, "Suspended", "suspended by human:ada", "InProgress"),
     ],
     ids=[
         "pending",
