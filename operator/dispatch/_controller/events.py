@@ -57,7 +57,10 @@ from .._constants import (
     REASON_OBJECT_ENDED,
     REASON_ORPHAN_ENDED,
     REASON_RECOVERING,
+    REASON_RESUMED,
+    REASON_RETRIED,
     REASON_SUCCEEDED,
+    REASON_SUSPENDED,
     REASON_UNENFORCEABLE,
     REASON_UNQUEUEABLE,
     REPORTING_CONTROLLER,
@@ -71,7 +74,9 @@ from .._decide import (
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
+    RecordSuspend,
     Release,
+    Resume,
     Step,
     describe_step,
 )
@@ -184,6 +189,22 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
                 f"{_why_failed(step, before)}"
             ),
         )
+    if isinstance(step, RecordSuspend):
+        n = before.current.n if before.current is not None else 0
+        return (
+            EVENT_NORMAL,
+            REASON_SUSPENDED,
+            "Suspend",
+            f"suspended by {step.actor}: stopping submission {n}",
+        )
+    if isinstance(step, Resume):
+        if step.retry is None:
+            message = f"resumed by {step.actor}: submission {step.submission} authorized"
+            return EVENT_NORMAL, REASON_RESUMED, "Resume", message
+        fresh = f", rule {step.fresh_budget}'s budget renewed" if step.fresh_budget is not None else ""
+        n = step.submission
+        message = f"retried by {step.actor}: the failed job reopened, submission {n} authorized{fresh}"
+        return EVENT_NORMAL, REASON_RETRIED, "Retry", message
     if isinstance(step, End):
         if step.orphan:
             message = (
@@ -210,6 +231,8 @@ _ACTIONS: Final[dict[type, str]] = {
     RecordRestarts: "CountRestarts",
     RecordOutcome: "Conclude",
     RecordSettled: "Settle",
+    RecordSuspend: "Suspend",
+    Resume: "Resume",
 }
 
 

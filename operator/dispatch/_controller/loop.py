@@ -48,7 +48,18 @@ from collections.abc import Callable
 from typing import Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
-from .._decide import Authorize, Create, Done, End, RecordCanonical, RecordEnd, Release, Wait, decide
+from .._decide import (
+    Authorize,
+    Create,
+    Done,
+    End,
+    RecordCanonical,
+    RecordEnd,
+    Release,
+    Wait,
+    decide,
+    reopening,
+)
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
 from .._model import Phase, Record
@@ -360,7 +371,7 @@ class SupervisionLoop:
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
-        if record.settled:
+        if record.settled and not reopening(record):  # a person's retry supervises it again
             return await self._settled(job, record, version, name)
         if job not in self._unsubscribe:
             self._subscribe(job, backend)

@@ -11,15 +11,19 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     backend would create (:class:`~dispatch._protocols.Previewing`) over the API server's object
     size limit (``--max-object-bytes``, etcd's default request limit), or the DispatchJob itself over
     half of it (its record, written into its status, needs room to grow). Each refusal says the
-    size and the limit. An UPDATE that leaves the spec as it
-    was (apart from ``cancel``) is always allowed, so the operator can always remove its finalizer;
-    a spec change is refused (the CRD's CEL refuses it too).
+    size and the limit. An UPDATE that leaves the spec as it was (apart from a person's asks:
+    ``cancel``, ``suspend``, ``retry``) is allowed, so the operator can always remove its finalizer;
+    a spec change is refused (the CRD's CEL refuses it too), and so is an ask the job cannot take:
+    a cancel undone, a retry of a job that has not failed (its recorded state), a retry count
+    lowered, a fresh budget for a rule the job does not have.
 
 Mutating (``/mutate-dispatchjob``, CREATE and UPDATE)
     Records who asked, from the admission request's ``userInfo``, as ``human:<username>``:
-    ``dispatch.dev/submitted-by`` on CREATE and ``dispatch.dev/cancelled-by`` when an UPDATE turns
-    ``spec.cancel`` true. Whatever a user wrote into those annotations is overwritten (on CREATE) or
-    put back to what it was (on any other UPDATE), so neither can be forged through the API.
+    ``dispatch.dev/submitted-by`` on CREATE, ``dispatch.dev/cancelled-by`` when an UPDATE turns
+    ``spec.cancel`` true, ``dispatch.dev/suspended-by`` when one changes ``spec.suspend`` and
+    ``dispatch.dev/retried-by`` when one raises ``spec.retry.count``. Whatever a user wrote into
+    those annotations is overwritten (on CREATE) or put back to what it was (on any other UPDATE), so
+    none can be forged through the API.
     On CREATE it also adds the deletion finalizer (``dispatch.dev/finalizer``) that the supervision
     loop would otherwise add with a patch on its first look: one API write fewer per job.
 
@@ -66,7 +70,9 @@ import kopf
 from .. import _registry
 from .._constants import (
     ANNOTATION_CANCELLED_BY,
+    ANNOTATION_RETRIED_BY,
     ANNOTATION_SUBMITTED_BY,
+    ANNOTATION_SUSPENDED_BY,
     FINALIZER,
     GROUP,
     PLURAL,
@@ -74,9 +80,9 @@ from .._constants import (
     WEBHOOK_MUTATE_ID,
     WEBHOOK_VALIDATE_ID,
 )
-from .._dispatchjob import SpecError, backend_of, job_spec
+from .._dispatchjob import SPEC_ASKS, SpecError, backend_of, fresh_budget, job_spec, retry_count
 from .._errors import PlanError
-from .._model import ActorKind, Capabilities, JobSpec, Plan
+from .._model import ActorKind, Capabilities, JobSpec, Plan, State
 from .._plan import make_plan
 from .._protocols import Previewing
 from .._workload import Refused as NotBuildable
@@ -158,8 +164,32 @@ class Refused(Exception):
     """The admission request is refused; the message is what the user sees."""
 
 
-def _without_cancel(spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (spec or {}).items() if k != "cancel"}
+def _fixed(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The spec without a person's asks: what may never change."""
+    return {k: v for k, v in (spec or {}).items() if k not in SPEC_ASKS}
+
+
+def check_asks(spec: Mapping[str, Any], old: Mapping[str, Any]) -> None:
+    """Refuse an ask the job cannot take: a cancel undone, a retry count lowered, or raised on a job
+    that has not failed (its recorded state, in the old object's status)."""
+    old_spec = old.get("spec") or {}
+    if old_spec.get("cancel") and not spec.get("cancel"):
+        raise Refused("spec.cancel cannot be undone: a cancelled job stays cancelled")
+    count, before = retry_count(spec), retry_count(old_spec)
+    if count < before:
+        raise Refused(f"spec.retry.count never goes down ({before} -> {count}): raise it to ask for a retry")
+    if count > before:
+        state = (old.get("status") or {}).get("state")
+        if state != State.FAILED.value:
+            raise Refused(
+                f"spec.retry: only a failed job is retried; this one is {state or 'not yet recorded'}"
+            )
+
+
+def _check_fresh_budget(spec: Mapping[str, Any], rules: int) -> None:
+    rule = fresh_budget(spec)
+    if rule is not None and rule >= rules:
+        raise Refused(f"spec.retry.freshBudget: the job has no rule {rule} (it has {rules})")
 
 
 def check(
@@ -171,12 +201,16 @@ def check(
     """Raise :class:`Refused` when the DispatchJob must not be admitted."""
     spec = body.get("spec") or {}
     if operation == "UPDATE" and old is not None:
-        old_spec = old.get("spec") or {}
-        if _without_cancel(spec) == _without_cancel(old_spec):
-            if old_spec.get("cancel") and not spec.get("cancel"):
-                raise Refused("spec.cancel cannot be undone: a cancelled job stays cancelled")
-            return
-        raise Refused("the spec is fixed once created: only spec.cancel may change (from false to true)")
+        if _fixed(spec) != _fixed(old.get("spec") or {}):
+            raise Refused(
+                "the spec is fixed once created: only a person's asks may change (spec.cancel from false "
+                "to true, spec.suspend, spec.retry)"
+            )
+        check_asks(spec, old)
+        if retry_count(spec) > retry_count(old.get("spec") or {}):
+            rules = (((old.get("spec") or {}).get("recovery") or {}).get("rules")) or ()
+            _check_fresh_budget(spec, len(rules))
+        return
     if operation not in (None, "CREATE", "UPDATE"):
         return
     meta = body.get("metadata") or {}
@@ -202,6 +236,7 @@ def check(
         plan = make_plan(job, job_spec_, caps, supervised=True)
     except PlanError as error:
         raise Refused(f"{error} (backend {backend})") from None
+    _check_fresh_budget(spec, len(job_spec_.recovery.rules))
     _check_sizes(body, job, job_spec_, plan, admission.preview(backend), admission.max_object_bytes)
 
 
@@ -271,16 +306,20 @@ def annotations_to_set(
         want = {
             ANNOTATION_SUBMITTED_BY: who,
             ANNOTATION_CANCELLED_BY: who if spec.get("cancel") else None,
+            ANNOTATION_SUSPENDED_BY: who if spec.get("suspend") else None,
+            ANNOTATION_RETRIED_BY: None,  # the count a job is created with is no retry
         }
     else:
         previous: Mapping[str, Any] = (old.get("metadata") or {}).get("annotations") or {}
-        turned_on = bool(spec.get("cancel")) and not (old.get("spec") or {}).get("cancel")
-        want = {
-            ANNOTATION_SUBMITTED_BY: previous.get(ANNOTATION_SUBMITTED_BY),
-            ANNOTATION_CANCELLED_BY: actor_of(userinfo)
-            if turned_on
-            else previous.get(ANNOTATION_CANCELLED_BY),
+        old_spec = old.get("spec") or {}
+        # Who last changed each ask: stamped when it changes, else kept as it was.
+        changed = {
+            ANNOTATION_SUBMITTED_BY: False,
+            ANNOTATION_CANCELLED_BY: bool(spec.get("cancel")) and not old_spec.get("cancel"),
+            ANNOTATION_SUSPENDED_BY: bool(spec.get("suspend")) != bool(old_spec.get("suspend")),
+            ANNOTATION_RETRIED_BY: retry_count(spec) > retry_count(old_spec),
         }
+        want = {key: actor_of(userinfo) if now else previous.get(key) for key, now in changed.items()}
     return {key: value for key, value in want.items() if current.get(key) != value}
 
 
