@@ -37,7 +37,9 @@ from ._decide import (
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
+    RecordSuspend,
     Release,
+    Resume,
     Step,
     Wait,
     Write,
@@ -85,15 +87,20 @@ from ._model import (
     Record,
     RecoveryPolicy,
     Resources,
+    RetryRequest,
     Rule,
+    SimulatedEnd,
+    Simulation,
     State,
     Status,
     Submission,
     SubmissionStatus,
+    SuspendRequest,
     Transition,
 )
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore, Subscribers, Unsubscribe, Versioned, Wake
+from ._simulate import simulate
 from ._supervisor import Intent, Listener, Supervisor
 from ._version import __version__
 
@@ -158,12 +165,17 @@ __all__ = [
     "RecordRestarts",
     "RecordSettled",
     "RecordStore",
+    "RecordSuspend",
     "RecoveryPolicy",
     "Release",
     "Resources",
+    "Resume",
+    "RetryRequest",
     "Rule",
     "SecretSource",
     "Shape",
+    "SimulatedEnd",
+    "Simulation",
     "SlurmOptions",
     "State",
     "Status",
@@ -172,6 +184,7 @@ __all__ = [
     "SubmissionStatus",
     "Subscribers",
     "Supervisor",
+    "SuspendRequest",
     "Toleration",
     "TransientBackendError",
     "Transition",
@@ -189,6 +202,7 @@ __all__ = [
     "describe_step",
     "due",
     "make_plan",
+    "simulate",
     "status",
 ]
 

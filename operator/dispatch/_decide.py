@@ -111,6 +111,26 @@ class RecordOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordSuspend:
+    """Write: a person suspended the job: the recorded state becomes ``suspended`` with ``actor``;
+    the current submission's live objects are ended after it (and no next one is authorized)."""
+
+    actor: Actor
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Write: a person's act authorizes ``submission``: the resume of a suspended job, or the
+    ``retry``-th retry of a failed one (which reopens it). No rule fires and no budget is spent;
+    ``fresh_budget`` names a rule whose budget a retry renews."""
+
+    submission: int
+    actor: Actor
+    retry: int | None = None
+    fresh_budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RecordSettled:
     """Write: the outcome is recorded and every object the job created has ended."""
 
@@ -131,13 +151,31 @@ class Done:
     """Settled: nothing will ever be done again."""
 
 
-Write = Authorize | RecordEnd | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
+Write = (
+    Authorize
+    | RecordEnd
+    | RecordCanonical
+    | RecordRestarts
+    | RecordOutcome
+    | RecordSuspend
+    | Resume
+    | RecordSettled
+)
 """The steps that change the record."""
 BackendAction = Create | Release | End
 """The steps that call the backend."""
 Step = Write | BackendAction | Wait | Done
 """Every step :func:`decide` can return."""
-WRITES = (Authorize, RecordEnd, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
+WRITES = (
+    Authorize,
+    RecordEnd,
+    RecordCanonical,
+    RecordRestarts,
+    RecordOutcome,
+    RecordSuspend,
+    Resume,
+    RecordSettled,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +190,12 @@ class Decision:
 
 _VANISHED = "the scheduler no longer shows the canonical object"
 CANCELLED_OUTSIDE = "cancelled on the scheduler, outside dispatch"
+
+
+def _id_order(object_id: str) -> tuple[int, str]:
+    """Object ids in creation order where the scheduler numbers them (Slurm's job ids: ``"999"``
+    before ``"1000"``), else by name."""
+    return (len(object_id), object_id) if object_id.isdigit() else (0, object_id)
 
 
 def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
@@ -171,7 +215,19 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     return decision
 
 
+def reopening(record: Record) -> bool:
+    """Whether a person's retry reopens ``record``: it has failed and settled and a retry is asked."""
+    return record.settled and record.state is State.FAILED and record.retry_asked is not None
+
+
 def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
+    retry = record.retry_asked
+    if retry is not None and reopening(record):
+        # A person's retry reopens a failed job once every object it made has ended: never two
+        # submissions alive at once.
+        n = len(record.submissions) + 1
+        step = Resume(n, retry.actor, retry=retry.n, fresh_budget=retry.fresh_budget)
+        return Decision(step, State.PENDING, NO_CAUSE)
     if record.settled:
         # A slow supervisor may perform a Create it decided before the job settled: end what it
         # made, or it would outlive the settled job (held, never released, never ended).
@@ -208,13 +264,17 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         if any(o.terminating for o in objects):
             return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
         return Decision(RecordSettled(), state, cause)
+    suspension = _suspension(record, objects, live)
+    if suspension is not None:
+        return suspension
     if cur is None:
         return Decision(Authorize(1), State.PENDING, NO_CAUSE)
 
     waiting = _shown(record)
     if cur.canonical is None:
         candidates = sorted(
-            (o for o in objects if o.submission == cur.n), key=lambda o: (o.phase is Phase.ENDED, o.id)
+            (o for o in objects if o.submission == cur.n),
+            key=lambda o: (o.phase is Phase.ENDED, *_id_order(o.id)),
         )
         if candidates:
             return Decision(RecordCanonical(cur.n, candidates[0].id), *waiting)
@@ -239,6 +299,43 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         # by whoever settles it, maybe never, and its status must still show the outcome.
         return Decision(RecordRestarts(cur.n, view.restarts), shown.state, shown.cause)
     return shown
+
+
+def _suspension(record: Record, objects: Sequence[ObjectView], live: Sequence[ObjectView]) -> Decision | None:
+    """What a person's suspend or resume calls for, or None when neither applies now.
+
+    A suspend is recorded first, then the suspended submission's live objects are ended (by the
+    stop every end makes); a resume authorizes the next submission only once they have all ended,
+    so two submissions never run at once. A canonical that has already ended by itself is left to
+    the rules (its success is the job's, its failure may fire a rule): the suspend then applies to
+    what follows."""
+    request = record.suspend
+    if record.state is State.SUSPENDED:
+        shown = record.cause
+        if live:
+            return Decision(End(live[0].id, orphan=False), State.SUSPENDED, shown)
+        if any(o.terminating for o in objects):
+            return Decision(
+                Wait("suspended: waiting for the job's processes to finish terminating"),
+                State.SUSPENDED,
+                shown,
+            )
+        if request is None or request.suspend:
+            who = request.actor if request is not None else "a person"
+            return Decision(
+                Wait(f"suspended by {who}: resume to authorize the next submission"), State.SUSPENDED, shown
+            )
+        n = len(record.submissions) + 1
+        return Decision(Resume(n, request.actor), State.PENDING, NO_CAUSE)
+    if request is None or not request.suspend:
+        return None
+    cur = record.current
+    if cur is not None and cur.canonical is not None and cur.cause is None:
+        view = next((o for o in objects if o.id == cur.canonical), None)
+        if view is None or view.phase is Phase.ENDED:
+            return None
+    how = Cause(kind=CauseKind.NONE, detail=f"suspended by {request.actor}")
+    return Decision(RecordSuspend(request.actor), State.SUSPENDED, how)
 
 
 def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[State, Cause]) -> Decision:
@@ -349,7 +446,7 @@ def unseen_canonical(record: Record, objects: Sequence[ObjectView]) -> str | Non
 
 def _shown(record: Record) -> tuple[State, Cause]:
     """Before the current submission runs: pending for the first, recovering (with why) after."""
-    if record.state.is_outcome or record.state is State.RECOVERING:
+    if record.state.is_outcome or record.state in (State.RECOVERING, State.SUSPENDED):
         return record.state, record.cause
     return State.PENDING, NO_CAUSE
 
@@ -411,6 +508,24 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         ]
         plan = record.plan.model_copy(update={"rules": tuple(rules)})
         return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
+    if isinstance(step, RecordSuspend):
+        how = Cause(kind=CauseKind.NONE, detail=f"suspended by {step.actor}")
+        if subs and subs[-1].cause is None:
+            subs[-1] = _ended(subs[-1], how, now)
+        n = subs[-1].n if subs else None
+        return record.model_copy(
+            update={
+                "state": State.SUSPENDED,
+                "cause": how,
+                "submissions": tuple(subs),
+                "history": (
+                    *record.history,
+                    _transition(record.state, State.SUSPENDED, n, how, step.actor, now),
+                ),
+            }
+        )
+    if isinstance(step, Resume):
+        return _resumed(record, step, now)
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
         if subs and step.state is not State.CANCELLED:
@@ -425,6 +540,36 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             }
         )
     return record.model_copy(update={"settled": True})
+
+
+def _resumed(record: Record, step: Resume, now: datetime) -> Record:
+    """``record`` after a person's act authorizes ``step.submission``: recorded ``pending`` again,
+    a retry's number taken and the rule it renews with its earlier firings set aside."""
+    subs = record.submissions
+    if step.submission != len(subs) + 1:
+        raise ValueError(f"submission {step.submission} does not follow {len(subs)}")
+    new = Submission.model_construct(
+        _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=step.actor, rule=None
+    )
+    update: dict[str, object] = {"state": State.PENDING, "cause": NO_CAUSE, "submissions": (*subs, new)}
+    if step.retry is not None:
+        words = f"retried by {step.actor}"
+        update["retries"] = step.retry
+        update["settled"] = False
+        if step.fresh_budget is not None and step.fresh_budget < len(record.plan.rules):
+            rules = list(record.plan.rules)
+            renewed = rules[step.fresh_budget]
+            rules[step.fresh_budget] = renewed.model_copy(update={"renewed": renewed.firings})
+            update["plan"] = record.plan.model_copy(update={"rules": tuple(rules)})
+            words += f", with a fresh budget for rule {step.fresh_budget}"
+    else:
+        words = f"resumed by {step.actor}"
+    why = Cause(kind=CauseKind.NONE, detail=words)
+    update["history"] = (
+        *record.history,
+        _transition(record.state, State.PENDING, step.submission, why, step.actor, now),
+    )
+    return record.model_copy(update=update)
 
 
 def _ended(sub: Submission, cause: Cause, now: datetime) -> Submission:
@@ -500,6 +645,12 @@ def describe_step(step: Step) -> str:
         )
     if isinstance(step, RecordOutcome):
         return _outcome_words(step)
+    if isinstance(step, RecordSuspend):
+        return f"suspended by {step.actor}: recording it, then ending the running submission"
+    if isinstance(step, Resume):
+        act = f"retry {step.retry} by {step.actor}" if step.retry is not None else f"resumed by {step.actor}"
+        fresh = f" with a fresh budget for rule {step.fresh_budget}" if step.fresh_budget is not None else ""
+        return f"{act}{fresh}: authorizing submission {step.submission}"
     return "every object has ended: recording the job settled"
 
 

@@ -91,6 +91,8 @@ class ActorKind(StrEnum):
     """What kind of actor did a thing."""
 
     HUMAN = "human"
+    SERVICE_ACCOUNT = "serviceaccount"
+    """A Kubernetes service account (a CI pipeline, a GitOps controller): ``<namespace>/<name>``."""
     SUPERVISOR = "supervisor"
     SCHEDULER = "scheduler"
 
@@ -112,6 +114,9 @@ class State(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     RECOVERING = "recovering"
+    SUSPENDED = "suspended"
+    """A person suspended the job: its running submission is stopped and no next one is authorized
+    until a person resumes it. Not an outcome."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -491,6 +496,11 @@ def _is_none(value: object) -> bool:
     return value is None
 
 
+def _is_zero(value: object) -> bool:
+    """A count left out of a dump while zero: a record without a person's retry reads as before."""
+    return value == 0
+
+
 class PlannedRule(_Model):
     """One rule as planned: its enforcer, its budget and how often it has fired so far."""
 
@@ -507,9 +517,12 @@ class PlannedRule(_Model):
     scheduler_backoff: Annotated[str | None, Field(exclude_if=_is_none)] = None
     """For a rule the scheduler enforces: the scheduler's own wait before each restart, in words."""
 
+    renewed: Annotated[int, Field(exclude_if=_is_zero)] = 0
+    """The firings before a person's retry renewed the rule's budget: they no longer count against it."""
+
     @property
     def left(self) -> int:
-        return max(self.budget - self.firings, 0)
+        return max(self.budget - (self.firings - self.renewed), 0)
 
 
 KUEUE_ENFORCES: Final = ("admission", "quota", "preemption")
@@ -607,6 +620,27 @@ class CancelRequest(_Model):
     time: datetime
 
 
+class SuspendRequest(_Model):
+    """A person's latest word on suspending the job (kept in the record): ``suspend`` true stops the
+    running submission and authorizes none; false resumes it with a new submission."""
+
+    suspend: bool
+    actor: Actor
+    time: datetime
+
+
+class RetryRequest(_Model):
+    """A person asked for a failed job to run again (kept in the record): the ``n``-th retry."""
+
+    n: Annotated[int, Field(ge=1)]
+    """The retry's number: 1, 2, ... A request whose number the record has already taken
+    (``Record.retries``) asks for nothing, so asking again with the same number is harmless."""
+    actor: Actor
+    time: datetime
+    fresh_budget: int | None = None
+    """A rule whose budget starts afresh with this retry (its earlier firings no longer count)."""
+
+
 class Record(_Model):
     """The durable truth about one job. Every write of it is a compare-and-swap on its version."""
 
@@ -621,6 +655,10 @@ class Record(_Model):
     submissions: tuple[Submission, ...] = ()
     history: tuple[Transition, ...] = ()
     cancel: CancelRequest | None = None
+    suspend: SuspendRequest | None = None
+    retry: RetryRequest | None = None
+    retries: Annotated[int, Field(ge=0, exclude_if=_is_zero)] = 0
+    """The number of the last retry taken: a retry request with a higher one is still to be taken."""
     settled: bool = False
 
     @field_validator("state")
@@ -633,6 +671,17 @@ class Record(_Model):
     @property
     def current(self) -> Submission | None:
         return self.submissions[-1] if self.submissions else None
+
+    @property
+    def retry_asked(self) -> RetryRequest | None:
+        """A retry a person asked for that the record has not taken yet."""
+        retry = self.retry
+        return retry if retry is not None and retry.n > self.retries else None
+
+    @property
+    def suspend_asked(self) -> bool:
+        """Whether a person's latest word is to keep the job suspended."""
+        return self.suspend is not None and self.suspend.suspend
 
 
 class SubmissionStatus(_Model):
@@ -655,3 +704,38 @@ class Status(_Model):
     history: tuple[Transition, ...] = ()
     settled: bool = False
     message: str = ""
+
+
+class SimulatedEnd(_Model):
+    """One submission's end in a simulation and what the rules make of it."""
+
+    submission: int
+    cause: Cause
+    rule: int | None = None
+    """The rule that fired on it; None when none did (the job ended, or succeeded)."""
+    backoff_seconds: float = 0.0
+    """The wait before the next submission (the rule's backoff)."""
+    next_submission: int | None = None
+    """The submission the firing authorized; None when the job ended here."""
+    budget_left: int | None = None
+    """What the firing rule has left after this firing."""
+    in_place: bool = False
+    """The scheduler restarted the submission's object in place (a rule it enforces): no new
+    submission, and the same submission ends again later."""
+    change: str = ""
+    """What the firing changes in the next submission; empty when it runs as the last one did."""
+    state: State
+    """The job's recorded state after this end: ``recovering``, or its outcome."""
+
+
+class Simulation(_Model):
+    """What :func:`simulate` answers: each end in order, where the job ends, and the causes unused."""
+
+    ends: tuple[SimulatedEnd, ...]
+    state: State
+    """The job's outcome: ``succeeded`` once the causes are spent, or ``failed``."""
+    cause: Cause
+    unused: tuple[Cause, ...] = ()
+    """Causes the job never met: it ended before them."""
+    record: Record
+    """The simulated record, its history and firings as a supervisor would have written them."""

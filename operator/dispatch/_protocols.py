@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ._model import Capabilities, JobSpec, ObjectView, Plan, Record
@@ -49,6 +49,17 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Previewing(Protocol):
+    """A backend that can show, without any request, the object a submission of a spec would be:
+    the admission webhook measures it against the API server's object size limit, so a job whose
+    object could never be created is refused at apply instead of failing ``launch-failed``."""
+
+    def preview(self, job: str, spec: JobSpec, plan: Plan) -> Mapping[str, object]:
+        """The body :meth:`Backend.create` would send for submission 1 of ``job``."""
+        ...
 
 
 @runtime_checkable

@@ -499,6 +499,7 @@ def test_selector_matches_the_pod_labels(helm: str) -> None:
 
 FULLNAME = f"{RELEASE}-dispatch-operator"
 WEBHOOK_SERVICE = f"{FULLNAME}-webhook"
+OPERATOR_ACCOUNT = FULLNAME  # the chart's default service account
 WEBHOOK_SECRET = f"{FULLNAME}-webhook-tls"
 WEBHOOK_KINDS = {
     "ValidatingWebhookConfiguration": k8s_names.WEBHOOK_VALIDATE_ID,
@@ -545,6 +546,11 @@ def test_webhook_configurations_are_the_documented_ones(helm: str) -> None:
         assert webhook["timeoutSeconds"] == 10
         assert "namespaceSelector" not in webhook  # every namespace: the operator watches them all
         assert "objectSelector" not in webhook  # a label must not be a way around the webhooks
+        # The operator's own writes (its finalizer's removal) never wait for its own webhook.
+        (condition,) = webhook["matchConditions"]
+        assert condition["expression"] == (
+            f'request.userInfo.username != "system:serviceaccount:{NAMESPACE}:{OPERATOR_ACCOUNT}"'
+        )
 
 
 def test_webhook_values_change_policy_timeout_namespaces_and_annotations(helm: str) -> None:

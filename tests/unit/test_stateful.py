@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -48,6 +48,7 @@ from dispatch import (
     Backoff,
     CauseKind,
     Enforcer,
+    InvalidTransition,
     JobSpec,
     MemoryBackend,
     MemoryStore,
@@ -65,7 +66,17 @@ from dispatch import (
     compose,
 )
 from dispatch._cluster import Cluster
-from dispatch._decide import Authorize, Create, Decision, Done, RecordCanonical, Step, Wait
+from dispatch._decide import (
+    Authorize,
+    Create,
+    Decision,
+    Done,
+    RecordCanonical,
+    Resume,
+    Step,
+    Wait,
+    _suspension,
+)
 from dispatch._supervisor import Intent
 
 T = TypeVar("T")
@@ -100,9 +111,9 @@ class Ledger:
         self.fired: Counter[tuple[str, int]] = Counter()
 
     def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
-        if isinstance(step, Authorize) and after is not None:
+        if isinstance(step, Authorize | Resume) and after is not None:
             self.authorized[job, step.submission] += 1
-            if step.rule is not None:
+            if isinstance(step, Authorize) and step.rule is not None:
                 self.fired[job, step.rule] += 1
 
     def conflicted(self, job: str) -> None:
@@ -377,6 +388,28 @@ class DispatchMachine(RuleBasedStateMachine):
             j = self.pick(job)
             self.run(j.cluster.operator.cancel(j.name, Actor(kind=ActorKind.HUMAN, id="bob")))
 
+    @rule(job=st.integers(0, MAX_JOBS - 1), who=st.integers(0, 2))
+    def human_suspends(self, job: int, who: int) -> None:
+        if who == 0:  # rarely, so that most jobs run long enough to recover
+            j = self.pick(job)
+            with contextlib.suppress(InvalidTransition):
+                self.run(j.cluster.operator.suspend(j.name, Actor(kind=ActorKind.HUMAN, id="cy")))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1))
+    def human_resumes(self, job: int) -> None:
+        j = self.pick(job)
+        self.run(j.cluster.operator.resume(j.name, Actor(kind=ActorKind.HUMAN, id="dee")))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), fresh=st.one_of(st.none(), st.integers(0, 2)))
+    def human_retries(self, job: int, fresh: int | None) -> None:
+        """A person retries a job that failed (sometimes renewing a rule's budget): the job is
+        reopened once it has settled, and no two submissions ever run at once (invariant 1)."""
+        j = self.pick(job)
+        with contextlib.suppress(InvalidTransition):
+            self.run(
+                j.cluster.operator.retry(j.name, Actor(kind=ActorKind.HUMAN, id="eve"), fresh_budget=fresh)
+            )
+
     # the scheduler
 
     @precondition(
@@ -495,7 +528,9 @@ class DispatchMachine(RuleBasedStateMachine):
             if j.backend.shape is Shape.SLURM:  # Slurm enforces nothing natively: no restart in place
                 assert restarts == 0, f"{j.name}: {restarts} restarts in place on the slurm shape"
             for planned in record.plan.rules:
-                assert planned.firings <= planned.budget, f"{j.name}: rule {planned.index} over budget"
+                # A person's retry may renew a rule's budget: the firings before it no longer count.
+                spent = planned.firings - planned.renewed
+                assert 0 <= spent <= planned.budget, f"{j.name}: rule {planned.index} over budget"
                 if planned.enforcer is Enforcer.SUPERVISOR:
                     by_rule = [s.n for s in record.submissions if s.rule == planned.index]
                     assert planned.firings == len(by_rule), f"{j.name}: rule {planned.index} firings"
@@ -510,7 +545,7 @@ class DispatchMachine(RuleBasedStateMachine):
                     # What the scheduler really did, over every object of every submission: the
                     # budget belongs to the job, not to each object.
                     done = sum(o.restarts for o in self.objects(j))
-                    assert done <= planned.budget, (
+                    assert done <= planned.budget + planned.renewed, (
                         f"{j.name}: the scheduler restarted {done} times in place across submissions, "
                         f"budget {planned.budget}"
                     )
@@ -522,7 +557,9 @@ class DispatchMachine(RuleBasedStateMachine):
             record = self.record(j)
             firings: Counter[int] = Counter()
             for previous, sub in zip(record.submissions, record.submissions[1:], strict=False):
-                assert sub.rule is not None
+                if sub.rule is None:  # a person's resume or retry: no rule, no backoff
+                    assert sub.authorized_by.kind is ActorKind.HUMAN, f"{j.name}: {sub.n} without a rule"
+                    continue
                 firings[sub.rule] += 1
                 backoff = record.spec.recovery.rules[sub.rule].backoff
                 wait = backoff.seconds(firings[sub.rule]) if backoff is not None else 0
@@ -547,23 +584,36 @@ class DispatchMachine(RuleBasedStateMachine):
 
     @invariant()
     def history_is_a_legal_path(self) -> None:  # 6
+        """Each transition starts where the last ended; a new submission is authorized by a rule's
+        firing (-> recovering) or a person's resume or retry (-> pending, from suspended or failed),
+        numbered one more than the last; an outcome concerns the current submission; only a failed
+        job moves on, and only by a person's retry."""
         for j in self.jobs:
             record = self.record(j)
-            state = State.PENDING
-            recoveries = 0
+            authorizing = [t for t in record.history if t.to in (State.RECOVERING, State.PENDING)]
+            first_silent = len(record.submissions) - len(authorizing)
+            assert first_silent in (0, 1), f"{j.name}: {first_silent} submissions with no transition"
+            state, current = State.PENDING, first_silent
             for t in record.history:
                 assert t.from_ is state, f"{j.name}: history jumps from {state} to {t.from_}"
-                assert not state.is_outcome, f"{j.name}: a transition after the outcome"
-                assert t.to is State.RECOVERING or t.to.is_outcome, f"{j.name}: illegal target {t.to}"
-                if t.to is State.RECOVERING:
-                    recoveries += 1
-                    assert t.submission == recoveries + 1
-                else:  # the outcome concerns the last submission, or none: never a submission 0
-                    last = record.submissions[-1].n if record.submissions else None
-                    assert t.submission == last, f"{j.name}: outcome for submission {t.submission}"
+                if state.is_outcome:
+                    assert state is State.FAILED, f"{j.name}: a transition after {state}"
+                    assert t.to is State.PENDING, f"{j.name}: failed -> {t.to}"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: a retry by {t.actor}"
+                if t.to is State.PENDING:
+                    assert state in (State.SUSPENDED, State.FAILED), f"{j.name}: {state} -> pending"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: a resume by {t.actor}"
+                if t.to is State.SUSPENDED:
+                    assert state is not State.SUSPENDED, f"{j.name}: suspended twice"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: suspended by {t.actor}"
+                if t.to in (State.RECOVERING, State.PENDING):
+                    current += 1
+                    assert t.submission == current, f"{j.name}: {t.to} for submission {t.submission}"
+                else:  # an outcome or a suspend concerns the current submission, or none
+                    assert t.submission == (current or None), f"{j.name}: {t.to} for {t.submission}"
                 state = t.to
             assert state is record.state, f"{j.name}: history ends in {state}, record says {record.state}"
-            assert recoveries == max(len(record.submissions) - 1, 0)
+            assert current == len(record.submissions)
             assert record.state is not State.RUNNING
             if record.settled:
                 assert record.state.is_outcome
@@ -612,6 +662,8 @@ class DispatchMachine(RuleBasedStateMachine):
         for j in self.jobs:
             for slot in list(j.supervisors):
                 self.kill(j, slot)
+            # A suspended job waits for a person: one resumes it, so that it can settle.
+            self.run(j.cluster.operator.resume(j.name, HUMAN))
         # A job nobody supervises: once the scheduler is done with it, status shows the outcome and
         # watch ends, before anyone has recorded anything.
         for j in self.jobs:
@@ -652,7 +704,7 @@ class DispatchMachine(RuleBasedStateMachine):
             assert not left, f"{j.name}: settled but objects never ended: {left}"
 
             assert self.watch_ends(j).state is record.state
-            if j.shown_failed is not None:
+            if j.shown_failed is not None and record.retries == 0:
                 # status showed failed: the job was never recovered after that; its outcome is
                 # failed, or cancelled when a person asked for it after seeing it fail
                 assert len(record.submissions) == j.shown_failed, f"{j.name}: showed failed, then recovered"
@@ -717,4 +769,19 @@ def test_without_compare_and_swap_a_non_canonical_object_is_released() -> None:
             settings=settings(
                 PLANTED, max_examples=1500, phases=[Stage.generate], report_multiple_bugs=False
             ),
+        )
+
+
+def _resume_without_ending(record: Record, objects: Sequence[ObjectView], live: Sequence[ObjectView]) -> Any:
+    """The planted bug: a suspend that never ends the suspended submission's live objects."""
+    return _suspension(record, objects, ())
+
+
+def test_the_machine_finds_a_resume_beside_a_live_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ending what a suspend stopped, a resume releases a second object of the job."""
+    monkeypatch.setattr("dispatch._decide._suspension", _resume_without_ending)
+    with pytest.raises(AssertionError, match=r"peak_released|released and not ended at once"):
+        run_state_machine_as_test(
+            DispatchMachine,
+            settings=settings(PLANTED, max_examples=400, phases=[Stage.generate], report_multiple_bugs=False),
         )

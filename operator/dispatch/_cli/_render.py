@@ -17,7 +17,19 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
 )
 from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
-from .._model import ActorKind, Plan, PlannedRule, Transition, rule_causes
+from .._model import (
+    ActorKind,
+    Cause,
+    CauseKind,
+    Plan,
+    PlannedRule,
+    SimulatedEnd,
+    Simulation,
+    State,
+    Transition,
+    cause_words,
+    rule_causes,
+)
 
 Body = Mapping[str, Any]
 
@@ -65,6 +77,48 @@ def queue_lines(plan: Plan) -> list[str]:
         "  enforced by Kueue: " + ", ".join(queue.kueue),
         "  enforced by dispatch: " + ", ".join(queue.dispatch),
     ]
+
+
+def simulation_lines(sim: Simulation) -> list[str]:
+    """The "what if" table: each end, the rule that fired, the backoff, what changes, the outcome."""
+    rows = [
+        [
+            end.submission,
+            _cause_words(end.cause),
+            "-" if end.rule is None else end.rule,
+            f"{end.backoff_seconds:g}s" if end.rule is not None and not end.in_place else "-",
+            _next(end),
+            "-" if end.budget_left is None else end.budget_left,
+            end.change or "-",
+            end.state.value,
+        ]
+        for end in sim.ends
+    ]
+    headers = ["SUBMISSION", "CAUSE", "RULE", "BACKOFF", "NEXT", "LEFT", "CHANGE", "STATE"]
+    lines = table(headers, rows).splitlines()
+    last = sim.ends[-1].submission if sim.ends else 0
+    if sim.state is State.SUCCEEDED:
+        lines.append(f"ends: succeeded in submission {last}")
+    else:
+        lines.append(f"ends: {sim.state.value} in submission {last} with cause {_cause_words(sim.cause)}")
+    if sim.unused:
+        lines.append("never met: " + ", ".join(_cause_words(c) for c in sim.unused))
+    return lines
+
+
+def _next(end: SimulatedEnd) -> str:
+    if end.in_place:
+        return f"{end.submission} (restarted in place)"
+    return "-" if end.next_submission is None else str(end.next_submission)
+
+
+def _cause_words(cause: Cause) -> str:
+    return "success" if cause.kind is CauseKind.NONE else cause_words(cause.kind.value, cause.exit_code)
+
+
+def simulation_data(sim: Simulation) -> dict[str, Any]:
+    """The simulation as data: its ends and where the job ends (the simulated record left out)."""
+    return sim.model_dump(mode="json", by_alias=True, exclude={"record"})
 
 
 def plan_data(plan: Plan) -> dict[str, Any]:

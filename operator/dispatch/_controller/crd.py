@@ -1,7 +1,8 @@
 """The DispatchJob CRD, generated from the pydantic models (the single source of the API).
 
 The spec is the core's :class:`~dispatch.JobSpec` without ``name`` (the job's name is the object's
-``metadata.name``) plus ``backend`` and ``cancel``, the one field that may change after creation.
+``metadata.name``) plus ``backend`` and a person's asks (``cancel``, ``suspend``, ``retry``), the
+fields that may change after creation.
 The status is the :class:`~dispatch.Record` (without ``job`` and ``spec``, which the object itself
 holds) plus ``observedGeneration`` and ``conditions``.
 
@@ -39,8 +40,17 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._dispatchjob import ENV_NAME_WORDS
-from .._model import ENV_NAME_PATTERN, FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record, State
+from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS
+from .._model import (
+    ENV_NAME_PATTERN,
+    FAILURE_CAUSES,
+    MAX_NAME_LENGTH,
+    MAX_RULES,
+    CauseKind,
+    JobSpec,
+    Record,
+    State,
+)
 
 Schema = dict[str, Any]
 
@@ -55,6 +65,27 @@ CANCEL_DESCRIPTION: Final = (
     "Set to true to cancel the job: dispatch ends its objects and records the outcome `cancelled` with "
     "the actor (annotation `dispatch.dev/cancelled-by`, set by the admission webhook, else `human:unknown`). "
     "The only field that may change after creation, and only from false to true."
+)
+SUSPEND_DESCRIPTION: Final = (
+    "Set to true to suspend the job: dispatch records the state `suspended` with the actor (annotation "
+    "`dispatch.dev/suspended-by`, set by the admission webhook from whoever changed this field), stops the "
+    "running submission (SIGTERM, then SIGKILL after the grace period) and authorizes no next one. Set back "
+    "to false to resume: a new submission is authorized once the suspended one has ended, recorded with "
+    "the actor; no rule fires and no budget is spent."
+)
+RETRY_DESCRIPTION: Final = (
+    "A person's retry of a failed job. Raise `count` (it never goes down) to ask for one retry: once "
+    "the failed job has settled, dispatch reopens it (`failed` -> `pending`) with a new submission under the "
+    "same record, recorded with the actor (annotation `dispatch.dev/retried-by`, set by the admission "
+    "webhook). Applying the same count again asks for nothing, so a manifest kept in Git is applied as "
+    "often as its tool likes. Refused unless the job has failed."
+)
+RETRY_COUNT_DESCRIPTION: Final = (
+    "The retries asked for so far: one more than the last retry dispatch took asks for another. The count "
+    "a job is created with is its starting point, not a retry."
+)
+FRESH_BUDGET_DESCRIPTION: Final = (
+    "The index of a rule whose budget starts afresh with the retry (its earlier firings no longer count)."
 )
 OBSERVED_STATE_DESCRIPTION: Final = (
     "The state status shows now (`running` and `cancelling` included), written by the operator when it "
@@ -84,7 +115,8 @@ STATUS_DESCRIPTION: Final = (
     "plus conditions computed from it."
 )
 SPEC_DESCRIPTION: Final = (
-    "What to run and how to recover it. Immutable once created, apart from `cancel`. "
+    "What to run and how to recover it. Immutable once created, apart from a person's asks: `cancel`, "
+    "`suspend` and `retry`. "
     "The job's name is metadata.name (at most 48 characters)."
 )
 
@@ -252,7 +284,7 @@ def _schema_of(model: type[BaseModel], *, keep_defaults: bool) -> Schema:
 
 # ---- spec ------------------------------------------------------------------------------------------
 
-# Every spec field but ``cancel`` is immutable once created.
+# Every spec field but a person's asks (cancel, suspend, retry) is immutable once created.
 _IMMUTABLE_REQUIRED: Final = ("backend", "command")
 
 
@@ -272,6 +304,21 @@ def spec_schema() -> Schema:
         "description": backend_description(),
     }
     props["cancel"] = {"type": "boolean", "default": False, "description": CANCEL_DESCRIPTION}
+    props["suspend"] = {"type": "boolean", "default": False, "description": SUSPEND_DESCRIPTION}
+    props["retry"] = {
+        "type": "object",
+        "description": RETRY_DESCRIPTION,
+        "required": ["count"],
+        "properties": {
+            "count": {"type": "integer", "minimum": 0, "description": RETRY_COUNT_DESCRIPTION},
+            "freshBudget": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_RULES - 1,
+                "description": FRESH_BUDGET_DESCRIPTION,
+            },
+        },
+    }
     schema["required"] = sorted({*schema["required"], "backend"})
     schema["description"] = SPEC_DESCRIPTION
 
@@ -289,7 +336,7 @@ def spec_schema() -> Schema:
     ]
 
     validations: list[Schema] = []
-    for name in sorted(p for p in props if p != "cancel"):
+    for name in sorted(p for p in props if p not in SPEC_ASKS):
         if name in _IMMUTABLE_REQUIRED:
             rule = f"self.{name} == oldSelf.{name}"
         else:
@@ -305,6 +352,13 @@ def spec_schema() -> Schema:
             "rule": "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
             "message": "a cancel cannot be undone",
             "fieldPath": ".cancel",
+        }
+    )
+    validations.append(
+        {
+            "rule": "!has(oldSelf.retry) || (has(self.retry) && self.retry.count >= oldSelf.retry.count)",
+            "message": "retry.count never goes down: raise it to ask for a retry",
+            "fieldPath": ".retry",
         }
     )
     for info in _registry.spec_backends():

@@ -97,6 +97,9 @@ class JobEvents(Keeper, Protocol):
     def refused(self, job: str, error: PlanError) -> None:
         """Post why the job's plan was refused."""
 
+    def waiting(self, job: str, reason: str, message: str) -> None:
+        """Post why the job waits before anything is created (a backend no operator serves yet)."""
+
     def hold_while(self, held: Callable[[], bool] | None) -> None:
         """Hold Events back while ``held()`` says recoveries wait (None: never)."""
 

@@ -46,6 +46,7 @@ from .._dispatchjob import (
     record_write,
     refusal_write,
     utcnow,
+    with_asks,
 )
 from .._errors import JobExists, JobNotFound, VersionConflict
 from .._kubeclient import (
@@ -491,7 +492,9 @@ class KubeRecordStore:
         self.writes += 1
         view = self._view_of(written)
         cancelled = bool((written.get("spec") or {}).get("cancel"))
-        if record is not None and view.recorded and (record.cancel is not None or not cancelled):
+        # A person's ask the written record does not hold yet is read from the spec by the next parse.
+        asks = record is not None and with_asks(record, written, self.clock) is not record
+        if record is not None and view.recorded and (record.cancel is not None or not cancelled) and not asks:
             self._keep_parsed(job, view.version, record)
         self._remember(job, view)
         return view.version

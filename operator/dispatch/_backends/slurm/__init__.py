@@ -72,7 +72,9 @@ class SlurmConfig(BaseModel):
     is ``<namespace>/<name>``, whose ``/`` would make a path Slurm cannot open.
     """
     filter_user: bool = True
-    """Only consider tagged jobs owned by ``user_name`` (when set)."""
+    """Only consider tagged jobs owned by ``user_name``, or else by the user the token was minted
+    for (its ``sun`` claim): a job another Slurm user submitted with a copied tag (job names and
+    comments are visible to every user in ``squeue``) is reported, never adopted or cancelled."""
 
     @model_validator(mode="after")
     def _one_endpoint(self) -> SlurmConfig:

@@ -113,6 +113,8 @@ class Poller:
         self.remember_seconds = remember_seconds
         self.update_time_margin = update_time_margin
         self.user_name = user_name
+        self._foreign: set[int] = set()
+        """Tagged jobs of another user already reported."""
         self._cancel_stuck = cancel_stuck
         self._lookup = lookup
 
@@ -391,6 +393,17 @@ class Poller:
             if tag is None:
                 continue
             if self.user_name and sj.user_name and sj.user_name != self.user_name:
+                if sj.job_id not in self._foreign:
+                    self._foreign.add(sj.job_id)
+                    log.warning(
+                        "Slurm job %s carries the tag of %s submission %s but belongs to user %r, not "
+                        "%r: not ours, left alone",
+                        sj.job_id,
+                        tag[0],
+                        tag[1],
+                        sj.user_name,
+                        self.user_name,
+                    )
                 continue
             if sj.job_id not in self._usable_at:
                 # Created before this listing started; by its submit_time (+1 s: whole seconds, and
