@@ -3,7 +3,7 @@
 * ``docs/install.md``'s supported versions: what the tests run, read from where each is pinned
   (hack/build-bins.sh for the Kubernetes lab, tests/support/slurmlab.py and the recorded
   ``tests/unit/data/slurm/*/index.json`` for Slurm, pyproject.toml and the Dockerfile for Python,
-  Chart.yaml for what the chart accepts, mk/monitoring.mk for promtool), never a hand list.
+  Chart.yaml for what the chart accepts), never a hand list.
 
 hack/gen.py includes :data:`TARGETS`, so ``make generate`` writes them and ``make verify`` fails
 when one is stale.
@@ -67,7 +67,7 @@ def versions_table() -> str:
     if not image:
         raise ValueError("Dockerfile: no ARG BUILD_IMAGE=python:X.Y")
     chart = yaml.safe_load((REPO / "charts" / "dispatch-operator" / "Chart.yaml").read_text())
-    promtool = _pin((REPO / "mk" / "monitoring.mk").read_text(), "PROMTOOL_VERSION", "mk/monitoring.mk")
+    promtool = pin("PROMTOOL_VERSION")
     _, code, patch = promtool.removeprefix("v").split(".")  # v0.<major><minor 2 digits>.<patch>
     prometheus = f"{int(code) // 100}.{int(code) % 100}.{patch}"
     rows = [
@@ -98,7 +98,7 @@ def versions_table() -> str:
         )
     rows.append(
         f"| Prometheus | {prometheus} (`promtool test rules`) | the chart's alerting rules "
-        "| `mk/monitoring.mk` |"
+        "| `hack/build-bins.sh` |"
     )
     return "\n".join(rows)
 

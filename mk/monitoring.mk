@@ -7,8 +7,8 @@
 #                       unit tests that check the rules' and the dashboard's metric names against the
 #                       operator's metrics module (tests/unit/test_monitoring.py)
 
-# Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
-PROMTOOL_VERSION ?= v0.316.0
+# Pinned in hack/build-bins.sh with the lab's other binaries, which `make bins` builds in parallel.
+PROMTOOL_VERSION ?= $(call _bins_pin,PROMTOOL_VERSION)
 PROMTOOL = $(BINS_DIR)/promtool-$(PROMTOOL_VERSION)/promtool
 RULES = charts/dispatch-operator/files/prometheus-rules.yaml
 RULES_TESTS = $(wildcard tests/monitoring/*-test.yaml)
