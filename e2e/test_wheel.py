@@ -140,3 +140,12 @@ def test_operator_runs_the_operator(venvs: dict[str, Venv]) -> None:
     operator = venvs["operator"]
     assert VERSION in operator.script("dispatch-operator", "--version").stdout
     assert "--metrics-port" in operator.script("dispatch-operator", "--help").stdout
+
+
+def test_a_script_without_its_extra_says_which_extra_to_install(venvs: dict[str, Venv]) -> None:
+    base = venvs[""]
+    for script, extra in (("kubectl-dispatch", "cli"), ("dispatch-operator", "operator")):
+        done = run(base.bin / script, "--version", env=base.env, check=False)
+        assert done.returncode == 2, (script, done.stderr)
+        assert f"pip install 'dispatch-jobs[{extra}]'" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

@@ -12,8 +12,7 @@ def main() -> int:
     except ImportError as error:
         missing = error.name or str(error)
         print(
-            f"kubectl-dispatch needs the 'cli' extra (missing: {missing}): "
-            "pip install 'dispatch-jobs[cli]'",
+            f"kubectl-dispatch needs the 'cli' extra (missing: {missing}): pip install 'dispatch-jobs[cli]'",
             file=sys.stderr,
         )
         return 2
