@@ -17,6 +17,7 @@ from dispatch._model import (
     NO_CAUSE,
     Actor,
     ActorKind,
+    Cost,
     JobSpec,
     ObjectView,
     Phase,
@@ -42,16 +43,27 @@ class Store(KubeRecordStore):
         self.shown = shown
         self.notes: list[str] = []
         self.puts: list[tuple[str, Mapping[str, str] | None]] = []
+        self.costs: list[Cost | None] = []
 
     def observed(self, job: str) -> dict[str, str]:
         return dict(self.shown)
 
-    async def observe(self, job: str, state: State, cause: Any, expected: str, note: str = "") -> str | None:
+    async def observe(
+        self, job: str, state: State, cause: Any, expected: str, note: str = "", cost: Cost | None = None
+    ) -> str | None:
         self.notes.append(note)
+        self.costs.append(cost)
         return "2"
 
-    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+    async def put(
+        self,
+        record: Record,
+        expected: str,
+        observed: Mapping[str, str] | None = None,
+        cost: Cost | None = None,
+    ) -> str:
         self.puts.append((expected, observed))
+        self.costs.append(cost)
         return "2"
 
 

@@ -16,8 +16,17 @@ from .._constants import (
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
-from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
-from .._model import ActorKind, Plan, PlannedRule, Transition, rule_causes
+from .._dispatchjob import (
+    cause_text,
+    condition,
+    cost_of,
+    plan_of,
+    refusal,
+    status_of,
+    submissions,
+    transitions,
+)
+from .._model import ActorKind, Cost, Plan, PlannedRule, Transition, rule_causes
 
 Body = Mapping[str, Any]
 
@@ -300,6 +309,10 @@ def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
     timed = {t["n"]: t for t in timeline(obj, data["state"])}
     for sub in data["submissions"]:
         sub.update({k: timed[sub["n"]][k] for k in ("endedAt", "by", "outcome")})
+    for sub, recorded in zip(data["submissions"], submissions(obj), strict=True):
+        sub["startedAt"] = show_time(recorded.started_at) if recorded.started_at is not None else None
+    cost = cost_of(obj)
+    data["cost"] = cost.model_dump(mode="json", by_alias=True) if cost is not None else None
     data["history"] = [transition_data(t) for t in transitions(obj)]
     cancel = status.get("cancel")
     data["cancelRequest"] = (
@@ -377,6 +390,9 @@ def describe_text(data: Mapping[str, Any]) -> str:
         out.append(_indent(table(["N", "STARTED", "ENDED", "BY", "OUTCOME"], rows, WIDTH - 2)))
         if not rows:
             out.append("  (none yet)")
+    cost = data.get("cost")
+    if cost:
+        out.extend(cost_lines(Cost.model_validate(cost)))
     if data["history"]:
         out.append("History:")
         rows = [
@@ -397,6 +413,37 @@ def describe_text(data: Mapping[str, Any]) -> str:
     else:
         out.append("  (none)")
     return "\n".join(out)
+
+
+def seconds(value: float) -> str:
+    """Seconds as status has them (to the millisecond), shown to a tenth: ``2240``, ``12.5``."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def cost_lines(cost: Cost) -> list[str]:
+    """What recovery cost, as ``describe`` shows it: the totals, then a row per cause."""
+    out = ["Recovery cost:"]
+    total = (
+        f"{cost.failures} failure{'s' if cost.failures != 1 else ''}, {cost.recovered} recovered "
+        f"in {seconds(cost.recovery_seconds)} s; {seconds(cost.node_seconds)} node-seconds, "
+        f"{seconds(cost.gpu_seconds)} GPU-seconds lost"
+    )
+    out.extend(wrap(total, 4, first="  "))
+    rows = [
+        [
+            c.cause.value,
+            c.failures,
+            c.recovered,
+            seconds(c.recovery_seconds),
+            seconds(c.longest_recovery_seconds),
+            seconds(c.node_seconds),
+            seconds(c.gpu_seconds),
+        ]
+        for c in cost.causes
+    ]
+    headers = ["CAUSE", "FAILURES", "RECOVERED", "RECOVERY-S", "LONGEST-S", "NODE-S", "GPU-S"]
+    out.append(_indent(table(headers, rows, WIDTH - 2)))
+    return out
 
 
 def _same_day(start: str | None, end: str | None) -> str | None:

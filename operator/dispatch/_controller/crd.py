@@ -39,8 +39,17 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._dispatchjob import ENV_NAME_WORDS
-from .._model import ENV_NAME_PATTERN, FAILURE_CAUSES, MAX_NAME_LENGTH, CauseKind, JobSpec, Record, State
+from .._dispatchjob import ENV_NAME_WORDS, STATUS_COST
+from .._model import (
+    ENV_NAME_PATTERN,
+    FAILURE_CAUSES,
+    MAX_NAME_LENGTH,
+    CauseKind,
+    Cost,
+    JobSpec,
+    Record,
+    State,
+)
 
 Schema = dict[str, Any]
 
@@ -82,6 +91,12 @@ CONDITIONS_DESCRIPTION: Final = (
 STATUS_DESCRIPTION: Final = (
     "The record, written only by compare-and-swap (a PUT of /status carrying the resourceVersion read), "
     "plus conditions computed from it."
+)
+COST_DESCRIPTION: Final = (
+    "What recovery has cost the job: in total and per cause, the failures, the time from each to "
+    "the next submission running, and the node- and GPU-seconds of the submissions that failed. "
+    "Computed from the record and the live objects and written with the writes there are anyway; "
+    "absent until a submission fails."
 )
 SPEC_DESCRIPTION: Final = (
     "What to run and how to recover it. Immutable once created, apart from `cancel`. "
@@ -386,6 +401,9 @@ def status_schema() -> Schema:
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
     }
+    cost = _schema_of(Cost, keep_defaults=False)
+    cost["description"] = COST_DESCRIPTION
+    props[STATUS_COST] = cost
     schema["description"] = STATUS_DESCRIPTION
     return schema
 
