@@ -7,7 +7,7 @@ shows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +28,9 @@ from dispatch import (
     status,
 )
 from dispatch._backends.kubeflow import KubeflowOptions
+from dispatch._backends.kubeflow._adapter import PYTORCHJOB
+from dispatch._backends.memory import MemoryBackend
+from dispatch._backends.slurm._dialects import dialect_for
 from dispatch._cli._render import describe_data, describe_text
 from dispatch._controller.metrics import Metrics
 from dispatch._cost import failures, recovery_cost
@@ -35,6 +38,9 @@ from dispatch._decide import Authorize, Create, Done, Release, Wait, Write, appl
 from dispatch._dispatchjob import cost_of, record_write
 from dispatch._model import FAILURE_CAUSES, SUPERVISOR
 from dispatch._plan import make_plan
+from dispatch._workload import classify, project_pod
+from dispatch._workload._classify import pods_started
+from tests.support.kit import master_pod, pytorchjob
 from tests.support.records import ADA, NOTHING_NATIVE, T0
 
 JOB = "team-a/train"
@@ -351,3 +357,68 @@ def test_the_status_holds_the_cost_and_describe_shows_it() -> None:
     # A job that never failed has no cost in its status.
     clean = play([])
     assert "cost" not in record_write(clean.record, previous=(), generation=1, now=T0, observed={})
+
+
+# ---- when an object began running, as each backend says it -----------------------------------------
+
+
+def running_pod(started: str, *, since: str | None = None) -> dict[str, object]:
+    """A master pod of team/train-1 running since ``started`` (its container's start), restarted
+    in place once when ``since`` (the previous run's start) is given."""
+    container: dict[str, object] = {
+        "name": "pytorch",
+        "restartCount": 0,
+        "state": {"running": {"startedAt": started}},
+    }
+    if since is not None:
+        container["lastState"] = {"terminated": {"exitCode": 1, "startedAt": since}}
+    status = {"phase": "Running", "startTime": "2026-12-01T11:59:00Z", "containerStatuses": [container]}
+    return master_pod("pod-1", "20", "kwok-node-0", status)
+
+
+def test_the_kit_says_when_the_earliest_pod_began_running_and_keeps_it() -> None:
+    body = pytorchjob(ended=False)
+    worker = project_pod(running_pod("2026-12-01T12:01:05Z"))  # as the kit caches a pod
+    master = project_pod(running_pod("2026-12-01T12:01:00Z"))
+    view = classify(PYTORCHJOB, body, [worker, master], now=1.8e9).view
+    assert view.phase is Phase.RUNNING
+    assert view.started_at == datetime(2026, 12, 1, 12, 1, tzinfo=UTC)
+    # Restarted in place: the first run's start, from the container's last state.
+    again = project_pod(running_pod("2026-12-01T12:03:00Z", since="2026-12-01T12:01:00Z"))
+    assert pods_started([again]) == datetime(2026, 12, 1, 12, 1, tzinfo=UTC)
+    # A pod that runs but whose containers say nothing yet: its own startTime.
+    bare = master_pod("pod-2", "21", "kwok-node-0", {"phase": "Running", "startTime": "2026-12-01T11:59:00Z"})
+    assert classify(PYTORCHJOB, body, [bare], now=1.8e9).view.started_at == datetime(
+        2026, 12, 1, 11, 59, tzinfo=UTC
+    )
+    # Pending pods have not run; an ended object whose pods are gone shows the start the adapter kept.
+    pending = master_pod("pod-3", "22", "", {"phase": "Pending"})
+    assert classify(PYTORCHJOB, body, [pending], now=1.8e9).view.started_at is None
+    kept = datetime(2026, 12, 1, 12, 1, tzinfo=UTC)
+    ended = classify(PYTORCHJOB, pytorchjob(), [], now=1.8e9, started=kept).view
+    assert (ended.phase, ended.started_at) == (Phase.ENDED, kept)
+
+
+def test_slurm_says_when_a_job_began_running_never_its_estimate() -> None:
+    dialect = dialect_for("v0.0.40")
+    rec = {"job_id": 7, "job_state": ["RUNNING"], "start_time": {"set": True, "number": 1_800_000_000}}
+    assert dialect.parse_job(rec).started() == 1_800_000_000
+    pending = {**rec, "job_state": ["PENDING"]}  # its start_time is when Slurm expects to start it
+    assert dialect.parse_job(pending).started() is None
+    old = dialect_for("v0.0.38").parse_job(
+        {"job_id": 7, "job_state": "PREEMPTED", "start_time": 1_800_000_000}
+    )
+    assert old.started() == 1_800_000_000
+
+
+async def test_the_memory_backend_says_when_an_object_began_running() -> None:
+    at = T0 + timedelta(seconds=42)
+    backend = MemoryBackend(clock=lambda: at)
+    oid = await backend.create(JOB, 1, spec(1, 0, 1), new().plan)
+    await backend.release(oid)
+    (queued,) = await backend.list(JOB)
+    assert queued.started_at is None
+    backend.env.run(oid)
+    backend.env.preempt(oid)
+    (ended,) = await backend.list(JOB)
+    assert (ended.phase, ended.started_at) == (Phase.ENDED, at)
