@@ -31,11 +31,11 @@ from dispatch._backends.kubeflow import KubeflowOptions
 from dispatch._backends.kubeflow._adapter import PYTORCHJOB
 from dispatch._backends.memory import MemoryBackend
 from dispatch._backends.slurm._dialects import dialect_for
-from dispatch._cli._render import describe_data, describe_text
+from dispatch._cli._render import describe_data, describe_text, failures_of, history_table
 from dispatch._controller.metrics import Metrics
 from dispatch._cost import failures, recovery_cost
 from dispatch._decide import Authorize, Create, Done, Release, Wait, Write, apply, decide
-from dispatch._dispatchjob import cost_of, record_write
+from dispatch._dispatchjob import cost_of, record_write, transitions
 from dispatch._model import FAILURE_CAUSES, SUPERVISOR
 from dispatch._plan import make_plan
 from dispatch._workload import classify, project_pod
@@ -335,6 +335,24 @@ def test_metrics_count_the_seconds_at_the_end_and_the_recovery_when_the_next_run
 # ---- the status the operator writes, and the plugin ------------------------------------------------
 
 
+def dispatchjob_of(record: Record, status: dict[str, object]) -> dict[str, object]:
+    """The DispatchJob of ``record`` (a Kubeflow job of team-a) with ``status``."""
+    spec = record.spec
+    return {
+        "metadata": {"name": spec.name, "namespace": "team-a"},
+        "spec": {
+            "backend": "kubeflow",
+            "command": list(spec.command),
+            "nodes": spec.nodes,
+            "recovery": spec.recovery.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "kubeflow": spec.options["kubeflow"].model_dump(
+                mode="json", by_alias=True, exclude_defaults=True
+            ),
+        },
+        "status": status,
+    }
+
+
 def test_the_status_holds_the_cost_and_describe_shows_it() -> None:
     played = play(
         [Run(wait=10, ran=100, cause=CauseKind.PREEMPTED), Run(wait=20, ran=40, cause=CauseKind.NODE_LOST)],
@@ -344,16 +362,18 @@ def test_the_status_holds_the_cost_and_describe_shows_it() -> None:
     written = record_write(played.record, previous=(), generation=1, now=T0, observed={})
     assert written["cost"]["nodeSeconds"] == 280.0
     assert written["cost"]["causes"][0]["cause"] == "preempted"
-    body = {
-        "metadata": {"name": "train", "namespace": "team-a"},
-        "spec": {"backend": "kubeflow"},
-        "status": written,
-    }
+    body = dispatchjob_of(played.record, written)
     assert cost_of(body) == recovery_cost(played.record)
     text = describe_text(describe_data(body))
     assert "Recovery cost:" in text
     assert "preempted" in text.split("Recovery cost:")[1]
     assert "2240" in text  # GPU-seconds: 280 node-s x 8
+    # The history says what each failure cost, on the transition that recorded it.
+    lines = history_table(transitions(body), failures_of(body)).splitlines()
+    assert "COST" in lines[0]
+    assert lines[1].endswith("200 node-s, 1600 GPU-s, running again after 20 s")
+    assert lines[2].endswith("80 node-s, 640 GPU-s, running again after 1 s")
+    assert lines[3].endswith("supervisor:supervisor   -")  # the success cost nothing
     # A job that never failed has no cost in its status.
     clean = play([])
     assert "cost" not in record_write(clean.record, previous=(), generation=1, now=T0, observed={})

@@ -16,17 +16,20 @@ from .._constants import (
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
+from .._cost import Failure, failures
 from .._dispatchjob import (
     cause_text,
     condition,
     cost_of,
     plan_of,
+    record_from,
     refusal,
     status_of,
     submissions,
     transitions,
 )
-from .._model import ActorKind, Cost, Plan, PlannedRule, Transition, rule_causes
+from .._errors import DispatchError
+from .._model import ActorKind, Cost, Plan, PlannedRule, State, Transition, rule_causes
 
 Body = Mapping[str, Any]
 
@@ -263,7 +266,52 @@ def get_table(objs: Sequence[Body], *, all_namespaces: bool, now: datetime | Non
     return table(headers, rows)
 
 
-def history_table(ts: Sequence[Transition]) -> str:
+def failures_of(obj: Body) -> dict[int, Failure]:
+    """Each failed submission of a DispatchJob with what it cost (dispatch._cost), by its number;
+    none when its record cannot be read."""
+    try:
+        record = record_from(obj)
+    except (ValueError, DispatchError):
+        return {}
+    return {f.submission: f for f in failures(record)}
+
+
+def failure_of(t: Transition, failed: Mapping[int, Failure]) -> Failure | None:
+    """The failure a transition records: the previous submission's for a recovery (it authorizes
+    the next), the submission's own for a failed outcome."""
+    if t.submission is None:
+        return None
+    if t.to is State.RECOVERING:
+        return failed.get(t.submission - 1)
+    return failed.get(t.submission) if t.to is State.FAILED else None
+
+
+def failure_words(f: Failure | None) -> str:
+    """What a failure cost, in a history row: ``60 node-s, running again after 5 s``."""
+    if f is None:
+        return ""
+    gpu = f", {seconds(f.gpu_seconds)} GPU-s" if f.gpu_seconds else ""
+    back = (
+        f"running again after {seconds(f.recovery_seconds)} s"
+        if f.recovery_seconds is not None
+        else "not running again yet"
+    )
+    return f"{seconds(f.node_seconds)} node-s{gpu}, {back}"
+
+
+def failure_data(f: Failure | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "submission": f.submission,
+        "nodeSeconds": round(f.node_seconds, 3),
+        "gpuSeconds": round(f.gpu_seconds, 3),
+        "recoverySeconds": round(f.recovery_seconds, 3) if f.recovery_seconds is not None else None,
+    }
+
+
+def history_table(ts: Sequence[Transition], failed: Mapping[int, Failure] | None = None) -> str:
+    """The transitions; with ``failed`` (:func:`failures_of`), what each failure cost besides."""
     rows = [
         [
             show_time(t.time),
@@ -275,7 +323,12 @@ def history_table(ts: Sequence[Transition]) -> str:
         ]
         for t in ts
     ]
-    return table(["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"], rows)
+    headers = ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"]
+    if failed:
+        headers.append("COST")
+        for row, t in zip(rows, ts, strict=True):
+            row.append(failure_words(failure_of(t, failed)))
+    return table(headers, rows)
 
 
 def _cause_model(t: Transition) -> dict[str, Any]:
