@@ -43,6 +43,18 @@ def metrics_of(port: int) -> str:
     return scrape(f"http://127.0.0.1:{port}/metrics")
 
 
+async def counted(port: int, labels: dict[str, str]) -> str:
+    """The metrics once they count one recovery of ``labels`` (the loop counts it right after the
+    decision whose write shows the next submission running)."""
+
+    def probe() -> str | None:
+        text = metrics_of(port)
+        return text if samples(text, "dispatch_recovery_seconds_count", **labels) == 1.0 else None
+
+    found: str = await await_for("the recovery counted", probe)
+    return found
+
+
 def running(cluster: KubeCluster, namespace: str, n: int) -> Callable[[], dict[str, Any] | None]:
     """A probe: the DispatchJob once submission ``n`` shows running."""
 
@@ -98,8 +110,7 @@ async def test_a_preempted_job_says_what_its_recovery_cost(
     # The recovery is over once submission 2 runs: status and metrics say so before it ends.
     cost = assert_one_recovery(body["status"], gpus=2)
     labels = {"cause": "preempted", "backend": "job", "namespace": namespace}
-    text = await asyncio.to_thread(metrics_of, port)
-    assert samples(text, "dispatch_recovery_seconds_count", **labels) == 1.0
+    text = await counted(port, labels)
     assert samples(text, "dispatch_recovery_seconds_sum", **labels) == pytest.approx(
         cost["recoverySeconds"], abs=0.001
     )
@@ -156,8 +167,7 @@ async def test_a_job_preempted_on_slurm_says_what_its_recovery_cost(
     body = await await_for("submission 2 running", running(crds, namespace, 2))
     cost = assert_one_recovery(body["status"], gpus=0)
     labels = {"cause": "preempted", "backend": "slurm", "namespace": namespace}
-    text = await asyncio.to_thread(metrics_of, port)
-    assert samples(text, "dispatch_recovery_seconds_count", **labels) == 1.0
+    text = await counted(port, labels)
     assert samples(text, "dispatch_failed_node_seconds_total", **labels) == pytest.approx(
         cost["nodeSeconds"], abs=0.001
     )
