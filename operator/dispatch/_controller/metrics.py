@@ -7,7 +7,7 @@
                                                        supervisor, or in-place restarts by the scheduler
 ``dispatch_reaction_seconds``                          histogram: failure of a canonical object first seen ->
                                                        the next submission authorized
-``dispatch_recovery_seconds{cause,backend,namespace}``  histogram: a failure's recorded end -> the next
+``dispatch_recovery_seconds{cause,backend,namespace}`` histogram: a failure's recorded end -> the next
                                                        submission running (once per recovery)
 ``dispatch_failed_node_seconds_total{cause,...}``      nodes x the time each failed submission ran
 ``dispatch_failed_gpu_seconds_total{cause,...}``       the same times the GPUs per node
