@@ -34,7 +34,19 @@ from dispatch._backends.slurm._dialects import dialect_for
 from dispatch._cli._render import describe_data, describe_text, failures_of, history_table
 from dispatch._controller.metrics import Metrics
 from dispatch._cost import failures, recovery_cost
-from dispatch._decide import Authorize, Create, Done, Release, Wait, Write, apply, decide
+from dispatch._decide import (
+    Authorize,
+    Create,
+    Done,
+    RecordCanonical,
+    RecordEnd,
+    Release,
+    Wait,
+    Write,
+    apply,
+    decide,
+    due,
+)
 from dispatch._dispatchjob import cost_of, record_write, transitions
 from dispatch._model import FAILURE_CAUSES, SUPERVISOR
 from dispatch._plan import make_plan
@@ -442,3 +454,38 @@ async def test_the_memory_backend_says_when_an_object_began_running() -> None:
     backend.env.preempt(oid)
     (ended,) = await backend.list(JOB)
     assert (ended.phase, ended.started_at) == (Phase.ENDED, at)
+
+
+def test_a_backoff_records_the_start_with_the_end_and_keeps_it() -> None:
+    """With a backoff the end is recorded first (RecordEnd) and the next submission authorized
+    later: the start goes into the first write and stays through the second."""
+    backoff = Rule(on=(CauseKind.PREEMPTED,), budget=1, backoff={"base_seconds": 30})
+    s = JobSpec(name="train", command=("train",), recovery=RecoveryPolicy(rules=(backoff,)))
+    record = Record(
+        job=JOB,
+        spec=s,
+        plan=make_plan("train", s, NOTHING_NATIVE, supervised=True),
+        submitted_by=ADA,
+        submitted_at=T0,
+        supervised=True,
+    )
+    record = apply(record, Authorize(1), actor=SUPERVISOR, now=T0)
+    record = apply(record, RecordCanonical(1, "1"), actor=SUPERVISOR, now=T0)
+    began, ended_at = T0 + timedelta(seconds=5), T0 + timedelta(seconds=65)
+    view = ObjectView(
+        id="1",
+        job=JOB,
+        submission=1,
+        phase=Phase.ENDED,
+        cause=Cause(kind=CauseKind.PREEMPTED),
+        started_at=began,
+    )
+    end = decide(record, [view]).step
+    assert isinstance(end, RecordEnd)
+    record = apply(record, end, actor=SUPERVISOR, now=ended_at)
+    waited = due(decide(record, []), ended_at + timedelta(seconds=30)).step  # the object is gone
+    assert isinstance(waited, Authorize)
+    record = apply(record, waited, actor=SUPERVISOR, now=ended_at + timedelta(seconds=30))
+    first = record.submissions[0]
+    assert (first.started_at, first.ended_at) == (began, ended_at)
+    assert recovery_cost(record).node_seconds == 60.0
