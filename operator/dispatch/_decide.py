@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from ._cost import recovery_cost
 from ._model import (
     NO_CAUSE,
     SCHEDULER,
@@ -51,6 +52,8 @@ class Authorize:
     rule: int | None = None
     cause: Cause | None = None
     """How the previous canonical ended, recorded with the authorization."""
+    started_at: datetime | None = None
+    """When the previous canonical began running, recorded with its end (what it cost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,8 @@ class RecordEnd:
     submission: int
     rule: int
     cause: Cause
+    started_at: datetime | None = None
+    """When the canonical began running, recorded with its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,8 @@ class RecordOutcome:
     state: State
     cause: Cause
     actor: Actor | None = None
+    started_at: datetime | None = None
+    """When the current canonical began running, recorded with its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,14 +363,16 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
         return Decision(RecordOutcome(State.CANCELLED, how, SCHEDULER), State.CANCELLED, how)
     # An unsupervised job's rules are all the scheduler's: its outcome is the scheduler's doing.
     by = None if record.supervised else SCHEDULER
+    # When it began running goes into the write that records its end: no write of its own.
+    began = view.started_at
     if ended.kind is CauseKind.NONE:
-        return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
+        return Decision(RecordOutcome(State.SUCCEEDED, ended, by, began), State.SUCCEEDED, ended)
     index = resubmitting_rule(record.spec, record.plan, ended)
     if index is not None:
         if backoff_seconds(record, index) > 0:
-            return Decision(RecordEnd(n, index, ended), State.RECOVERING, ended)
-        return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
-    return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+            return Decision(RecordEnd(n, index, ended, began), State.RECOVERING, ended)
+        return Decision(Authorize(n + 1, index, ended, began), State.RECOVERING, ended)
+    return Decision(RecordOutcome(State.FAILED, ended, by, began), State.FAILED, ended)
 
 
 def backoff_seconds(record: Record, index: int) -> float:
@@ -468,7 +477,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
         if subs and step.cause is not None:
-            subs[-1] = _ended(subs[-1], step.cause, now)
+            subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         subs.append(new)
         update["submissions"] = tuple(subs)
         if step.rule is not None:
@@ -488,7 +497,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         i = step.submission - 1
         if i != len(subs) - 1 or subs[i].cause is not None:
             raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
-        subs[i] = _ended(subs[i], step.cause, now)
+        subs[i] = _ended(subs[i], step.cause, now, step.started_at)
         return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordCanonical):
         i = step.submission - 1
@@ -511,7 +520,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
     if isinstance(step, RecordSuspend):
         how = Cause(kind=CauseKind.NONE, detail=f"suspended by {step.actor}")
         if subs and subs[-1].cause is None:
-            subs[-1] = _ended(subs[-1], how, now)
+            subs[-1] = _ended(subs[-1], how, now, None)
         n = subs[-1].n if subs else None
         return record.model_copy(
             update={
@@ -529,7 +538,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
         if subs and step.state is not State.CANCELLED:
-            subs[-1] = _ended(subs[-1], step.cause, now)
+            subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         who = step.actor or actor
         return record.model_copy(
             update={
@@ -572,9 +581,13 @@ def _resumed(record: Record, step: Resume, now: datetime) -> Record:
     return record.model_copy(update=update)
 
 
-def _ended(sub: Submission, cause: Cause, now: datetime) -> Submission:
-    """``sub`` with its end recorded: the cause, and the time, unless a backoff's write has it already."""
-    return sub.model_copy(update={"cause": cause, "ended_at": sub.ended_at or now})
+def _ended(sub: Submission, cause: Cause, now: datetime, started_at: datetime | None) -> Submission:
+    """``sub`` with its end recorded: the cause, the time and when it began running, unless a
+    backoff's write has them already."""
+    update: dict[str, object] = {"cause": cause, "ended_at": sub.ended_at or now}
+    if sub.started_at is None and started_at is not None:
+        update["started_at"] = started_at
+    return sub.model_copy(update=update)
 
 
 def _transition(
@@ -603,6 +616,7 @@ def status(record: Record, objects: Sequence[ObjectView], decision: Decision | N
         history=record.history,
         settled=record.settled,
         message=_message(decision),
+        cost=recovery_cost(record, objects),
     )
 
 

@@ -60,6 +60,7 @@ from ._constants import (
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
+from ._cost import recovery_cost
 from ._errors import JobNotFound
 from ._model import (
     FAILURE_CAUSES,
@@ -68,6 +69,7 @@ from ._model import (
     CancelRequest,
     Cause,
     CauseKind,
+    Cost,
     Enforcer,
     JobSpec,
     Plan,
@@ -629,6 +631,27 @@ def _shown_conditions(
     )
 
 
+STATUS_COST: Final = "cost"
+"""The status field of what recovery cost (:class:`~dispatch.Cost`), absent until a failure."""
+
+
+def cost_status(cost: Cost) -> dict[str, Any] | None:
+    """``cost`` as the status holds it (camelCase, per cause), None while there is none."""
+    if not cost.failures:
+        return None
+    data: dict[str, Any] = cost.model_dump(mode="json", by_alias=True)
+    return data
+
+
+def _with_cost(status: dict[str, Any], cost: Cost) -> dict[str, Any]:
+    shown = cost_status(cost)
+    if shown is None:
+        status.pop(STATUS_COST, None)
+    else:
+        status[STATUS_COST] = shown
+    return status
+
+
 def record_write(
     record: Record,
     *,
@@ -636,17 +659,19 @@ def record_write(
     generation: int,
     now: datetime,
     observed: Mapping[str, str],
+    cost: Cost | None = None,
 ) -> dict[str, Any]:
     """The status a write of ``record`` puts: the record (:func:`record_status`), the generation it
     observed, its conditions (``previous``: the conditions written before, whose transition times
-    stay) and the observed fields: ``observed``, or those of its outcome once it settles (nothing
-    changes after that, so an observer would only write them again)."""
+    stay), the observed fields: ``observed``, or those of its outcome once it settles (nothing
+    changes after that, so an observer would only write them again), and what recovery cost:
+    ``cost`` (computed with the live objects), else what the record alone says."""
     shows = observed_fields(record.state, record.cause) if record.settled else observed
     status = record_status(record)
     status["observedGeneration"] = generation
     status["conditions"] = _shown_conditions(record, shows, previous, generation, now)
     status.update(shows)
-    return status
+    return _with_cost(status, cost if cost is not None else recovery_cost(record))
 
 
 def observe_write(
@@ -657,14 +682,16 @@ def observe_write(
     previous: Sequence[Mapping[str, Any]],
     generation: int,
     now: datetime,
+    cost: Cost | None = None,
 ) -> dict[str, Any]:
     """The status a write of the observed fields alone puts: ``status`` (without the observed
     fields) with ``observed`` and the conditions of ``record`` as they now show
-    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state."""
+    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state;
+    and ``cost`` when given (a submission that began running ends a recovery)."""
     out = {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
     out["conditions"] = _shown_conditions(record, observed, previous, generation, now)
     out.update(observed)
-    return out
+    return out if cost is None else _with_cost(out, cost)
 
 
 def refusal_write(
@@ -711,11 +738,20 @@ def submissions(obj: Mapping[str, Any]) -> list[Submission]:
     return _each(Submission, status_of(obj).get("submissions"))
 
 
-def plan_of(obj: Mapping[str, Any]) -> Plan | None:
-    raw = status_of(obj).get("plan")
+def _one(model: type[M], raw: object) -> M | None:
+    """``raw`` as ``model``, or None when it is not one."""
     if not isinstance(raw, Mapping):
         return None
     try:
-        return Plan.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError:
         return None
+
+
+def cost_of(obj: Mapping[str, Any]) -> Cost | None:
+    """What recovery cost, as the status says (None: no failure yet, or unreadable)."""
+    return _one(Cost, status_of(obj).get(STATUS_COST))
+
+
+def plan_of(obj: Mapping[str, Any]) -> Plan | None:
+    return _one(Plan, status_of(obj).get("plan"))

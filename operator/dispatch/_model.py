@@ -55,6 +55,11 @@ class OptionsModel(_Model):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
+    def gpus_per_node(self) -> int:
+        """The GPUs each node of a submission holds, as these options ask for them: what a
+        submission that did not succeed cost in GPU-seconds (0 where the options ask for none)."""
+        return 0
+
 
 class CauseKind(StrEnum):
     """Why an execution ended. The order of the members is the canonical order of ``uncovered``."""
@@ -446,6 +451,10 @@ class JobSpec(_Model):
                     )
         return options
 
+    def gpus_per_node(self) -> int:
+        """The GPUs each node holds, as the backend's options ask for them (0: none)."""
+        return max((o.gpus_per_node() for o in self.options.values()), default=0)
+
     @model_validator(mode="after")
     def _priority_needs_queue(self) -> JobSpec:
         if self.workload_priority_class is not None and self.queue is None:
@@ -583,6 +592,9 @@ class ObjectView(_Model):
     """Deleted on the scheduler by someone else, and kept there by dispatch (a Kubernetes finalizer)
     only until the record has what it shows: ``decide`` ends it (which lets it go) once the record no
     longer needs it. So a deletion made while no supervisor runs is read exactly as one seen live."""
+    started_at: datetime | None = None
+    """When the scheduler says the object's workload began running (the earliest running pod's
+    start, Slurm's start time); None while it has not."""
 
 
 class Submission(_Model):
@@ -599,6 +611,9 @@ class Submission(_Model):
     restarts: int = 0
     ended_at: datetime | None = None
     """When ``cause`` was recorded: a rule's backoff counts from it."""
+    started_at: datetime | None = None
+    """When its canonical object began running, as the scheduler said:
+    recorded in the write that records its end, so what it cost outlives the object."""
 
 
 class Transition(_Model):
@@ -693,6 +708,48 @@ class SubmissionStatus(_Model):
     objects: tuple[ObjectView, ...] = ()
 
 
+class CauseCost(_Model):
+    """What recovering from one cause cost a job: its failures, the time to recover from them and
+    the node- and GPU-seconds of the submissions they ended."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    cause: CauseKind
+    failures: int = 0
+    """Submissions whose canonical ended with this cause."""
+    recovered: int = 0
+    """Of those, the ones whose next submission has begun running."""
+    recovery_seconds: float = 0.0
+    """The sum, over the recovered ones, of the time from the failure's recorded end to the next
+    submission running."""
+    longest_recovery_seconds: float = 0.0
+    """The longest of those times."""
+    node_seconds: float = 0.0
+    """Nodes times the time each failed submission ran (from running to its recorded end)."""
+    gpu_seconds: float = 0.0
+    """The node-seconds times the GPUs per node the job asks for."""
+
+
+class Cost(_Model):
+    """What recovery cost a job: totals over every failure, and per cause (at most one entry per
+    cause, in the order of the causes, whatever the number of submissions)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    failures: int = 0
+    """Submissions whose canonical ended with a failure."""
+    recovered: int = 0
+    """Of those, the ones whose next submission has begun running."""
+    recovery_seconds: float = 0.0
+    """The sum of the times from a failure to the next submission running."""
+    node_seconds: float = 0.0
+    """The node-seconds of the submissions that failed."""
+    gpu_seconds: float = 0.0
+    """The GPU-seconds of the submissions that failed."""
+    causes: Annotated[tuple[CauseCost, ...], Field(max_length=len(FAILURE_CAUSES))] = ()
+    """The same, per cause that ended a submission."""
+
+
 class Status(_Model):
     """What an observer sees: the record joined with the scheduler's live view."""
 
@@ -704,6 +761,8 @@ class Status(_Model):
     history: tuple[Transition, ...] = ()
     settled: bool = False
     message: str = ""
+    cost: Cost = Cost()
+    """What recovery has cost so far (see docs/semantics.md)."""
 
 
 class SimulatedEnd(_Model):

@@ -298,6 +298,9 @@ class PodOptions(OptionsModel):
     working_dir: Path | None = None
     """The training container's working directory (default: the image's)."""
 
+    def gpus_per_node(self) -> int:
+        return self.resources.gpu
+
     @field_validator("env")
     @classmethod
     def _reserved_env(cls, env: dict[str, str]) -> dict[str, str]:

@@ -16,11 +16,24 @@ from .._constants import (
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
-from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
+from .._cost import Failure, failures
+from .._dispatchjob import (
+    cause_text,
+    condition,
+    cost_of,
+    plan_of,
+    record_from,
+    refusal,
+    status_of,
+    submissions,
+    transitions,
+)
+from .._errors import DispatchError
 from .._model import (
     ActorKind,
     Cause,
     CauseKind,
+    Cost,
     Plan,
     PlannedRule,
     SimulatedEnd,
@@ -308,7 +321,52 @@ def get_table(objs: Sequence[Body], *, all_namespaces: bool, now: datetime | Non
     return table(headers, rows)
 
 
-def history_table(ts: Sequence[Transition]) -> str:
+def failures_of(obj: Body) -> dict[int, Failure]:
+    """Each failed submission of a DispatchJob with what it cost (dispatch._cost), by its number;
+    none when its record cannot be read."""
+    try:
+        record = record_from(obj)
+    except (ValueError, DispatchError):
+        return {}
+    return {f.submission: f for f in failures(record)}
+
+
+def failure_of(t: Transition, failed: Mapping[int, Failure]) -> Failure | None:
+    """The failure a transition records: the previous submission's for a recovery (it authorizes
+    the next), the submission's own for a failed outcome."""
+    if t.submission is None:
+        return None
+    if t.to is State.RECOVERING:
+        return failed.get(t.submission - 1)
+    return failed.get(t.submission) if t.to is State.FAILED else None
+
+
+def failure_words(f: Failure | None) -> str:
+    """What a failure cost, in a history row: ``60 node-s, running again after 5 s``."""
+    if f is None:
+        return ""
+    gpu = f", {seconds(f.gpu_seconds)} GPU-s" if f.gpu_seconds else ""
+    back = (
+        f"running again after {seconds(f.recovery_seconds)} s"
+        if f.recovery_seconds is not None
+        else "not running again yet"
+    )
+    return f"{seconds(f.node_seconds)} node-s{gpu}, {back}"
+
+
+def failure_data(f: Failure | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "submission": f.submission,
+        "nodeSeconds": round(f.node_seconds, 3),
+        "gpuSeconds": round(f.gpu_seconds, 3),
+        "recoverySeconds": round(f.recovery_seconds, 3) if f.recovery_seconds is not None else None,
+    }
+
+
+def history_table(ts: Sequence[Transition], failed: Mapping[int, Failure] | None = None) -> str:
+    """The transitions; with ``failed`` (:func:`failures_of`), what each failure cost besides."""
     rows = [
         [
             show_time(t.time),
@@ -320,7 +378,12 @@ def history_table(ts: Sequence[Transition]) -> str:
         ]
         for t in ts
     ]
-    return table(["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"], rows)
+    headers = ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"]
+    if failed:
+        headers.append("COST")
+        for row, t in zip(rows, ts, strict=True):
+            row.append(failure_words(failure_of(t, failed)))
+    return table(headers, rows)
 
 
 def _cause_model(t: Transition) -> dict[str, Any]:
@@ -354,6 +417,10 @@ def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
     timed = {t["n"]: t for t in timeline(obj, data["state"])}
     for sub in data["submissions"]:
         sub.update({k: timed[sub["n"]][k] for k in ("endedAt", "by", "outcome")})
+    for sub, recorded in zip(data["submissions"], submissions(obj), strict=True):
+        sub["startedAt"] = show_time(recorded.started_at) if recorded.started_at is not None else None
+    cost = cost_of(obj)
+    data["cost"] = cost.model_dump(mode="json", by_alias=True) if cost is not None else None
     data["history"] = [transition_data(t) for t in transitions(obj)]
     cancel = status.get("cancel")
     data["cancelRequest"] = (
@@ -431,6 +498,9 @@ def describe_text(data: Mapping[str, Any]) -> str:
         out.append(_indent(table(["N", "STARTED", "ENDED", "BY", "OUTCOME"], rows, WIDTH - 2)))
         if not rows:
             out.append("  (none yet)")
+    cost = data.get("cost")
+    if cost:
+        out.extend(cost_lines(Cost.model_validate(cost)))
     if data["history"]:
         out.append("History:")
         rows = [
@@ -451,6 +521,37 @@ def describe_text(data: Mapping[str, Any]) -> str:
     else:
         out.append("  (none)")
     return "\n".join(out)
+
+
+def seconds(value: float) -> str:
+    """Seconds as status has them (to the millisecond), shown to a tenth: ``2240``, ``12.5``."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def cost_lines(cost: Cost) -> list[str]:
+    """What recovery cost, as ``describe`` shows it: the totals, then a row per cause."""
+    out = ["Recovery cost:"]
+    total = (
+        f"{cost.failures} failure{'s' if cost.failures != 1 else ''}, {cost.recovered} recovered "
+        f"in {seconds(cost.recovery_seconds)} s; {seconds(cost.node_seconds)} node-seconds, "
+        f"{seconds(cost.gpu_seconds)} GPU-seconds lost"
+    )
+    out.extend(wrap(total, 4, first="  "))
+    rows = [
+        [
+            c.cause.value,
+            c.failures,
+            c.recovered,
+            seconds(c.recovery_seconds),
+            seconds(c.longest_recovery_seconds),
+            seconds(c.node_seconds),
+            seconds(c.gpu_seconds),
+        ]
+        for c in cost.causes
+    ]
+    headers = ["CAUSE", "FAILURES", "RECOVERED", "RECOVERY-S", "LONGEST-S", "NODE-S", "GPU-S"]
+    out.append(_indent(table(headers, rows, WIDTH - 2)))
+    return out
 
 
 def _same_day(start: str | None, end: str | None) -> str | None:

@@ -366,14 +366,19 @@ async def describe(args: argparse.Namespace, objects: Any, namespace: str, out: 
 async def history(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
     obj = await objects.get(namespace, args.name)
     ts = dispatchjob.transitions(obj)
+    failed = render.failures_of(obj)
     if args.output:
-        print(render.dump([render.transition_data(t) for t in ts], args.output), file=out)
+        data = [
+            render.transition_data(t) | {"cost": render.failure_data(render.failure_of(t, failed))}
+            for t in ts
+        ]
+        print(render.dump(data, args.output), file=out)
         return 0
     if not ts:
         state = (obj.get("status") or {}).get("state") or "not yet recorded"
         print(f"No transitions recorded yet (state: {state}).", file=out)
         return 0
-    print(render.history_table(ts), file=out)
+    print(render.history_table(ts, failed), file=out)
     return 0
 
 

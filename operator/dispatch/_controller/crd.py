@@ -40,13 +40,14 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS
+from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS, STATUS_COST
 from .._model import (
     ENV_NAME_PATTERN,
     FAILURE_CAUSES,
     MAX_NAME_LENGTH,
     MAX_RULES,
     CauseKind,
+    Cost,
     JobSpec,
     Record,
     State,
@@ -113,6 +114,12 @@ CONDITIONS_DESCRIPTION: Final = (
 STATUS_DESCRIPTION: Final = (
     "The record, written only by compare-and-swap (a PUT of /status carrying the resourceVersion read), "
     "plus conditions computed from it."
+)
+COST_DESCRIPTION: Final = (
+    "What recovery has cost the job: in total and per cause, the failures, the time from each to "
+    "the next submission running, and the node- and GPU-seconds of the submissions that failed. "
+    "Computed from the record and the live objects and written with the writes there are anyway; "
+    "absent until a submission fails."
 )
 SPEC_DESCRIPTION: Final = (
     "What to run and how to recover it. Immutable once created, apart from a person's asks: `cancel`, "
@@ -440,6 +447,9 @@ def status_schema() -> Schema:
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
     }
+    cost = _schema_of(Cost, keep_defaults=False)
+    cost["description"] = COST_DESCRIPTION
+    props[STATUS_COST] = cost
     schema["description"] = STATUS_DESCRIPTION
     return schema
 

@@ -378,6 +378,9 @@ class SupervisionLoop:
         supervisor = self.supervisors[name]
         with urgent(False):
             intent = await supervisor.prepare(job)
+        if runtime.metrics is not None:
+            with contextlib.suppress(Exception):
+                runtime.metrics.costs(name, intent.record, intent.objects)
         step = intent.decision.step
         if isinstance(step, Done):
             log.info("job %s settled: %s", job, intent.record.state, extra={"job": job})

@@ -61,7 +61,7 @@ from .._kubeclient import (
     resource_version,
     split_job,
 )
-from .._model import Cause, Record, State
+from .._model import Cause, Cost, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
@@ -396,11 +396,18 @@ class KubeRecordStore:
             except VersionConflict:
                 continue
 
-    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+    async def put(
+        self,
+        record: Record,
+        expected: str,
+        observed: Mapping[str, str] | None = None,
+        cost: Cost | None = None,
+    ) -> str:
         """Write ``record`` at version ``expected`` (VersionConflict when stale).
 
         The PUT replaces the status, so it carries the observed fields: ``observed`` (what the
-        decision that made this write shows), else those of version ``expected``."""
+        decision that made this write shows), else those of version ``expected``; and what recovery
+        cost: ``cost``, else what ``record`` alone says."""
         seen = await self._seen_at(record.job, expected)
         status = record_write(
             record,
@@ -408,6 +415,7 @@ class KubeRecordStore:
             generation=seen.generation,
             now=self.clock(),
             observed=observed if observed is not None else seen.observed,
+            cost=cost,
         )
         # The status written holds the record (its cancel request too): the new version's record is
         # this one, so it is not parsed again.
@@ -419,9 +427,12 @@ class KubeRecordStore:
         return dict(seen.observed) if seen is not None else {}
 
     async def observe(
-        self, job: str, state: State, cause: Cause, expected: str, note: str = ""
+        self, job: str, state: State, cause: Cause, expected: str, note: str = "", cost: Cost | None = None
     ) -> str | None:
         """Write the observed fields when they differ from those of version ``expected``, else nothing.
+
+        ``cost`` (what recovery cost, with the live objects) goes with them: it changes only when
+        they do (a failure is a record write; the next submission running shows ``running``).
 
         The record store's own compare-and-swap PUT of /status (a stale ``expected`` raises
         VersionConflict), remembered like a record write, so the next step reads it from the cache
@@ -444,6 +455,7 @@ class KubeRecordStore:
             previous=seen.conditions(),
             generation=seen.generation,
             now=self.clock(),
+            cost=cost,
         )
         return await self._put_status(job, status, expected, record)
 

@@ -34,7 +34,12 @@ METADATA: Final[Mapping[str, Mask]] = {
 """What the kit reads of an object's metadata: its id, the owner labels, the annotations it
 writes and reads back, the finalizer it removes, the precondition of its patches; a pod's is the
 part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."""
-_TERMINATED: Final[Mask] = {"reason": SHARED, "exitCode": True, "message": Clip(MAX_DETAIL)}
+_TERMINATED: Final[Mask] = {
+    "reason": SHARED,
+    "exitCode": True,
+    "message": Clip(MAX_DETAIL),
+    "startedAt": True,
+}
 POD: Final[Mask] = {
     "metadata": {
         k: METADATA[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
@@ -44,6 +49,7 @@ POD: Final[Mask] = {
         "phase": SHARED,
         "reason": SHARED,
         "message": Clip(MAX_DETAIL),
+        "startTime": True,
         "conditions": conditions(
             "DisruptionTarget",
             "PodScheduled",
@@ -53,7 +59,11 @@ POD: Final[Mask] = {
             {
                 "name": SHARED,
                 "restartCount": True,
-                "state": {"terminated": _TERMINATED, "waiting": {"reason": SHARED, "message": True}},
+                "state": {
+                    "terminated": _TERMINATED,
+                    "waiting": {"reason": SHARED, "message": True},
+                    "running": {"startedAt": True},
+                },
                 "lastState": {"terminated": _TERMINATED},
             },
         ),
@@ -61,7 +71,8 @@ POD: Final[Mask] = {
 }
 """What :func:`pod_evidence` and the kinds' ``restarts`` read of a pod: its conditions, its
 containers' states (every container's: the first one stands in when the kind's is missing), its
-node. Messages only ever shown in a cause's detail are cut to the detail's length."""
+node; and when it began running (its containers' ``startedAt``, its ``startTime``). Messages
+only ever shown in a cause's detail are cut to the detail's length."""
 
 
 _OBJECT_MASKS: weakref.WeakKeyDictionary[Kind, Mask] = weakref.WeakKeyDictionary()

@@ -11,8 +11,9 @@ the slurm shape goes to the supervisor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
 
@@ -78,7 +79,7 @@ _TIME_LIMIT: Final = Cause(kind=CauseKind.TIME_LIMIT, detail="time limit reached
 _LAUNCH_FAILED: Final = Cause(kind=CauseKind.LAUNCH_FAILED, detail="could not start the program")
 _NO_CAPACITY: Final = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can ever fit it")
 _REQUEUED: Final = Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler")
-_VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts"}
+_VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts", "started_at"}
 """Shared by every snapshot (pydantic copies it before changing it), so a view costs no set of its own."""
 
 
@@ -92,6 +93,7 @@ class _Entry:
     cancelled: bool = False
     restarts: int = 0
     ever_released: bool = False
+    started_at: datetime | None = None
     native: tuple[tuple[frozenset[CauseKind], int], ...] = ()
     view: ObjectView | None = field(default=None, repr=False)
 
@@ -106,16 +108,29 @@ class _Entry:
                 cause=self.cause,
                 cancelled=self.cancelled,
                 restarts=self.restarts,
+                started_at=self.started_at,
             )
         return self.view
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 class MemoryBackend:
     """A :class:`~dispatch.Backend` whose scheduler is :attr:`env`."""
 
-    def __init__(self, shape: Shape | str = Shape.SLURM, *, auto_run: bool = False) -> None:
+    def __init__(
+        self,
+        shape: Shape | str = Shape.SLURM,
+        *,
+        auto_run: bool = False,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
         self.imitates, self.shape, self._capabilities = _imitation(str(shape))
         self.auto_run = auto_run
+        self.clock = clock
+        """The scheduler's clock: when an object begins running (its ``started_at``)."""
         self._entries: dict[str, _Entry] = {}
         self._by_job: dict[str, list[_Entry]] = {}
         self._subscribers = Subscribers()
@@ -157,8 +172,11 @@ class MemoryBackend:
         entry = self._entry(object_id)
         if entry.phase is not Phase.HELD:
             return
-        entry.phase = Phase.RUNNING if self.auto_run else Phase.QUEUED
         entry.ever_released = True
+        if self.auto_run:
+            self._running(entry)
+        else:
+            entry.phase = Phase.QUEUED
         released = sum(1 for e in self._by_job[entry.job] if e.phase in (Phase.QUEUED, Phase.RUNNING))
         if released > self.peak_released.get(entry.job, 0):
             self.peak_released[entry.job] = released
@@ -195,6 +213,11 @@ class MemoryBackend:
         except KeyError:
             raise InvalidTransition(f"no object {object_id!r}") from None
 
+    def _running(self, entry: _Entry) -> None:
+        entry.phase = Phase.RUNNING
+        if entry.started_at is None:  # the first start: an in-place restart keeps it
+            entry.started_at = self.clock()
+
     def _changed(self, entry: _Entry) -> None:
         entry.view = None
         self._subscribers.notify(entry.job)
@@ -209,7 +232,7 @@ class Env:
     def run(self, object_id: str) -> None:
         """Start a released object (what a scheduler with free nodes does; ``auto_run`` does it at once)."""
         entry = self._in(object_id, Phase.QUEUED)
-        entry.phase = Phase.RUNNING
+        self._backend._running(entry)
         self._backend._changed(entry)
 
     def complete(self, object_id: str) -> None:
@@ -258,7 +281,10 @@ class Env:
         for causes, budget in entry.native:
             if cause.kind in causes and entry.restarts < budget:
                 entry.restarts += 1
-                entry.phase = Phase.RUNNING if self._backend.auto_run else Phase.QUEUED
+                if self._backend.auto_run:
+                    self._backend._running(entry)
+                else:
+                    entry.phase = Phase.QUEUED
                 self._backend._changed(entry)
                 return
         entry.phase = Phase.ENDED

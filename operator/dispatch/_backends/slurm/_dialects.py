@@ -57,6 +57,16 @@ class SlurmJob:
     requeue: bool | None = None
     submit_time: int | None = None
     """When slurmctld took the submission (epoch seconds, its clock)."""
+    start_time: int | None = None
+    """When it began running (epoch seconds, slurmctld's clock); while it is pending, Slurm's
+    estimate of when it will (see :meth:`started`)."""
+
+    def started(self) -> int | None:
+        """When it began running, None while pending: a pending job's ``start_time`` is Slurm's
+        estimate, and a job cancelled while pending shows no start at all."""
+        if self.start_time is None or self.state in ("", "PENDING"):
+            return None
+        return self.start_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +260,7 @@ class V0038(Dialect):
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
             submit_time=_int(rec.get("submit_time")) or None,
+            start_time=_int(rec.get("start_time")) or None,
         )
 
 
@@ -328,6 +339,7 @@ class V0040(Dialect):
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
             submit_time=_int(rec.get("submit_time")) or None,
+            start_time=_int(rec.get("start_time")) or None,
         )
 
     @staticmethod

@@ -35,6 +35,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from ..._errors import TransientBackendError
 from ..._model import Cause, CauseKind, ObjectView, Phase
@@ -75,6 +76,11 @@ NO_JOBS = (
     "Slurm has no job {id} (confirmed by a direct lookup) and shows no job at all: either it ended "
     "more than MinJobAge ago and was forgotten, or slurmctld lost its state; the outcome is unknown"
 )
+
+
+def _at(epoch: int | None) -> datetime | None:
+    """Slurm's epoch seconds as a time."""
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
 def make_tag(job: str, submission: int) -> str:
@@ -378,6 +384,7 @@ class Poller:
             cancelled=c.cancelled,
             restarts=c.restarts,
             waiting=c.waiting,
+            started_at=_at(sj.started()),
         )
         if c.stuck:
             self._verdicts[sj.job_id] = view
@@ -472,6 +479,7 @@ class Poller:
                 cause=Cause(kind=CauseKind.UNKNOWN, detail=text.format(id=old.id)),
                 cancelled=False,
                 restarts=old.restarts,
+                started_at=old.started_at,
             )
             self._final[job_id] = (view, now)
             self._set(job_id, view)
