@@ -170,10 +170,11 @@ def promtool() -> str | None:
     env = os.environ.get("PROMTOOL")
     if env:
         return env if os.access(env, os.X_OK) else None
-    mk = (ROOT / "mk" / "monitoring.mk").read_text()
-    version = re.search(r"^PROMTOOL_VERSION \?= (\S+)$", mk, re.M)
-    assert version, "mk/monitoring.mk pins no PROMTOOL_VERSION"
-    path = Path.home() / ".cache" / "dispatch" / "bin" / f"promtool-{version.group(1)}" / "promtool"
+    bins = (ROOT / "hack" / "build-bins.sh").read_text()
+    version = re.search(r'^PROMTOOL_VERSION="\$\{PROMTOOL_VERSION:-(\S+)\}"$', bins, re.M)
+    assert version, "hack/build-bins.sh pins no PROMTOOL_VERSION"
+    cache = Path(os.environ.get("DISPATCH_CACHE") or Path.home() / ".cache" / "dispatch")
+    path = cache / "bin" / f"promtool-{version.group(1)}" / "promtool"
     return str(path) if os.access(path, os.X_OK) else None
 
 
