@@ -34,6 +34,7 @@ from .._errors import PlanError
 from .._model import Cause
 from .._simulate import parse_cause, simulate
 from .._version import __version__
+from . import _inject
 from . import _render as render
 from ._manifest import ManifestError, load
 
@@ -153,6 +154,27 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="renew rule N's budget (its earlier firings no longer count)",
     )
+
+    p = sub.add_parser(
+        "preempt",
+        parents=[common],
+        help="evict a pod of the running submission, as a drain or a preemption does (to try recovery)",
+        description="Evict one pod of the job's running submission through the Eviction API (as kubectl "
+        "drain does; PodDisruptionBudgets apply). dispatch records the submission preempted and its rules "
+        "decide what follows. Needs create on pods/eviction.",
+    )
+    p.add_argument("name")
+
+    p = sub.add_parser(
+        "lose-node",
+        parents=[common],
+        help="evict the pods on the node of the running submission, as a lost node does (to try recovery)",
+        description=f"Taint the node of one of the job's running pods {_inject.NODE_LOSS_TAINT}:NoExecute, "
+        "as the node lifecycle controller taints a node that stops answering: the taint eviction controller "
+        "deletes the pods there, dispatch records the submission node-lost, and the taint is removed once "
+        "they have left. Needs patch on nodes.",
+    )
+    p.add_argument("name")
 
     p = sub.add_parser("watch", parents=[common], help="follow a DispatchJob's status as it changes")
     p.add_argument("name")
@@ -303,6 +325,12 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
                 return await suspend(args, objects, namespace, out)
             if args.command == "retry":
                 return await retry(args, objects, namespace, out)
+            if args.command == "preempt":
+                return await _inject.preempt(api, namespace, args.name, out)
+            if args.command == "lose-node":
+                return await _inject.lose_node(api, namespace, args.name, out)
+        except _inject.NothingToDisrupt as error:
+            raise Failure(str(error)) from None
         except _kubeclient.NotFound:
             raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
         except _kubeclient.ApiError as error:
