@@ -22,7 +22,8 @@ from ._backends import (
 )
 from ._backends.kubeflow import KubeflowOptions
 from ._backends.memory import Env, MemoryBackend, Shape
-from ._backends.slurm import SlurmOptions
+from ._backends.slurm import SlurmChange, SlurmOptions
+from ._change import spec_for
 from ._cluster import Cluster, Observer, Operator, compose
 from ._cluster import open as open  # public, but not in __all__: see the docstring
 from ._decide import (
@@ -71,12 +72,16 @@ from ._model import (
     Capabilities,
     Cause,
     CauseKind,
+    Change,
     Enforcer,
     ExitCodeOperator,
     ExitCodes,
+    FieldChange,
     JobSpec,
+    MemoryChange,
     NativeRule,
     ObjectView,
+    OptionsChange,
     OptionsModel,
     Phase,
     Plan,
@@ -112,6 +117,7 @@ __all__ = [
     "Capabilities",
     "Cause",
     "CauseKind",
+    "Change",
     "Cluster",
     "ConditionNotMet",
     "ConfigError",
@@ -128,6 +134,7 @@ __all__ = [
     "EnvFromSource",
     "ExitCodeOperator",
     "ExitCodes",
+    "FieldChange",
     "Intent",
     "InvalidTransition",
     "JobExists",
@@ -137,12 +144,14 @@ __all__ = [
     "Listener",
     "LocalObjectReference",
     "MemoryBackend",
+    "MemoryChange",
     "MemoryStore",
     "NativeRule",
     "ObjectExists",
     "ObjectView",
     "Observer",
     "Operator",
+    "OptionsChange",
     "OptionsModel",
     "PersistentVolumeClaimSource",
     "Phase",
@@ -164,6 +173,7 @@ __all__ = [
     "Rule",
     "SecretSource",
     "Shape",
+    "SlurmChange",
     "SlurmOptions",
     "State",
     "Status",
@@ -189,6 +199,7 @@ __all__ = [
     "describe_step",
     "due",
     "make_plan",
+    "spec_for",
     "status",
 ]
 

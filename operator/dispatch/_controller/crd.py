@@ -134,9 +134,11 @@ def _models() -> dict[str, tuple[type[BaseModel], ModuleType]]:
         and issubclass(obj, BaseModel)
         and obj.__module__ in (_model.__name__, "dispatch")  # public models report dispatch
     }
-    for info in _registry.option_fields().values():
-        assert info.options is not None
-        for cls in info.options.__mro__:
+    declared = [info.options for info in _registry.option_fields().values()]
+    declared += [info.change for info in _registry.change_fields().values()]
+    for model in declared:
+        assert model is not None
+        for cls in model.__mro__:
             if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__name__ not in found:
                 module = sys.modules.get(cls.__module__)
                 if module is not None:
@@ -274,6 +276,17 @@ def spec_schema() -> Schema:
     props["cancel"] = {"type": "boolean", "default": False, "description": CANCEL_DESCRIPTION}
     schema["required"] = sorted({*schema["required"], "backend"})
     schema["description"] = SPEC_DESCRIPTION
+
+    # A rule's change of a backend's own fields is change.<backend>, as its options are spec.<backend>.
+    change = props["recovery"]["properties"]["rules"]["items"]["properties"]["change"]
+    del change["properties"]["options"]
+    for name, info in _registry.change_fields().items():
+        if info.change is not None and info.in_spec:
+            change["properties"][name] = _schema_of(info.change, keep_defaults=True)
+            change["properties"][name]["description"] = (
+                f"What a firing changes of spec.{name} (backend `{name}` only): each field set replaces "
+                "that field for the submission the firing authorizes and the ones after it."
+            )
 
     # A rule covers only causes of failure ('none' is success), each cause at most once.
     on = props["recovery"]["properties"]["rules"]["items"]["properties"]["on"]
