@@ -47,8 +47,9 @@ def changed(spec: JobSpec, change: Change) -> JobSpec:
     if change.memory is not None:
         for name, held in spec.options.items():
             now = held.memory_bytes()
-            if now is not None:
-                options[name] = held.with_memory_bytes(more_memory(now, change.memory))
+            grown = more_memory(now, change.memory) if now is not None else now
+            if grown != now and grown is not None:  # at the max already: the field stays as written
+                options[name] = held.with_memory_bytes(grown)
     for name, own in change.options.items():
         base = options.get(name) or own.options_model()
         values = {f: v for f in own.model_fields_set if (v := getattr(own, f)) is not None}
