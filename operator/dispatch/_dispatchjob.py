@@ -247,11 +247,13 @@ def _with_built_changes(
         if "options" in rest:  # the core's field, never the wire's
             problems.append(f"spec.{where}.options: Extra inputs are not permitted (change.<backend>)")
             del rest["options"]
+        refused = False
         for name in backend_names():
             if name not in rest:
                 continue
             value = rest.pop(name)
             if name != backend.name or backend.change is None:
+                refused = True
                 has = "has no change of its own" if name == backend.name else f"is not {name}"
                 problems.append(
                     f"spec.{where}.{name}: backend {backend.name} {has}: it cannot make this change"
@@ -261,6 +263,9 @@ def _with_built_changes(
                 own[name] = backend.change.model_validate(value)
             except ValidationError as error:
                 problems.append(validation_message(error, f"{where}.{name}"))
+        if refused and not rest and not own:  # said once: not "names no field" as well
+            built.append({k: v for k, v in rule.items() if k != "change"})
+            continue
         built.append({**rule, "change": {**rest, "options": own}})
     return {**fields, "recovery": {**recovery, "rules": built}}
 
