@@ -41,7 +41,7 @@ from dispatch._backends.trainjob import TrainJobOptions
 from dispatch._backends.trainjob._adapter import build as build_trainjob
 from dispatch._change import changed, describe, effective_spec, field_changes, more_memory
 from dispatch._cli import _render as render
-from dispatch._controller import crd
+from dispatch._controller import crd, events
 from dispatch._controller.webhook import Refused, check
 from dispatch._decide import Authorize, apply, decide
 from dispatch._dispatchjob import SpecError, job_spec, record_status
@@ -461,3 +461,11 @@ def test_a_job_spec_error_names_the_change_field() -> None:
     body = dispatch_job(backend="slurm", **oom_rule({"slurm": {"partition": 3}}))
     with pytest.raises(SpecError, match=r"spec\.recovery\.rules\[0\]\.change\.slurm\.partition"):
         job_spec(body)
+
+
+def test_the_recovering_event_says_what_the_submission_runs_with() -> None:
+    record = authorized_twice(job())
+    before = record.model_copy(update={"submissions": record.submissions[:2]})
+    described = events.describe(Authorize(3, 0, OOM), before, record)
+    assert described is not None
+    assert described[3].endswith("; it runs with spec.slurm.memoryPerNodeMb 4096 -> 8192")
