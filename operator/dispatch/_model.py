@@ -432,8 +432,11 @@ class Change(_ByBackend):
 
     @model_validator(mode="after")
     def _names_something(self) -> Change:
-        if not self.model_fields_set - {"options"} and not self.options:
+        if not any(getattr(self, name) for name in type(self).model_fields):
             raise ValueError("a change names at least one field to change")
+        for name, own in self.options.items():
+            if not own.model_dump(exclude_none=True):
+                raise ValueError(f"{name}: a change names at least one field to change")
         return self
 
 

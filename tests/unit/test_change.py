@@ -469,3 +469,12 @@ def test_the_recovering_event_says_what_the_submission_runs_with() -> None:
     described = events.describe(Authorize(3, 0, OOM), before, record)
     assert described is not None
     assert described[3].endswith("; it runs with spec.slurm.memoryPerNodeMb 4096 -> 8192")
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{}, {"memory": None}, {"slurm": SlurmChange()}, {"options": {"slurm": SlurmChange(partition=None)}}],
+)
+def test_a_change_that_names_nothing_is_refused(given: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="names at least one field"):
+        Change(**given)
