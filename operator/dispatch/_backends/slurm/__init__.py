@@ -10,6 +10,7 @@ from ..._model import Capabilities, OptionsChange, OptionsModel
 from ..._registry import BackendInfo, Where
 from .._kit import UserEnv, refuse_reserved_env
 
+Partition = Annotated[str, Field(min_length=1, max_length=64)]
 MIB: Final = 1 << 20
 """Slurm's unit of memory (its "MB" is a mebibyte)."""
 
@@ -25,7 +26,7 @@ rule goes to the supervisor, and a restart rule is refused by the plan; jobs are
 class SlurmOptions(OptionsModel):
     """How to run on Slurm: partition, limits, environment and working directory."""
 
-    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    partition: Partition | None = None
     """The partition (default: the configuration's, else Slurm's default partition)."""
     time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
@@ -59,7 +60,7 @@ class SlurmChange(OptionsChange):
 
     options_model: ClassVar[type[OptionsModel]] = SlurmOptions
 
-    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    partition: Partition | None = None
     """Another partition (one with more capacity, or longer limits)."""
 
 
