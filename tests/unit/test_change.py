@@ -382,6 +382,9 @@ def test_the_crd_holds_each_backends_change_and_no_core_options() -> None:
     change = spec["properties"]["recovery"]["properties"]["rules"]["items"]["properties"]["change"]
     assert set(change["properties"]) == {"memory", "queue", "workloadPriorityClass", "slurm"}
     assert set(change["properties"]["slurm"]["properties"]) == {"partition"}
+    # The API server's OpenAPI v3 takes an exclusive bound as a boolean beside the bound (draft 4).
+    factor = change["properties"]["memory"]["properties"]["factor"]
+    assert (factor["minimum"], factor["exclusiveMinimum"], factor["maximum"]) == (1, True, 16)
 
 
 def test_describe_shows_what_each_submission_changed() -> None:

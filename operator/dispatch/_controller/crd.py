@@ -205,6 +205,12 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
                 continue
             out[key] = _prune_nulls(value)
             continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema's number (pydantic's gt/lt); the API server's OpenAPI v3 takes a bound and
+            # a boolean, as draft 4 has it.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+            continue
         if key == "properties":
             out[key] = {k: _structural(v, defs, keep_defaults=keep_defaults) for k, v in value.items()}
         elif key in ("items", "additionalProperties"):
@@ -489,6 +495,10 @@ def _type_of(schema: Schema) -> str:
     return kind
 
 
+_STRICT: Final = {"≥": ">", "≤": "<"}
+"""A bound's sign where the schema excludes the bound itself (``exclusiveMinimum: true``)."""
+
+
 def _constraints(schema: Schema) -> str:
     parts: list[str] = []
     for key, label in (
@@ -501,7 +511,8 @@ def _constraints(schema: Schema) -> str:
         ("maxProperties", "max entries"),
     ):
         if key in schema:
-            parts.append(f"{label} {schema[key]}")
+            exclusive = schema.get(f"exclusive{key[0].upper()}{key[1:]}") is True
+            parts.append(f"{_STRICT.get(label, label) if exclusive else label} {schema[key]}")
     if "pattern" in schema:
         parts.append(f"pattern `{schema['pattern']}`")
     if schema.get("x-kubernetes-list-type") == "set":
