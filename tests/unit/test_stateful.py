@@ -10,7 +10,9 @@ jobs are submitted without a supervisor (every rule the scheduler's): anyone may
 ``Operator.settle`` on them. After every step it checks the seven invariants of semantics.md
 (invariant 4 across submissions, against what the scheduler really did; invariant 5 at every
 moment, with the exact exception semantics.md states), that no submission was authorized before
-its rule's backoff had passed, what status shows, and at the end that every job settles.
+its rule's backoff had passed, that each object was built with the changes of the rules that
+authorized the submissions up to its own (more memory, another partition) and no others, what
+status shows, and at the end that every job settles.
 
 A second test runs the same machine over a record store whose ``put`` ignores the expected version,
 and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
