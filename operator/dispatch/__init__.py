@@ -22,7 +22,8 @@ from ._backends import (
 )
 from ._backends.kubeflow import KubeflowOptions
 from ._backends.memory import Env, MemoryBackend, Shape
-from ._backends.slurm import SlurmOptions
+from ._backends.slurm import SlurmChange, SlurmOptions
+from ._change import spec_for
 from ._cluster import Cluster, Observer, Operator, compose
 from ._cluster import open as open  # public, but not in __all__: see the docstring
 from ._decide import (
@@ -74,13 +75,17 @@ from ._model import (
     Cause,
     CauseCost,
     CauseKind,
+    Change,
     Cost,
     Enforcer,
     ExitCodeOperator,
     ExitCodes,
+    FieldChange,
     JobSpec,
+    MemoryChange,
     NativeRule,
     ObjectView,
+    OptionsChange,
     OptionsModel,
     Phase,
     Plan,
@@ -122,6 +127,7 @@ __all__ = [
     "Cause",
     "CauseCost",
     "CauseKind",
+    "Change",
     "Cluster",
     "ConditionNotMet",
     "ConfigError",
@@ -139,6 +145,7 @@ __all__ = [
     "EnvFromSource",
     "ExitCodeOperator",
     "ExitCodes",
+    "FieldChange",
     "Intent",
     "InvalidTransition",
     "JobExists",
@@ -148,12 +155,14 @@ __all__ = [
     "Listener",
     "LocalObjectReference",
     "MemoryBackend",
+    "MemoryChange",
     "MemoryStore",
     "NativeRule",
     "ObjectExists",
     "ObjectView",
     "Observer",
     "Operator",
+    "OptionsChange",
     "OptionsModel",
     "PersistentVolumeClaimSource",
     "Phase",
@@ -180,6 +189,7 @@ __all__ = [
     "Shape",
     "SimulatedEnd",
     "Simulation",
+    "SlurmChange",
     "SlurmOptions",
     "State",
     "Status",
@@ -207,6 +217,7 @@ __all__ = [
     "due",
     "make_plan",
     "simulate",
+    "spec_for",
     "status",
 ]
 

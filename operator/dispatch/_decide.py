@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from ._change import next_changes
 from ._cost import recovery_cost
 from ._model import (
     NO_CAUSE,
@@ -476,6 +477,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         new = Submission.model_construct(
             _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
+        changes = next_changes(record, step.rule) if step.rule is not None else ()
+        if changes:
+            new = new.model_copy(update={"changes": changes})
         if subs and step.cause is not None:
             subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         subs.append(new)
@@ -610,7 +614,13 @@ def status(record: Record, objects: Sequence[ObjectView], decision: Decision | N
         cause=decision.cause,
         plan=record.plan,
         submissions=tuple(
-            SubmissionStatus(n=s.n, canonical=s.canonical, cause=s.cause, objects=tuple(by_sub.get(s.n, ())))
+            SubmissionStatus(
+                n=s.n,
+                canonical=s.canonical,
+                cause=s.cause,
+                objects=tuple(by_sub.get(s.n, ())),
+                changes=s.changes,
+            )
             for s in record.submissions
         ),
         history=record.history,

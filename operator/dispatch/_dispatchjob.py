@@ -242,6 +242,7 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
             options[backend.name] = backend.options.model_validate(fields.pop(backend.name))
         except ValidationError as error:
             problems.append(validation_message(error, backend.name))
+    fields = _with_built_changes(backend, fields, problems)
     try:
         result = JobSpec.model_validate({**fields, "options": options, "name": body["metadata"]["name"]})
     except ValidationError as error:
@@ -249,6 +250,51 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
     if problems:
         raise SpecError("; ".join(problems))
     return result
+
+
+def _with_built_changes(
+    backend: _registry.BackendInfo[Any], fields: dict[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    """``fields`` with each rule's ``change.<backend>`` built with the change model ``backend``
+    declares (into the core's ``change.options``); a change of another backend, or of one that
+    declares none, is a problem naming the field: ``backend`` cannot make it."""
+    recovery = fields.get("recovery")
+    rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
+    if not isinstance(recovery, Mapping) or not isinstance(rules, list):
+        return fields
+    built: list[Any] = []
+    for i, rule in enumerate(rules):
+        change = rule.get("change") if isinstance(rule, Mapping) else None
+        if not isinstance(rule, Mapping) or not isinstance(change, Mapping):
+            built.append(rule)
+            continue
+        where = f"recovery.rules[{i}].change"
+        own: dict[str, Any] = {}
+        rest = dict(change)
+        if "options" in rest:  # the core's field, never the wire's
+            problems.append(f"spec.{where}.options: Extra inputs are not permitted (change.<backend>)")
+            del rest["options"]
+        refused = False
+        for name in backend_names():
+            if name not in rest:
+                continue
+            value = rest.pop(name)
+            if name != backend.name or backend.change is None:
+                refused = True
+                has = "has no change of its own" if name == backend.name else f"is not {name}"
+                problems.append(
+                    f"spec.{where}.{name}: backend {backend.name} {has}: it cannot make this change"
+                )
+                continue
+            try:
+                own[name] = backend.change.model_validate(value)
+            except ValidationError as error:
+                problems.append(validation_message(error, f"{where}.{name}"))
+        if refused and not rest and not own:  # said once: not "names no field" as well
+            built.append({k: v for k, v in rule.items() if k != "change"})
+            continue
+        built.append({**rule, "change": {**rest, "options": own}})
+    return {**fields, "recovery": {**recovery, "rules": built}}
 
 
 def spec_options(spec: JobSpec) -> dict[str, Any]:

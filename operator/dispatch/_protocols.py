@@ -28,7 +28,9 @@ class Backend(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
-        """Create the object held back and tagged; return its id.
+        """Create the object held back and tagged; return its id. ``spec`` is the spec this
+        submission runs with (:func:`dispatch.spec_for`: the job's, with the changes of the rules
+        that authorized the submissions so far), which the object is built from.
 
         May raise :class:`~dispatch.ObjectExists` where object names are deterministic.
         """

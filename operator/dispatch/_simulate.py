@@ -165,6 +165,7 @@ def _result(record: Record, unused: tuple[Cause, ...], restarts: dict[int, list[
                 backoff_seconds=wait,
                 next_submission=nxt.n,
                 budget_left=left,
+                change="; ".join(str(c) for c in nxt.changes),
                 state=State.RECOVERING,
             )
         )

@@ -78,6 +78,29 @@ def test_what_the_crd_cannot_check_is_refused(
     assert "spec.kubeflow is set but spec.backend is slurm" in info.value.stderr
 
 
+@pytest.mark.parametrize(
+    ("change", "field", "why"),
+    [
+        ({"memory": {"factor": 2, "max": "4Gi"}}, "change.memory", "no memory of each node is set to change"),
+        ({"queue": "big"}, "change.queue", "a change of Kueue's fields needs spec.queue"),
+    ],
+)
+def test_a_change_the_backend_cannot_make_is_refused_naming_the_field(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    admission: WebhookOperator,
+    change: dict[str, Any],
+    field: str,
+    why: str,
+) -> None:
+    rules = [{"on": ["preempted"], "budget": 1, "change": change}]
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("changes", recovery={"rules": rules}), namespace)
+    assert f"spec.recovery.rules[0].{field} is refused: {why}" in info.value.stderr
+    accepted = job("partition", recovery={"rules": [{**rules[0], "change": {"slurm": {"partition": "big"}}}]})
+    apply_as(kube_cluster, accepted, namespace, None, "--dry-run=server")
+
+
 def test_the_recorded_actor_is_who_applied_it(
     kube_cluster: KubeCluster, namespace: str, admission: WebhookOperator
 ) -> None:

@@ -232,3 +232,25 @@ def test_plan_simulate_refuses_a_word_that_is_no_cause(tmp_path: Path) -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main(["plan", str(path), "-n", "ml", "--simulate", "preempted,bogus"], stdout=out, stderr=err) == 2
     assert "--simulate: 'bogus' is not a cause" in err.getvalue()
+
+
+def test_the_simulation_says_what_each_firing_changes() -> None:
+    from dispatch import Change, MemoryChange, SlurmOptions
+
+    rule = Rule(
+        on=(CauseKind.OUT_OF_MEMORY,), budget=3, change=Change(memory=MemoryChange(factor=2, max="8192Mi"))
+    )
+    spec = JobSpec(
+        name="train",
+        command=("t",),
+        recovery=RecoveryPolicy(rules=(rule,)),
+        options={"slurm": SlurmOptions(memory_per_node_mb=2048)},
+    )
+    plan = make_plan("train", spec, MemoryBackend(Shape.SLURM).capabilities, supervised=True)
+    sim = simulate(spec, plan, ["out-of-memory", "out-of-memory", "out-of-memory"])
+    assert [e.change for e in sim.ends] == [
+        "spec.slurm.memoryPerNodeMb 2048 -> 4096",
+        "spec.slurm.memoryPerNodeMb 4096 -> 8192",
+        "",  # at its max: the third firing changes nothing
+        "",
+    ]

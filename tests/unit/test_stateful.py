@@ -10,7 +10,9 @@ jobs are submitted without a supervisor (every rule the scheduler's): anyone may
 ``Operator.settle`` on them. After every step it checks the seven invariants of semantics.md
 (invariant 4 across submissions, against what the scheduler really did; invariant 5 at every
 moment, with the exact exception semantics.md states), that no submission was authorized before
-its rule's backoff had passed, what status shows, and at the end that every job settles.
+its rule's backoff had passed, that each object was built with the changes of the rules that
+authorized the submissions up to its own (more memory, another partition) and no others, what
+status shows, and at the end that every job settles.
 
 A second test runs the same machine over a record store whose ``put`` ignores the expected version,
 and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
@@ -47,23 +49,31 @@ from dispatch import (
     ActorKind,
     Backoff,
     CauseKind,
+    Change,
     Enforcer,
     InvalidTransition,
     JobSpec,
+    KubeflowOptions,
     MemoryBackend,
+    MemoryChange,
     MemoryStore,
     ObjectExists,
     ObjectView,
+    OptionsModel,
     Phase,
     Record,
     RecoveryPolicy,
+    Resources,
     Rule,
     Shape,
+    SlurmChange,
+    SlurmOptions,
     State,
     Status,
     Supervisor,
     VersionConflict,
     compose,
+    spec_for,
 )
 from dispatch._cluster import Cluster
 from dispatch._decide import (
@@ -158,6 +168,35 @@ def backoffs(draw: st.DrawFn) -> Backoff | None:
     )
 
 
+BASE_MIB = 1024
+"""Each job's memory per node, in MiB (Slurm's unit; ``1Gi`` on Kubernetes)."""
+PARTITION = "big"
+
+
+def options(shape: Shape) -> dict[str, OptionsModel]:
+    """Each job's options on ``shape``: its memory (which a rule's change may grow)."""
+    if shape is Shape.SLURM:
+        return {"slurm": SlurmOptions(memory_per_node_mb=BASE_MIB)}
+    return {"kubeflow": KubeflowOptions(image="train:1", resources=Resources(memory=f"{BASE_MIB}Mi"))}
+
+
+@st.composite
+def changes(draw: st.DrawFn, shape: Shape, *, memory: bool) -> Change | None:
+    """None often; else twice the memory up to 2**k times the job's (at most one rule of a job
+    changes the memory, so the expected memory is a power of two), and on Slurm another partition."""
+    if draw(st.booleans()):
+        return None
+    grow = memory and draw(st.booleans())
+    partition = shape is Shape.SLURM and (not grow or draw(st.booleans()))
+    if not grow and not partition:
+        return None
+    cap = f"{BASE_MIB << draw(st.integers(0, 3))}Mi"
+    return Change(
+        memory=MemoryChange(factor=2, max=cap) if grow else None,
+        **({"slurm": SlurmChange(partition=PARTITION)} if partition else {}),
+    )
+
+
 @st.composite
 def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
     """Rules with budgets 0..3 over disjoint causes; often the shape's usual first rule as well.
@@ -188,7 +227,11 @@ def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
         on = draw(st.lists(st.sampled_from(free), min_size=1, max_size=3, unique=True))
         taken.update(on)
         budget = draw(st.integers(0, 3))
-        rules.append(Rule(on=tuple(on), action=Action.RESUBMIT, budget=budget, backoff=draw(backoffs())))
+        memory = not any(r.change is not None and r.change.memory is not None for r in rules)
+        change = draw(changes(shape, memory=memory))
+        rules.append(
+            Rule(on=tuple(on), action=Action.RESUBMIT, budget=budget, backoff=draw(backoffs()), change=change)
+        )
     if draw(st.booleans()):
         rules.reverse()
     return tuple(rules)
@@ -263,7 +306,8 @@ class DispatchMachine(RuleBasedStateMachine):
         settled = self.record(job).settled
         before = {o.id for o in self.objects(job)}
         with contextlib.suppress(ObjectExists):
-            self.run(job.backend.create(job.name, step.submission, intent.record.spec, intent.record.plan))
+            spec = spec_for(intent.record, step.submission)
+            self.run(job.backend.create(job.name, step.submission, spec, intent.record.plan))
         if settled:
             job.late.update(o.id for o in self.objects(job) if o.id not in before)
 
@@ -274,7 +318,9 @@ class DispatchMachine(RuleBasedStateMachine):
         for i in range(count):
             shape = data.draw(st.sampled_from(list(Shape)), label=f"shape of j{i}")
             rules = data.draw(policies(shape), label=f"rules of j{i}")
-            spec = JobSpec(name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules))
+            spec = JobSpec(
+                name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules), options=options(shape)
+            )
             cluster = self.clusters[shape]
             # Without a supervisor when the scheduler can enforce every rule, sometimes.
             alone = all(r.action is Action.RESTART for r in rules) and data.draw(
@@ -568,6 +614,39 @@ class DispatchMachine(RuleBasedStateMachine):
                 assert early <= timedelta(0), f"{j.name}: submission {sub.n} authorized {early} early"
 
     @invariant()
+    def each_object_runs_with_the_changes_of_the_firings_before_it(self) -> None:
+        """Submission n's object has the job's memory doubled once per firing of the rule that grows
+        it among the authorizations of submissions 2..n (up to its max), and the partition once a
+        rule that changes it authorized one of them: what the record says, and so what a restarted
+        supervisor builds; each submission records exactly the fields that differ from the one
+        before it."""
+        for j in self.jobs:
+            record = self.record(j)
+            expected = [
+                _expected(record.spec, [s.rule for s in record.submissions[1:n]])
+                for n in range(1, len(record.submissions) + 1)
+            ]
+            for o in self.objects(j):
+                if o.submission > len(expected):
+                    continue  # a late object of a newer record: its submission is not known here
+                spec = j.backend.spec_of(o.id)
+                assert spec is not None
+                got = _memory_and_partition(spec)
+                assert got == expected[o.submission - 1], (
+                    f"{j.name}: object {o.id} of submission {o.submission} has {got}, "
+                    f"expected {expected[o.submission - 1]}"
+                )
+            for sub, before, now in zip(record.submissions[1:], expected, expected[1:], strict=False):
+                fields = {c.field.rsplit(".", 1)[-1] for c in sub.changes}
+                want = {
+                    name for name, a, b in zip(("memory", "partition"), before, now, strict=True) if a != b
+                }
+                got_fields = {"memory" if f in ("memory", "memoryPerNodeMb") else f for f in fields}
+                assert got_fields == want, (
+                    f"{j.name}: submission {sub.n} records {sub.changes}, expected {want}"
+                )
+
+    @invariant()
     def settled_means_everything_ended(self) -> None:  # 5
         """At every moment, with the one exception semantics.md states: an object whose creator
         decided the Create before the job settled, created it after, and died before re-reading the
@@ -713,6 +792,30 @@ class DispatchMachine(RuleBasedStateMachine):
                 ), f"{j.name}: showed failed, ended {record.state}"
 
 
+def _expected(spec: JobSpec, rules: list[int | None]) -> tuple[int, str | None]:
+    """The memory (MiB) and partition the rules that authorized submissions 2..n give submission n,
+    computed apart from dispatch: twice per firing of the one rule that grows it, up to its max."""
+    memory, partition = BASE_MIB, None
+    for index in rules:
+        change = spec.recovery.rules[index].change if index is not None else None
+        if change is None:
+            continue
+        if change.memory is not None:
+            memory = min(memory * 2, int(change.memory.max.removesuffix("Mi")))
+        if "slurm" in change.options:
+            partition = PARTITION
+    return memory, partition
+
+
+def _memory_and_partition(spec: JobSpec) -> tuple[int, str | None]:
+    slurm = spec.options.get("slurm")
+    if isinstance(slurm, SlurmOptions):
+        return slurm.memory_per_node_mb or 0, slurm.partition
+    pods = spec.options["kubeflow"]
+    assert isinstance(pods, KubeflowOptions)
+    return (pods.memory_bytes() or 0) // (1 << 20), None
+
+
 class NoCasMachine(DispatchMachine):
     store_class = NoCasStore
 
@@ -784,4 +887,15 @@ def test_the_machine_finds_a_resume_beside_a_live_submission(monkeypatch: pytest
         run_state_machine_as_test(
             DispatchMachine,
             settings=settings(PLANTED, max_examples=400, phases=[Stage.generate], report_multiple_bugs=False),
+        )
+
+
+def test_objects_built_from_the_jobs_spec_alone_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: the supervisor builds every object from the job's spec, ignoring the changes
+    of the rules that authorized its submission. The machine finds the object without them."""
+    monkeypatch.setattr("dispatch._supervisor.spec_for", lambda record, n: record.spec)
+    with pytest.raises(AssertionError, match="expected"):
+        run_state_machine_as_test(
+            DispatchMachine,
+            settings=settings(PLANTED, max_examples=300, phases=[Stage.generate], report_multiple_bugs=False),
         )

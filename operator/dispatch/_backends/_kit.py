@@ -6,13 +6,21 @@ held workload object per submission."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Final, Literal, Self, TypeVar
+from typing import Annotated, ClassVar, Final, Literal, Self, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from .._constants import GROUP, LABEL_MANAGED_BY
-from .._model import NAME_PATTERN, Capabilities, EnvMap, OptionsModel, Resources
+from .._model import (
+    NAME_PATTERN,
+    Capabilities,
+    EnvMap,
+    OptionsModel,
+    Resources,
+    bytes_quantity,
+    quantity_bytes,
+)
 from .._registry import ApiResource, BackendInfo, PolicyRule, Where
 
 Image = Annotated[str, Field(min_length=1, max_length=512)]
@@ -300,6 +308,18 @@ class PodOptions(OptionsModel):
 
     def gpus_per_node(self) -> int:
         return self.resources.gpu
+
+    memory_field: ClassVar[str | None] = "resources.memory"
+
+    def memory_bytes(self) -> int | None:
+        memory = self.resources.memory
+        return quantity_bytes(memory) if memory is not None else None
+
+    def with_memory_bytes(self, value: int) -> Self:
+        """The container's memory (its request and limit) as ``value`` bytes, in the largest binary
+        unit that holds it exactly."""
+        memory = bytes_quantity(max(value, self.memory_bytes() or 0))
+        return self.model_copy(update={"resources": self.resources.model_copy(update={"memory": memory})})
 
     @field_validator("env")
     @classmethod

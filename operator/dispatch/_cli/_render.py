@@ -58,7 +58,7 @@ def plan_lines(plan: Plan) -> list[str]:
     lines = [
         line
         for rule in plan.rules
-        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *backoff_lines(rule))
+        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *rule_lines(rule))
     ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
     return lines + uncovered_code_lines(plan) + queue_lines(plan)
@@ -70,13 +70,17 @@ def uncovered_code_lines(plan: Plan) -> list[str]:
     return [] if codes is None else [f"uncovered exit codes of non-zero-exit: {codes.describe()}"]
 
 
-def backoff_lines(rule: PlannedRule) -> list[str]:
-    """The wait before a rule's firings: its own backoff, or the scheduler's for a native rule."""
+def rule_lines(rule: PlannedRule) -> list[str]:
+    """The wait before a rule's firings (its own backoff, or the scheduler's for a native rule),
+    and what each firing changes in the submission it authorizes."""
+    lines: list[str] = []
     if rule.backoff is not None:
-        return [f"  backoff: {rule.backoff.describe()}"]
-    if rule.scheduler_backoff is not None:
-        return [f"  the scheduler's own backoff: {rule.scheduler_backoff}"]
-    return []
+        lines.append(f"  backoff: {rule.backoff.describe()}")
+    elif rule.scheduler_backoff is not None:
+        lines.append(f"  the scheduler's own backoff: {rule.scheduler_backoff}")
+    if rule.change is not None:
+        lines.append(f"  each firing changes the next submission: {rule.change}")
+    return lines
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -411,6 +415,7 @@ def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
             if s.cause is not None
             else None,
             "restarts": s.restarts,
+            "changes": [str(c) for c in s.changes],
         }
         for s in submissions(obj)
     ]
@@ -487,7 +492,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
             out.extend(wrap(line, 4, first="  "))
-            out.extend(f"  {line}" for line in backoff_lines(rule))
+            out.extend(f"  {line}" for line in rule_lines(rule))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
         out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
         out.append("Submissions:")
@@ -498,6 +503,9 @@ def describe_text(data: Mapping[str, Any]) -> str:
         out.append(_indent(table(["N", "STARTED", "ENDED", "BY", "OUTCOME"], rows, WIDTH - 2)))
         if not rows:
             out.append("  (none yet)")
+        for s in data["submissions"]:
+            for change in s.get("changes") or ():
+                out.extend(wrap(f"submission {s['n']} changed {change}", 4, first="  "))
     cost = data.get("cost")
     if cost:
         out.extend(cost_lines(Cost.model_validate(cost)))

@@ -173,9 +173,11 @@ def _models() -> dict[str, tuple[type[BaseModel], ModuleType]]:
         and issubclass(obj, BaseModel)
         and obj.__module__ in (_model.__name__, "dispatch")  # public models report dispatch
     }
-    for info in _registry.option_fields().values():
-        assert info.options is not None
-        for cls in info.options.__mro__:
+    declared = [info.options for info in _registry.option_fields().values()]
+    declared += [info.change for info in _registry.change_fields().values()]
+    for model in declared:
+        assert model is not None
+        for cls in model.__mro__:
             if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__name__ not in found:
                 module = sys.modules.get(cls.__module__)
                 if module is not None:
@@ -241,6 +243,12 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
             if value is None or not keep_defaults:
                 continue
             out[key] = _prune_nulls(value)
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema's number (pydantic's gt/lt); the API server's OpenAPI v3 takes a bound and
+            # a boolean, as draft 4 has it.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
             continue
         if key == "properties":
             out[key] = {k: _structural(v, defs, keep_defaults=keep_defaults) for k, v in value.items()}
@@ -328,6 +336,17 @@ def spec_schema() -> Schema:
     }
     schema["required"] = sorted({*schema["required"], "backend"})
     schema["description"] = SPEC_DESCRIPTION
+
+    # A rule's change of a backend's own fields is change.<backend>, as its options are spec.<backend>.
+    change = props["recovery"]["properties"]["rules"]["items"]["properties"]["change"]
+    del change["properties"]["options"]
+    for name, info in _registry.change_fields().items():
+        if info.change is not None and info.in_spec:
+            change["properties"][name] = _schema_of(info.change, keep_defaults=True)
+            change["properties"][name]["description"] = (
+                f"What a firing changes of spec.{name} (backend `{name}` only): each field set replaces "
+                "that field for the submission the firing authorizes and the ones after it."
+            )
 
     # A rule covers only causes of failure ('none' is success), each cause at most once.
     on = props["recovery"]["properties"]["rules"]["items"]["properties"]["on"]
@@ -540,6 +559,10 @@ def _type_of(schema: Schema) -> str:
     return kind
 
 
+_STRICT: Final = {"≥": ">", "≤": "<"}
+"""A bound's sign where the schema excludes the bound itself (``exclusiveMinimum: true``)."""
+
+
 def _constraints(schema: Schema) -> str:
     parts: list[str] = []
     for key, label in (
@@ -552,7 +575,8 @@ def _constraints(schema: Schema) -> str:
         ("maxProperties", "max entries"),
     ):
         if key in schema:
-            parts.append(f"{label} {schema[key]}")
+            exclusive = schema.get(f"exclusive{key[0].upper()}{key[1:]}") is True
+            parts.append(f"{_STRICT.get(label, label) if exclusive else label} {schema[key]}")
     if "pattern" in schema:
         parts.append(f"pattern `{schema['pattern']}`")
     if schema.get("x-kubernetes-list-type") == "set":

@@ -165,6 +165,9 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
             f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
             f"submission {step.submission} authorized, {_budget(rule.left, rule.budget)}"
         )
+        changes = after.submissions[-1].changes if after.submissions else ()
+        if changes:
+            message += "; it runs with " + ", ".join(str(c) for c in changes)
         return EVENT_NORMAL, REASON_RECOVERING, "Resubmit", message
     if isinstance(step, RecordOutcome):
         n = before.current.n if before.current is not None else 0

@@ -95,6 +95,8 @@ class _Entry:
     ever_released: bool = False
     started_at: datetime | None = None
     native: tuple[tuple[frozenset[CauseKind], int], ...] = ()
+    spec: JobSpec | None = field(default=None, repr=False)
+    """The spec it was created from: its submission's (a rule's change included)."""
     view: ObjectView | None = field(default=None, repr=False)
 
     def snapshot(self) -> ObjectView:
@@ -162,7 +164,7 @@ class MemoryBackend:
             for rule in plan.rules
             if rule.enforcer is Enforcer.SCHEDULER and rule.action is Action.RESTART
         )
-        entry = _Entry(id=object_id, job=job, submission=submission, native=native)
+        entry = _Entry(id=object_id, job=job, submission=submission, native=native, spec=spec)
         self._entries[object_id] = entry
         self._by_job.setdefault(job, []).append(entry)
         self._changed(entry)
@@ -206,6 +208,11 @@ class MemoryBackend:
 
     def ever_released(self, object_id: str) -> bool:
         return self._entry(object_id).ever_released
+
+    def spec_of(self, object_id: str) -> JobSpec | None:
+        """The spec the object was created from, as a real scheduler's object holds it in its own
+        fields (a pod's memory, a Slurm job's partition)."""
+        return self._entry(object_id).spec
 
     def _entry(self, object_id: str) -> _Entry:
         try:
