@@ -886,7 +886,9 @@ def test_the_machine_finds_a_resume_beside_a_live_submission(monkeypatch: pytest
     with pytest.raises(AssertionError, match=r"peak_released|released and not ended at once"):
         run_state_machine_as_test(
             DispatchMachine,
-            settings=settings(PLANTED, max_examples=1500, phases=[Stage.generate], report_multiple_bugs=False),
+            settings=settings(
+                PLANTED, max_examples=1500, phases=[Stage.generate], report_multiple_bugs=False
+            ),
         )
 
 
