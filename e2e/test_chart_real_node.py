@@ -216,6 +216,11 @@ async def test_the_charts_operator_runs_as_a_pod_on_a_real_kubelet(
     addresses = [a["ip"] for s in endpoints.get("subsets") or () for a in s.get("addresses") or ()]
     assert addresses == [pod["status"]["podIP"]]
 
+    # With ServiceAccount admission a pod needs its ServiceAccount: the job's pods use `default`.
+    await await_for(
+        "the default ServiceAccount of the jobs' namespace",
+        lambda: cluster.kubectl("get", "serviceaccount", "default", f"--namespace={jobs}", check=False),
+    )
     users_may_submit(cluster)
     alice = cluster.mint_user("alice", [USERS_GROUP])
     placement = node.placement()

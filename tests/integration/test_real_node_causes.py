@@ -418,20 +418,72 @@ async def test_a_preemption_gives_sigterm_and_the_grace_period_and_is_preempted(
     assert terminated(pods["2"]) == (0, "Completed")
 
 
+def job_conditions(crds: KubeCluster, namespace: str, name: str) -> dict[str, str]:
+    job = crds.get("job", name, namespace)
+    return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions") or ()}
+
+
+async def test_a_preempted_program_that_exits_0_is_preempted_though_its_job_completed(
+    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+) -> None:
+    # While no operator runs, the preempted program exits 0 on its SIGTERM (the training
+    # contract): its pod is Succeeded and the Job controller counts the Job Complete. A finalizer
+    # of this test keeps the pod (as any controller's finalizer may), so the operator that starts
+    # next sees it: its DisruptionTarget, set before the program ended, says why it ended.
+    out, options = with_host_dir(crds, namespace, real_node, 30)
+    op = operator("--backend", "job")
+    command = ["python3", "-c", sigterm_program(first_only=True)]
+    manifest = lab_manifest("job", "late", PREEMPTED_ONCE, options=options, command=command)
+    await asyncio.to_thread(apply, crds, namespace, manifest)
+    await await_for("the handler installed", (out / "ready").exists)
+    (pod,) = job_pods(crds, namespace, "late")
+    name = pod["metadata"]["name"]
+    keep = json.dumps([{"op": "add", "path": "/metadata/finalizers/-", "value": "lab.dispatch.io/keep"}])
+    await asyncio.to_thread(crds.kubectl, "patch", "pod", name, "-n", namespace, "--type=json", "-p", keep)
+    try:
+        op.kill()
+        await asyncio.to_thread(crds.apply, preemptor(real_node, namespace, "late"), namespace=namespace)
+        await await_for(
+            "the Job complete", lambda: job_conditions(crds, namespace, "late-1").get("Complete") == "True"
+        )
+        op.start()
+        body = await settled(crds, namespace, "late")
+        victim = crds.get("pod", name, namespace)
+    finally:
+        await asyncio.to_thread(
+            crds.kubectl,
+            "patch",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+        )
+
+    assert victim["status"]["phase"] == "Succeeded"
+    assert terminated(victim) == (0, "Completed")
+    assert any(c["type"] == "DisruptionTarget" for c in victim["status"]["conditions"])
+    assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]
+    assert history(body) == SEED_HISTORY
+    preempted = body["status"]["submissions"][0]["cause"]
+    assert preempted["kind"] == "preempted", preempted
+
+
 async def test_in_place_restarts_wait_in_crashloopbackoff_and_fire_the_restart_rule(
     crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
 ) -> None:
-    # A PyTorchJob under the native restart rule (restartPolicy OnFailure): run 1 fails with 1,
-    # the kubelet restarts the container in the same pod after its back-off (CrashLoopBackOff),
-    # and run 2 finds what run 1 left in the pod's emptyDir and succeeds.
+    # A PyTorchJob under the native restart rule (restartPolicy OnFailure, budget 2): runs 1 and 2
+    # fail with 1 and run 3 succeeds, counting its runs in the pod's emptyDir (kept across in-place
+    # restarts). The kubelet restarts a container at once the first time, and after a back-off
+    # (waiting in CrashLoopBackOff) from the second time on.
     code = (
         "import os, sys\n"
-        "if os.path.exists('/scratch/failed'):\n"
-        "    print('run 2 after run 1 failed', flush=True)\n"
-        "    sys.exit(0)\n"
-        "open('/scratch/failed', 'w').close()\n"
-        "print('run 1 failing with 1', flush=True)\n"
-        "sys.exit(1)\n"
+        "runs = len(os.listdir('/scratch')) + 1\n"
+        "open(f'/scratch/run{runs}', 'w').close()\n"
+        "print('run', runs, flush=True)\n"
+        "sys.exit(1 if runs < 3 else 0)\n"
     )
     rules: list[dict[str, Any]] = [
         {"on": ["non-zero-exit", "out-of-memory"], "action": "restart", "budget": 2}
@@ -448,20 +500,27 @@ async def test_in_place_restarts_wait_in_crashloopbackoff_and_fire_the_restart_r
     (pod,) = seen.last.values()
     ran_on_the_node(pod, real_node)
     (main,) = pod["status"]["containerStatuses"]
-    assert main["restartCount"] == 1
-    last = main["lastState"]["terminated"]
-    assert (last["exitCode"], last["reason"]) == (1, "Error"), last
+    assert main["restartCount"] == 2
     assert terminated(pod) == (0, "Completed")
+    # The earlier runs' ends show only while the pod runs: once it is done, the kubelet removes
+    # the dead containers and lastState is empty. dispatch counts each restart when it shows.
+    lasts = [
+        (st["restartCount"], st["lastState"]["terminated"]["exitCode"])
+        for p in seen.updates
+        for st in p["status"].get("containerStatuses") or ()
+        if "terminated" in (st.get("lastState") or {})
+    ]
+    assert {(1, 1), (2, 1)} <= set(lasts), lasts
     backoff = [waited(p) for p in seen.updates if waited(p).get("reason") == "CrashLoopBackOff"]
-    assert backoff, "the kubelet's back-off before the restart"
-    assert "restarting failed container" in backoff[0]["message"], backoff[0]
+    assert backoff, "the kubelet's back-off before the second restart"
+    assert "back-off 10s restarting failed container" in backoff[0]["message"], backoff[0]
     status = body["status"]
     assert status["state"] == "succeeded", status
     assert history(body) == [("pending", "succeeded", 1, "none")]
-    assert status["plan"]["rules"][0]["firings"] == 1
-    assert status["submissions"][0]["restarts"] == 1
+    assert status["plan"]["rules"][0]["firings"] == 2
+    assert status["submissions"][0]["restarts"] == 2
     log = real_node.container_log(namespace, pod["metadata"]["name"], container=main["name"])
-    assert "run 2 after run 1 failed" in log
+    assert "run 3" in log
 
 
 @pytest.mark.parametrize(
@@ -503,31 +562,59 @@ async def test_a_container_that_cannot_start_is_launch_failed(
     assert named in status["cause"]["detail"], status["cause"]
 
 
-async def test_the_kubelets_own_eviction_is_preempted(
-    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+@pytest.mark.parametrize("by", ["kubelet", "eviction-api"])
+async def test_an_eviction_is_preempted(
+    crds: KubeCluster,
+    namespace: str,
+    real_node: RealNode,
+    operator: Callable[..., OperatorProcess],
+    by: str,
 ) -> None:
-    # The kubelet's eviction manager evicts a pod whose emptyDir outgrows its sizeLimit.
+    # kubelet: its eviction manager evicts a pod whose emptyDir outgrows its sizeLimit (the same
+    # reason, Evicted, as a node-pressure eviction, but no DisruptionTarget). eviction-api: what
+    # `kubectl drain` does; the process (PID 1, no handler: it ignores SIGTERM) is killed at the
+    # end of its 2 s grace period.
     code = (
         "import signal\n"
         "with open('/scratch/blob', 'wb') as f:\n"
-        "    f.write(b'x' * (8 << 20))\n"
-        "print('wrote 8 MiB into a 1Mi emptyDir', flush=True)\n"
+        f"    f.write(b'x' * {8 << 20 if by == 'kubelet' else 0})\n"
         "signal.pause()\n"
     )
     options = on_real_node(
         real_node,
+        terminationGracePeriodSeconds=2,
         volumes=[{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}],
         volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )
     operator("--backend", "job")
     manifest = lab_manifest("job", "evicted", [], options=options, command=["python3", "-c", code])
-    body, seen = await run_settled(crds, namespace, "evicted", manifest)
+    with watched_pods(crds, namespace, "evicted") as seen:
+        await asyncio.to_thread(apply, crds, namespace, manifest)
+        if by == "eviction-api":
+            (pod,) = await await_for(
+                "the pod running",
+                lambda: [p for p in seen.last.values() if p["status"].get("phase") == "Running"],
+            )
+            assert crds.lab is not None
+            await asyncio.to_thread(crds.lab.evict_pod, namespace, pod["metadata"]["name"])
+        body = await settled(crds, namespace, "evicted")
+        await await_for("the pod's end seen", seen.ended)
 
     (pod,) = seen.last.values()
     ran_on_the_node(pod, real_node)
-    assert (pod["status"]["phase"], pod["status"]["reason"]) == ("Failed", "Evicted"), pod["status"]
-    assert "scratch" in pod["status"]["message"], pod["status"]
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+    if by == "kubelet":
+        assert pod["status"]["reason"] == "Evicted", pod["status"]
+        assert 'Usage of EmptyDir volume "scratch" exceeds the limit' in pod["status"]["message"]
+        assert "DisruptionTarget" not in conditions, conditions
+        said = "Evicted"
+    else:
+        disruption = conditions["DisruptionTarget"]
+        assert (disruption["status"], disruption["reason"]) == ("True", "EvictionByEvictionAPI")
+        assert terminated(pod) == (137, "Error")
+        said = "EvictionByEvictionAPI"
     status = body["status"]
     assert status["state"] == "failed", status
     assert history(body) == [("pending", "failed", 1, "preempted")]
-    assert "Evicted" in status["cause"]["detail"], status["cause"]
+    assert said in status["cause"]["detail"], status["cause"]
