@@ -137,6 +137,7 @@ def root_mount_options(proc: Path) -> set[str]:
     raise AssertionError(f"no root mount in {proc}/mountinfo")
 
 
+@pytest.mark.timeout(600)  # the lab, the node and the image's import come first
 async def test_the_charts_operator_runs_as_a_pod_on_a_real_kubelet(
     node_lab: tuple[KubeCluster, RealNode], image_on_node: str, tmp_path: Path
 ) -> None:
