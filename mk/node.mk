@@ -12,3 +12,6 @@ BUILD_NODE := hack/build-node.sh
 
 node-deps: ## the real node's parts: Debian's containerd, runc, CNI plugins; kubelet, CoreDNS, pause and test images
 	@bash $(BUILD_NODE)
+
+# The e2e tier runs the chart's operator as a pod on the real node (e2e/test_chart_real_node.py).
+e2e: node-deps

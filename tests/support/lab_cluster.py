@@ -74,6 +74,8 @@ class Lab(LabFailures):
         start_timeout: float = 120.0,
         training_operator: bool = True,
         extras: Sequence[str] = (),
+        apiserver_args: Sequence[str] = (),
+        service_accounts: bool = False,
     ) -> None:
         self.dir = Path(workdir).resolve()
         self.start_timeout = start_timeout
@@ -91,7 +93,9 @@ class Lab(LabFailures):
                 "--audit-log-maxsize=1024",
                 "--audit-log-format=json",
                 *APISERVER_TOLERATION_FLAGS,
+                *apiserver_args,
             ],
+            service_accounts=service_accounts,
         )
         self.bins: LabBinaries | None = None
         self.start_seconds = 0.0

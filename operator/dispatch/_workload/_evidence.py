@@ -43,6 +43,8 @@ LAUNCH_ERRORS: Final = frozenset(
 )
 LAUNCH_TERMINATIONS: Final = frozenset({"ContainerCannotRun", "StartError"})
 POD_NODE_LOST_REASONS: Final = frozenset({"NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
+DISRUPTIONS: Final = frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST})
+"""Causes that stop a pod from outside: its program may still exit 0 on the SIGTERM they give."""
 
 POD_EVENTS: Final = (
     ("Pod", "Preempted"),
@@ -162,7 +164,7 @@ def pod_evidence(
     code = ((status_of.get("state") or {}).get("terminated") or {}).get("exitCode")
     exit_code = code if isinstance(code, int) else None
     found = (
-        _disrupted(pod, name, exit_code, gone_nodes)
+        _disrupted(pod, name, status_of, exit_code, gone_nodes)
         or _pod_reason(pod, name, exit_code)
         or _container_ended(pod, name, status_of, restarts_in_place=restarts_in_place)
         or _not_launched(pod, name, status_of, exit_code)
@@ -181,12 +183,20 @@ def pod_evidence(
 
 
 def _disrupted(
-    pod: Mapping[str, Any], name: str, exit_code: int | None, gone_nodes: Container[str]
+    pod: Mapping[str, Any],
+    name: str,
+    status_of: Mapping[str, Any],
+    exit_code: int | None,
+    gone_nodes: Container[str],
 ) -> Evidence | None:
     """Kubernetes took the pod away: its ``DisruptionTarget`` condition, or its node is lost."""
     node = pod.get("spec", {}).get("nodeName") or ""
     disruption = status_conditions(pod).get("DisruptionTarget")
-    if disruption is not None and disruption.get("status") == "True":
+    if (
+        disruption is not None
+        and disruption.get("status") == "True"
+        and not _done_before(pod, status_of, disruption)
+    ):
         reason = disruption.get("reason") or ""
         message = disruption.get("message") or ""
         if reason in NODE_LOSS_REASONS:
@@ -202,6 +212,18 @@ def _disrupted(
         text = detail(f"pod {name}", "deleted while its node is lost (NotReady or gone)", f"node {node}")
         return Evidence(Cause(kind=CauseKind.NODE_LOST, detail=text, exit_code=exit_code), True)
     return None
+
+
+def _done_before(pod: Mapping[str, Any], status_of: Mapping[str, Any], disruption: Mapping[str, Any]) -> bool:
+    """A pod that succeeded before the disruption came (a finished pod deleted afterwards). One
+    that succeeded after it was stopped by it: a kubelet gives a deleted pod SIGTERM, and a
+    program that exits 0 on it (the training contract: write a checkpoint and exit) makes the pod
+    ``Succeeded``, which its controller counts as done although the work was not."""
+    if pod.get("status", {}).get("phase") != "Succeeded":
+        return False
+    finished = parse_time(((status_of.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    since = parse_time(disruption.get("lastTransitionTime"))
+    return finished is not None and since is not None and finished < since
 
 
 def _pod_reason(pod: Mapping[str, Any], name: str, exit_code: int | None) -> Evidence | None:
