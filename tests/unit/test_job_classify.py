@@ -44,7 +44,7 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
     "real-segv": (Phase.ENDED, CauseKind.NON_ZERO_EXIT, 139, "exited with code 139", 0),
     "real-unpullable": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "no such host", 0),
     "real-start-error": (Phase.ENDED, CauseKind.LAUNCH_FAILED, 128, "/no/such/program", 0),
-    "real-evicted": (Phase.ENDED, CauseKind.PREEMPTED, None, "exceeds the limit", 0),
+    "real-evicted": (Phase.ENDED, CauseKind.UNKNOWN, None, "exceeds the limit", 0),
 }
 
 

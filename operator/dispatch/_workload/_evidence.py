@@ -226,6 +226,19 @@ def _done_before(pod: Mapping[str, Any], status_of: Mapping[str, Any], disruptio
     return finished is not None and since is not None and finished < since
 
 
+OWN_LIMIT_MARKS: Final = ("exceeds the limit", "exceeds the total limit", "exceeded its local ephemeral")
+"""The kubelet's words for an eviction of a pod over its own limit (an emptyDir's ``sizeLimit``,
+its containers' ephemeral storage), under the same reason, ``Evicted``, as a node-pressure
+eviction."""
+
+
+def evicted_cause(message: str) -> CauseKind:
+    """An ``Evicted`` pod's cause: ``preempted`` when the node needed the room, ``unknown`` when the
+    pod outgrew its own limit. That one the job does to itself and would do again in the next
+    submission, so a rule on ``preempted`` must not resubmit it."""
+    return CauseKind.UNKNOWN if any(m in message for m in OWN_LIMIT_MARKS) else CauseKind.PREEMPTED
+
+
 def _pod_reason(pod: Mapping[str, Any], name: str, exit_code: int | None) -> Evidence | None:
     """The pod's own reason ends it (:data:`_POD_REASONS`)."""
     status = pod.get("status", {})
@@ -233,6 +246,8 @@ def _pod_reason(pod: Mapping[str, Any], name: str, exit_code: int | None) -> Evi
     kind = _POD_REASONS.get(pod_reason)
     if kind is None:
         return None
+    if pod_reason == "Evicted":
+        kind = evicted_cause(status.get("message") or "")
     text = detail(f"pod {name}", pod_reason, status.get("message") or "")
     return Evidence(Cause(kind=kind, detail=text, exit_code=exit_code), True)
 
@@ -407,7 +422,7 @@ def event_evidence(
             elif reason == "TaintManagerEviction" and message.startswith("Marking for deletion"):
                 cause = CauseKind.NODE_LOST
             elif reason == "Evicted":
-                cause = CauseKind.PREEMPTED
+                cause = evicted_cause(message)
             else:
                 continue
             text = detail(f"pod {target}", reason, message, "from its event")
