@@ -5,9 +5,10 @@ both call :func:`decide`, they never disagree: between the end of submission 1 a
 of submission 2, status is ``recovering`` with the cause, never ``failed``.
 
 Nothing here does I/O or reads a clock. :func:`apply` turns a write step into the next record,
-with the time passed in. A rule's backoff is a :class:`Wait` with the time it ends, computed from
-the time the end was recorded: :func:`due` (given the time by the supervisor) turns it into the
-authorization it waits for once that time has come.
+with the time passed in. A rule's backoff, a submission's time limit and the job's deadline are each
+a :class:`Wait` with the time it ends, computed from the record and the object's observed start:
+:func:`due` (given the time by the supervisor) turns it into the step it waits for once that time
+has come. So a restarted supervisor waits exactly as long as the one before it would have.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ._model import (
     Record,
     State,
     Status,
+    StopRequest,
     Submission,
     SubmissionStatus,
     Transition,
@@ -81,6 +83,8 @@ class End:
 
     object_id: str
     orphan: bool
+    stop: CauseKind | None = None
+    """Set when the supervisor stops the canonical (its time limit, the deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,15 @@ class RecordEnd:
 
     submission: int
     rule: int
+    cause: Cause
+
+
+@dataclass(frozen=True, slots=True)
+class RecordStop:
+    """Write: the supervisor begins to stop ``submission``'s canonical, whose end is then recorded
+    as ``cause`` (``time-limit``, ``deadline-exceeded``), not read as a cancel."""
+
+    submission: int
     cause: Cause
 
 
@@ -121,9 +134,10 @@ class Wait:
 
     why: str
     until: datetime | None = None
-    """When the wait ends by itself (a rule's backoff): then ``then`` is the step to take."""
-    then: Authorize | None = None
-    """The authorization the backoff delays (see :func:`due`)."""
+    """When the wait ends by itself (a rule's backoff, a time limit, the deadline): then ``then``
+    is the step to take."""
+    then: Authorize | RecordStop | RecordOutcome | None = None
+    """The step the wait delays (see :func:`due`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +145,13 @@ class Done:
     """Settled: nothing will ever be done again."""
 
 
-Write = Authorize | RecordEnd | RecordCanonical | RecordRestarts | RecordOutcome | RecordSettled
+Write = Authorize | RecordEnd | RecordCanonical | RecordRestarts | RecordStop | RecordOutcome | RecordSettled
 """The steps that change the record."""
 BackendAction = Create | Release | End
 """The steps that call the backend."""
 Step = Write | BackendAction | Wait | Done
 """Every step :func:`decide` can return."""
-WRITES = (Authorize, RecordEnd, RecordCanonical, RecordRestarts, RecordOutcome, RecordSettled)
+WRITES = (Authorize, RecordEnd, RecordCanonical, RecordRestarts, RecordStop, RecordOutcome, RecordSettled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +177,7 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
 
     A cancel whose objects are still alive shows ``cancelling``; ``cancelled`` once all have ended.
     """
-    decision = _decide(record, objects)
+    decision = _with_deadline(record, _decide(record, objects))
     if decision.state is State.CANCELLED and not record.settled:
         latest = record.current.n if record.current is not None else 0
         if any((o.phase is not Phase.ENDED or o.terminating) and o.submission <= latest for o in objects):
@@ -225,6 +239,11 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         # scheduler shows of the ended object now (it may have been deleted since).
         return _backoff_decision(record, cur)
     view = next((o for o in objects if o.id == cur.canonical), None)
+    if cur.stop is not None and view is not None:
+        stopping = _stop_decision(cur.stop, view, waiting)
+        if stopping is not None:
+            return stopping
+        view = _stopped_view(cur.stop, view)
     if view is None:
         view = ObjectView(
             id=cur.canonical,
@@ -251,7 +270,7 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
             Wait(f"queued on the scheduler: {why}" if why else "queued on the scheduler"), *waiting
         )
     if view.phase is Phase.RUNNING:
-        return Decision(Wait("running"), State.RUNNING, NO_CAUSE)
+        return Decision(_time_limit_wait(record, n, view), State.RUNNING, NO_CAUSE)
 
     ended = view.cause or Cause(kind=CauseKind.UNKNOWN, detail="the scheduler gave no reason")
     if view.cancelled:
@@ -267,6 +286,72 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
             return Decision(RecordEnd(n, index, ended), State.RECOVERING, ended)
         return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+
+
+def _time_limit_wait(record: Record, n: int, view: ObjectView) -> Wait:
+    """A running canonical's wait: until its time limit's stop begins, where the supervisor
+    enforces the limit (``warningSeconds`` early), counted from when it started running."""
+    limit = record.plan.time_limit
+    if limit is None or limit.enforcer is not Enforcer.SUPERVISOR or view.started_at is None:
+        return Wait("running")
+    warning = record.spec.stop.warning_seconds or 0
+    at = view.started_at + timedelta(seconds=limit.seconds - warning)
+    cause = Cause(kind=CauseKind.TIME_LIMIT, detail=f"ran for its time limit of {limit.seconds} s")
+    early = f" ({warning} s before its time limit)" if warning else " (its time limit)"
+    return Wait(f"running; stopped at {format_time(at)}{early}", until=at, then=RecordStop(n, cause))
+
+
+def _stop_decision(stop: StopRequest, view: ObjectView, waiting: tuple[State, Cause]) -> Decision | None:
+    """The canonical the supervisor stops: end it, then wait out its grace period (a new
+    submission does not start while the old one may still write its checkpoint); None once it
+    has ended and its processes have stopped."""
+    if view.phase is not Phase.ENDED:
+        return Decision(End(view.id, orphan=False, stop=stop.cause.kind), *waiting)
+    if view.terminating:
+        return Decision(Wait("stopping: the program has its grace period to exit"), *waiting)
+    return None
+
+
+def _stopped_view(stop: StopRequest, view: ObjectView) -> ObjectView:
+    """The ended canonical the supervisor stopped, with the stop's cause: what it ended with when
+    the stop ended it (or when the deadline's stop met any other failure), and how the stop went."""
+    own = view.cause
+    deadline = stop.cause.kind is CauseKind.DEADLINE_EXCEEDED
+    if own is None or view.cancelled or (deadline and own.kind is not CauseKind.NONE):
+        cause = stop.cause.model_copy(update={"stop": view.stop}) if view.stop is not None else stop.cause
+        return view.model_copy(update={"cause": cause, "cancelled": False})
+    return view
+
+
+def deadline(record: Record) -> datetime | None:
+    """When the job's deadline passes (``spec.deadlineSeconds`` from its submission), if it has one."""
+    seconds = record.spec.deadline_seconds
+    return None if seconds is None else record.submitted_at + timedelta(seconds=seconds)
+
+
+def _with_deadline(record: Record, decision: Decision) -> Decision:
+    """``decision`` with the job's deadline: a wait ends at the deadline at the latest, and then
+    the job's live canonical is stopped, or the job fails with ``deadline-exceeded``."""
+    at = deadline(record)
+    step = decision.step
+    if at is None or not isinstance(step, Wait) or record.state.is_outcome or record.cancel is not None:
+        return decision
+    if step.until is not None and step.until <= at:
+        return decision
+    cur = record.current
+    cause = Cause(
+        kind=CauseKind.DEADLINE_EXCEEDED,
+        detail=f"the job's deadline of {record.spec.deadline_seconds} s passed",
+    )
+    then: RecordStop | RecordOutcome
+    if cur is not None and cur.canonical is not None and cur.cause is None:
+        if cur.stop is not None and cur.stop.cause.kind is CauseKind.DEADLINE_EXCEEDED:
+            return decision  # stopping at the deadline already
+        then = RecordStop(cur.n, cause)
+    else:
+        then = RecordOutcome(State.FAILED, cause)
+    why = f"{step.why}; the job's deadline is {format_time(at)}"
+    return Decision(Wait(why, until=at, then=then), decision.state, decision.cause)
 
 
 def backoff_seconds(record: Record, index: int) -> float:
@@ -304,11 +389,15 @@ def format_time(at: datetime) -> str:
 
 
 def due(decision: Decision, now: datetime) -> Decision:
-    """``decision`` at ``now``: a backoff's :class:`Wait` whose time has come is the authorization it
-    waited for. The supervisor passes its clock's time; :func:`decide` itself reads none."""
+    """``decision`` at ``now``: a :class:`Wait` whose time has come is the step it waited for (a
+    backoff's authorization, a time limit's or the deadline's stop, the deadline's failure). The
+    supervisor passes its clock's time; :func:`decide` itself reads none."""
     step = decision.step
     if isinstance(step, Wait) and step.then is not None and step.until is not None and now >= step.until:
-        return Decision(step.then, decision.state, decision.cause)
+        then = step.then
+        if isinstance(then, RecordOutcome):
+            return Decision(then, then.state, then.cause)
+        return Decision(then, decision.state, decision.cause)
     return decision
 
 
@@ -393,6 +482,13 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
         subs[i] = _ended(subs[i], step.cause, now)
         return record.model_copy(update={"submissions": tuple(subs)})
+    if isinstance(step, RecordStop):
+        i = step.submission - 1
+        if i != len(subs) - 1 or subs[i].cause is not None:
+            raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
+        request = StopRequest(cause=step.cause, actor=actor, time=now)
+        subs[i] = subs[i].model_copy(update={"stop": request})
+        return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordCanonical):
         i = step.submission - 1
         if subs[i].canonical is not None:
@@ -413,7 +509,8 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
-        if subs and step.state is not State.CANCELLED:
+        if subs and step.state is not State.CANCELLED and subs[-1].cause is None:
+            # (a recorded end, whose backoff the deadline cut short, keeps how it ended)
             subs[-1] = _ended(subs[-1], step.cause, now)
         who = step.actor or actor
         return record.model_copy(
@@ -485,6 +582,11 @@ def describe_step(step: Step) -> str:
     if isinstance(step, Release):
         return f"releasing object {step.object_id} to the scheduler"
     if isinstance(step, End):
+        if step.stop is not None:
+            return (
+                f"stopping object {step.object_id} with cause {step.stop}: SIGTERM, then SIGKILL "
+                "after its grace period"
+            )
         if step.orphan:
             return f"ending object {step.object_id}: it is not the one recorded for its submission"
         return f"ending object {step.object_id}: the job has its outcome"
@@ -493,6 +595,8 @@ def describe_step(step: Step) -> str:
             f"rule {step.rule} fires after cause {step.cause.kind} once its backoff has passed: "
             f"recording the end of submission {step.submission}"
         )
+    if isinstance(step, RecordStop):
+        return f"recording the stop of submission {step.submission} with cause {step.cause.kind}"
     if isinstance(step, RecordRestarts):
         return (
             f"recording that the scheduler restarted submission {step.submission} in place "

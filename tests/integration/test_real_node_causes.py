@@ -241,7 +241,6 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
     host_volume(crds, namespace, out)
     options = on_real_node(
         real_node,
-        terminationGracePeriodSeconds=30,
         volumes=[{"name": "out", "persistentVolumeClaim": {"claimName": "out"}}],
         volumeMounts=[{"name": "out", "mountPath": "/out"}],
     )

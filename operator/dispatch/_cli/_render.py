@@ -36,7 +36,16 @@ def plan_lines(plan: Plan) -> list[str]:
         for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *backoff_lines(rule))
     ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
-    return lines + uncovered_code_lines(plan) + queue_lines(plan)
+    return lines + uncovered_code_lines(plan) + queue_lines(plan) + limit_lines(plan)
+
+
+def limit_lines(plan: Plan) -> list[str]:
+    """Who ends each submission at its time limit, and the job at its deadline."""
+    lines: list[str] = []
+    for what, limit in (("time limit", plan.time_limit), ("deadline", plan.deadline)):
+        if limit is not None:
+            lines += [f"{what} {limit.seconds} s is enforced by the {limit.enforcer}", f"  {limit.how}"]
+    return lines
 
 
 def uncovered_code_lines(plan: Plan) -> list[str]:

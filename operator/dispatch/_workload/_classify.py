@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .._constants import (
@@ -22,7 +23,7 @@ from .._constants import (
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._evidence import Evidence, best, kind_evidence, waiting_note
+from ._evidence import Evidence, best, kind_evidence, started_at, waiting_note
 from ._fields import detail, no_capacity_after, object_id, owner_of, restart_budget
 from ._kind import Kind
 from ._kueue import WorkloadView, queued_verdict
@@ -62,7 +63,7 @@ def classify(
     said = _read_pods(kind, body, pods, now=now, gone_nodes=gone_nodes, retained=retained)
     # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
     restart_cause = last_restart or (said.restart_causes[-1] if said.restart_causes else None)
-    view = _Views.of(body, restarts)
+    view = _Views.of(body, restarts, said.started_at)
     ended = _ended(kind, body, view, said.evidence, restart_cause)
     if ended is not None:
         return ended
@@ -120,6 +121,7 @@ class _PodsSay:
     recheck: float | None
     running: bool
     waiting: str
+    started_at: datetime | None
 
 
 def _read_pods(
@@ -153,7 +155,7 @@ def _read_pods(
             "deletionTimestamp"
         ):
             running = True
-    return _PodsSay(best(terminal), restart_causes, recheck, running, waiting)
+    return _PodsSay(best(terminal), restart_causes, recheck, running, waiting, started_at(pods))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,14 +168,15 @@ class _Views:
     restarts: int
     held: bool
     """Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended)."""
+    started_at: datetime | None
 
     @classmethod
-    def of(cls, body: Body, restarts: int) -> _Views:
+    def of(cls, body: Body, restarts: int, started: datetime | None) -> _Views:
         owner = owner_of(body)
         job, submission = owner if owner is not None else ("", 0)
         meta = body.get("metadata", {})
         held = bool(meta.get("deletionTimestamp")) and OBJECT_FINALIZER in (meta.get("finalizers") or ())
-        return cls(object_id(body), job, submission, restarts, held)
+        return cls(object_id(body), job, submission, restarts, held, started)
 
     def __call__(
         self,
@@ -194,6 +197,7 @@ class _Views:
             retained=self.held,
             note=note,
             waiting=waiting,
+            started_at=self.started_at if phase in (Phase.RUNNING, Phase.ENDED) else None,
         )
 
 

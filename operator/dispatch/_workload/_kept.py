@@ -34,7 +34,13 @@ METADATA: Final[Mapping[str, Mask]] = {
 """What the kit reads of an object's metadata: its id, the owner labels, the annotations it
 writes and reads back, the finalizer it removes, the precondition of its patches; a pod's is the
 part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."""
-_TERMINATED: Final[Mask] = {"reason": SHARED, "exitCode": True, "message": Clip(MAX_DETAIL)}
+_TERMINATED: Final[Mask] = {
+    "reason": SHARED,
+    "exitCode": True,
+    "signal": True,
+    "message": Clip(MAX_DETAIL),
+    "startedAt": True,
+}
 POD: Final[Mask] = {
     "metadata": {
         k: METADATA[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels")
@@ -53,7 +59,11 @@ POD: Final[Mask] = {
             {
                 "name": SHARED,
                 "restartCount": True,
-                "state": {"terminated": _TERMINATED, "waiting": {"reason": SHARED, "message": True}},
+                "state": {
+                    "terminated": _TERMINATED,
+                    "waiting": {"reason": SHARED, "message": True},
+                    "running": {"startedAt": True},
+                },
                 "lastState": {"terminated": _TERMINATED},
             },
         ),

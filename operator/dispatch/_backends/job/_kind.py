@@ -80,6 +80,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             container(CONTAINER, options.image, spec, env, options.resources),
             labels(target.job_name, target.submission),
             restart_policy="Never",
+            grace_seconds=spec.stop.grace_period_seconds,
         ),
     }
     if spec.nodes > 1:

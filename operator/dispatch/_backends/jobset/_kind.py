@@ -113,6 +113,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             container(CONTAINER, options.image, spec, env, options.resources),
             pod_labels,
             restart_policy="Never",
+            grace_seconds=spec.stop.grace_period_seconds,
         ),
     }
     body: Body = {

@@ -90,7 +90,10 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
     tags = labels(target.job_name, target.submission)
     env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
     template = pod_template(
-        options, container(PYTORCH_CONTAINER, options.image, spec, env, options.resources), tags
+        options,
+        container(PYTORCH_CONTAINER, options.image, spec, env, options.resources),
+        tags,
+        grace_seconds=spec.stop.grace_period_seconds,
     )
 
     def replica(count: int) -> Body:

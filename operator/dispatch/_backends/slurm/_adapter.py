@@ -177,7 +177,13 @@ class SlurmBackend:
             environment=env,
             hold=True,
             partition=(opts.partition if opts is not None else None) or self.config.partition,
-            time_limit_minutes=opts.time_limit_minutes if opts is not None else None,
+            time_limit_minutes=-(-spec.time_limit_seconds // 60) if spec.time_limit_seconds else None,
+            warning=(
+                (spec.stop.warning_signal.short, spec.stop.warning_seconds)
+                if spec.stop.warning_seconds is not None
+                else None
+            ),
+            warning_to_batch=spec.nodes == 1,
             cpus_per_task=opts.cpus_per_task if opts is not None else None,
             memory_per_node_mb=opts.memory_per_node_mb if opts is not None else None,
             nodes=spec.nodes,

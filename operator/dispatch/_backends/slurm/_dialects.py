@@ -57,6 +57,9 @@ class SlurmJob:
     requeue: bool | None = None
     submit_time: int | None = None
     """When slurmctld took the submission (epoch seconds, its clock)."""
+    start_time: int | None = None
+    """When it began running (epoch seconds, slurmctld's clock); for a pending job Slurm's
+    expected start, which a view shows only once it runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,11 @@ class SubmitRequest:
     hold: bool = True
     partition: str | None = None
     time_limit_minutes: int | None = None
+    warning: tuple[str, int] | None = None
+    """``--signal``: this signal (``USR1``), so many seconds before the time limit."""
+    warning_to_batch: bool = True
+    """The warning goes to the batch script (``B:``), which ``exec``s the program; without, to
+    its steps (``srun``'s tasks, on more than one node)."""
     cpus_per_task: int | None = None
     memory_per_node_mb: int | None = None
     nodes: int = 1
@@ -221,6 +229,9 @@ class V0038(Dialect):
             job["partition"] = req.partition
         if req.time_limit_minutes is not None:
             job["time_limit"] = req.time_limit_minutes
+        if req.warning is not None:
+            batch = "B:" if req.warning_to_batch else ""
+            job["signal"] = f"{batch}{req.warning[0]}@{req.warning[1]}"
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
@@ -250,6 +261,7 @@ class V0038(Dialect):
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
             submit_time=_int(rec.get("submit_time")) or None,
+            start_time=_int(rec.get("start_time")) or None,
         )
 
 
@@ -277,6 +289,11 @@ class V0040(Dialect):
             job["partition"] = req.partition
         if req.time_limit_minutes is not None:
             job["time_limit"] = {"set": True, "infinite": False, "number": req.time_limit_minutes}
+        if req.warning is not None:
+            job["kill_warning_signal"] = req.warning[0]
+            job["kill_warning_delay"] = {"set": True, "infinite": False, "number": req.warning[1]}
+            if req.warning_to_batch:
+                job["kill_warning_flags"] = ["BATCH_JOB"]
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
@@ -328,6 +345,7 @@ class V0040(Dialect):
             user_name=_str(rec.get("user_name")),
             requeue=rec["requeue"] if isinstance(rec.get("requeue"), bool) else None,
             submit_time=_int(rec.get("submit_time")) or None,
+            start_time=_int(rec.get("start_time")) or None,
         )
 
     @staticmethod

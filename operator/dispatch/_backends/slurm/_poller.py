@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from ..._errors import TransientBackendError
 from ..._model import Cause, CauseKind, ObjectView, Phase
 from ..._protocols import Others
-from ._classify import classify
+from ._classify import classify, started_at
 from ._dialects import SlurmJob
 
 log = logging.getLogger("dispatch.slurm")
@@ -376,6 +376,8 @@ class Poller:
             cancelled=c.cancelled,
             restarts=c.restarts,
             waiting=c.waiting,
+            stop=c.stop,
+            started_at=started_at(sj) if c.phase in (Phase.RUNNING, Phase.ENDED) else None,
         )
         if c.stuck:
             self._verdicts[sj.job_id] = view
