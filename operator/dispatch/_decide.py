@@ -14,7 +14,7 @@ has come. So a restarted supervisor waits exactly as long as the one before it w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -85,6 +85,9 @@ class End:
     orphan: bool
     stop: CauseKind | None = None
     """Set when the supervisor stops the canonical (its time limit, the deadline)."""
+    grace_seconds: int | None = field(default=None, compare=False)
+    """SIGTERM to SIGKILL: the job's ``stop.gracePeriodSeconds``, or ``stop.warningSeconds`` for a
+    time limit's stop begun that early (so that the kill comes at the limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         # made, or it would outlive the settled job (held, never released, never ended).
         late = next((o for o in objects if o.phase is not Phase.ENDED or o.retained), None)
         if late is not None:
-            return Decision(End(late.id, orphan=not late.retained), record.state, record.cause)
+            return Decision(_end(record, late.id, orphan=not late.retained), record.state, record.cause)
         return Decision(Done(), record.state, record.cause)
     state, cause = record.state, record.cause
     outcome = state.is_outcome
@@ -205,20 +208,20 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     live: list[ObjectView] = []
     for o in objects:
         if o.retained and not _needed(record, o):
-            return Decision(End(o.id, orphan=False), *_shown(record))
+            return Decision(_end(record, o.id, orphan=False), *_shown(record))
         if o.phase is Phase.ENDED or (o.submission > latest and not outcome):
             continue  # (after an outcome no submission will follow: such an object is an orphan)
         if o.id in canonicals or (choosing and cur is not None and o.submission == cur.n):
             live.append(o)
             continue
-        return Decision(End(o.id, orphan=True), *_shown(record))
+        return Decision(_end(record, o.id, orphan=True), *_shown(record))
 
     if not outcome and record.cancel is not None:
         done = Cause(kind=CauseKind.NONE, detail=f"cancelled by {record.cancel.actor}")
         return Decision(RecordOutcome(State.CANCELLED, done, record.cancel.actor), State.CANCELLED, done)
     if outcome:
         if live:
-            return Decision(End(live[0].id, orphan=False), state, cause)
+            return Decision(_end(record, live[0].id, orphan=False), state, cause)
         if any(o.terminating for o in objects):
             return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
         return Decision(RecordSettled(), state, cause)
@@ -240,7 +243,7 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         return _backoff_decision(record, cur)
     view = next((o for o in objects if o.id == cur.canonical), None)
     if cur.stop is not None and view is not None:
-        stopping = _stop_decision(cur.stop, view, waiting)
+        stopping = _stop_decision(record, cur.stop, view, waiting)
         if stopping is not None:
             return stopping
         view = _stopped_view(cur.stop, view)
@@ -301,15 +304,26 @@ def _time_limit_wait(record: Record, n: int, view: ObjectView) -> Wait:
     return Wait(f"running; stopped at {format_time(at)}{early}", until=at, then=RecordStop(n, cause))
 
 
-def _stop_decision(stop: StopRequest, view: ObjectView, waiting: tuple[State, Cause]) -> Decision | None:
+def _stop_decision(
+    record: Record, stop: StopRequest, view: ObjectView, waiting: tuple[State, Cause]
+) -> Decision | None:
     """The canonical the supervisor stops: end it, then wait out its grace period (a new
     submission does not start while the old one may still write its checkpoint); None once it
     has ended and its processes have stopped."""
     if view.phase is not Phase.ENDED:
-        return Decision(End(view.id, orphan=False, stop=stop.cause.kind), *waiting)
+        return Decision(_end(record, view.id, orphan=False, stop=stop.cause.kind), *waiting)
     if view.terminating:
         return Decision(Wait("stopping: the program has its grace period to exit"), *waiting)
     return None
+
+
+def _end(record: Record, object_id: str, *, orphan: bool, stop: CauseKind | None = None) -> End:
+    """End ``object_id`` with the job's grace; a time limit's stop begun ``warningSeconds`` early
+    gives exactly those, so that the program is killed at the limit."""
+    policy = record.spec.stop
+    warned = stop is CauseKind.TIME_LIMIT and policy.warning_seconds is not None
+    grace = policy.warning_seconds if warned else policy.grace_period_seconds
+    return End(object_id, orphan=orphan, stop=stop, grace_seconds=grace)
 
 
 def _stopped_view(stop: StopRequest, view: ObjectView) -> ObjectView:

@@ -218,26 +218,35 @@ def host_volume(crds: KubeCluster, namespace: str, path: Path) -> None:
     )
 
 
-async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelled(
-    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
-) -> None:
-    # The handler writes through a host directory that this test reads: the file can only exist if
-    # SIGTERM came (SIGKILL cannot be handled), its second line only if the process still ran a
-    # second later (no SIGKILL right behind the SIGTERM).
-    code = (
-        "import signal, time\n"
-        "def on_term(signum, frame):\n"
-        "    out = open('/out/sigterm', 'w')\n"
-        "    print('signal', signum, file=out, flush=True)\n"
-        "    time.sleep(1)\n"
-        "    print('cleaned up', file=out, flush=True)\n"
-        "    raise SystemExit(0)\n"
-        "signal.signal(signal.SIGTERM, on_term)\n"
-        "open('/out/ready', 'w').close()\n"
-        "while True:\n"
-        "    signal.pause()\n"
-    )
-    out = real_node.host_dir / f"{namespace}-cancel"
+TRAPS_SIGTERM = (
+    "import signal, time\n"
+    "def on_term(signum, frame):\n"
+    "    out = open('/out/sigterm', 'w')\n"
+    "    print('signal', signum, file=out, flush=True)\n"
+    "    time.sleep(1)\n"
+    "    print('cleaned up', file=out, flush=True)\n"
+    "    raise SystemExit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "open('/out/ready', 'w').close()\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+"""A program whose SIGTERM handler writes through a host directory that the test reads: the file
+can only exist if SIGTERM came (SIGKILL cannot be handled), its second line only if the process
+still ran a second later (no SIGKILL right behind the SIGTERM)."""
+
+
+async def trapping_job(
+    crds: KubeCluster,
+    namespace: str,
+    real_node: RealNode,
+    operator: Callable[..., OperatorProcess],
+    name: str,
+    **spec: Any,
+) -> Path:
+    """A DispatchJob ``name`` of :data:`TRAPS_SIGTERM` on the real node, its handler installed;
+    returns the host directory it writes to."""
+    out = real_node.host_dir / f"{namespace}-{name}"
     host_volume(crds, namespace, out)
     options = on_real_node(
         real_node,
@@ -245,12 +254,20 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
         volumeMounts=[{"name": "out", "mountPath": "/out"}],
     )
     operator("--backend", "job")
-    manifest = lab_manifest("job", "graceful", [], options=options, command=["python3", "-c", code])
+    manifest = lab_manifest(
+        "job", name, [], options=options, command=["python3", "-c", TRAPS_SIGTERM], **spec
+    )
     await asyncio.to_thread(apply, crds, namespace, manifest)
     await await_for("the handler installed", (out / "ready").exists)
-    (pod,) = job_pods(crds, namespace, "graceful")
+    (pod,) = job_pods(crds, namespace, name)
     ran_on_the_node(pod, real_node)
+    return out
 
+
+async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelled(
+    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+) -> None:
+    out = await trapping_job(crds, namespace, real_node, operator, "graceful")
     await asyncio.to_thread(
         crds.kubectl,
         "patch",
@@ -269,4 +286,21 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
     assert history(body) == [("pending", "cancelled", 1, "none")]
     # The process's exit 0 from its handler is the stop's doing, not an outcome of submission 1.
     assert "cause" not in status["submissions"][0], status["submissions"]
+    assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]
+
+
+async def test_a_warned_time_limit_reaches_the_process_as_sigterm_and_the_stop_is_graceful(
+    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+) -> None:
+    """``warningSeconds`` on a Job: the supervisor begins the time limit's stop that early (the Job
+    controller sends no warning), the kubelet gives the process SIGTERM, its handler writes a
+    checkpoint and exits, and the record says the time limit ended it, gracefully."""
+    spec = {"timeLimitSeconds": 12, "stop": {"warningSeconds": 6}}
+    out = await trapping_job(crds, namespace, real_node, operator, "warned", **spec)
+    body = await settled(crds, namespace, "warned")
+
+    status = body["status"]
+    assert history(body) == [("pending", "failed", 1, "time-limit")]
+    assert status["plan"]["timeLimit"]["enforcer"] == "supervisor"
+    assert status["cause"]["stop"] == "graceful", status
     assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]

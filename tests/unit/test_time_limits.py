@@ -224,13 +224,17 @@ def test_no_start_no_time_limit_wait() -> None:
     assert d.step.until is None
 
 
-def test_a_warning_begins_the_stop_early() -> None:
-    r = write(
-        job(TIME_LIMIT_ONCE, stop=StopPolicy(warning_seconds=30)), Authorize(1), RecordCanonical(1, "1")
-    )
+def test_a_warning_begins_the_stop_early_and_kills_at_the_limit() -> None:
+    warned = job(TIME_LIMIT_ONCE, stop=StopPolicy(warning_seconds=30, grace_period_seconds=5))
+    r = write(warned, Authorize(1), RecordCanonical(1, "1"))
     d = decide(r, [running(1, started=10)])
     assert isinstance(d.step, Wait)
     assert d.step.until == at(80)
+    assert isinstance(d.step.then, RecordStop)
+    r = write(r, d.step.then, seconds=80)
+    end = decide(r, [running(1, started=10)]).step
+    assert isinstance(end, End)
+    assert end.grace_seconds == 30  # SIGTERM at 80, SIGKILL at the limit, 110
 
 
 def test_the_scheduler_s_time_limit_sets_no_timer() -> None:
@@ -249,6 +253,8 @@ def test_a_time_limit_stop_is_recorded_then_ended_then_read_as_time_limit() -> N
     assert (cur.stop.actor, cur.stop.time) == (SUPERVISOR, at(110))
     d = decide(r, [running(1)])
     assert d.step == End("1", orphan=False, stop=CauseKind.TIME_LIMIT)
+    assert d.step.grace_seconds == 30
+    assert d.step.grace_seconds == 30
     # Ended by dispatch's stop: not a cancel but the stop's cause, with how the stop went.
     d = decide(r, [stopped(1, StopKind.FORCED)])
     assert isinstance(d.step, Authorize)
@@ -459,8 +465,25 @@ def test_the_pods_get_the_jobs_grace() -> None:
         name="j", command=("x",), stop=StopPolicy(grace_period_seconds=90), job=JobOptions(image="i:1")
     )
     plan = make_plan("j", spec, JOB, supervised=True)
-    pod = build(target, spec, plan)["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] == 90
+    job_spec = build(target, spec, plan)["spec"]
+    assert job_spec["template"]["spec"]["terminationGracePeriodSeconds"] == 90
+    assert "activeDeadlineSeconds" not in job_spec
+
+
+def test_a_job_s_time_limit_is_its_active_deadline_unless_warned() -> None:
+    from dispatch._backends.job import JobOptions
+    from dispatch._backends.job._kind import build
+    from dispatch._workload import Target
+
+    target = Target(namespace="ns", job_name="j", submission=1)
+    for stop, deadline, grace in ((StopPolicy(), 600, None), (StopPolicy(warning_seconds=60), None, 60)):
+        spec = JobSpec(
+            name="j", command=("x",), time_limit_seconds=600, stop=stop, job=JobOptions(image="i:1")
+        )
+        job_spec = build(target, spec, make_plan("j", spec, JOB, supervised=True))["spec"]
+        assert job_spec.get("activeDeadlineSeconds") == deadline
+        # With a warning the pods' grace lasts from the early SIGTERM until the limit.
+        assert job_spec["template"]["spec"].get("terminationGracePeriodSeconds") == grace
 
 
 def test_slurm_gets_minutes_rounded_up_and_the_warning() -> None:

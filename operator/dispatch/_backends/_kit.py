@@ -12,7 +12,15 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from .._constants import GROUP, LABEL_MANAGED_BY
-from .._model import DEFAULT_GRACE_SECONDS, NAME_PATTERN, Capabilities, EnvMap, OptionsModel, Resources
+from .._model import (
+    DEFAULT_GRACE_SECONDS,
+    NAME_PATTERN,
+    Capabilities,
+    EnvMap,
+    JobSpec,
+    OptionsModel,
+    Resources,
+)
 from .._registry import ApiResource, BackendInfo, PolicyRule, Where
 
 Image = Annotated[str, Field(min_length=1, max_length=512)]
@@ -398,6 +406,13 @@ def pod_spec_fields(options: PodOptions) -> dict[str, object]:
     if options.priority_class_name is not None:
         out["priorityClassName"] = options.priority_class_name
     return out
+
+
+def pod_grace(spec: JobSpec) -> int:
+    """The pods' ``terminationGracePeriodSeconds``: the job's grace, or its warning when longer, so
+    that a time limit's stop begun ``warningSeconds`` early may last until the limit; dispatch's
+    other stops give the grace by their deletion (which may shorten a pod's own)."""
+    return max(spec.stop.grace_period_seconds, spec.stop.warning_seconds or 0)
 
 
 def pod_metadata(options: PodOptions, labels: Mapping[str, str]) -> dict[str, object]:

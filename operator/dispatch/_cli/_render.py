@@ -179,7 +179,8 @@ def _cause(value: object) -> dict[str, Any] | None:
 def _cause_text(cause: Mapping[str, Any] | None) -> str:
     if not cause:
         return "-"
-    return cause_text(str(cause["kind"]), cause.get("detail"), cause.get("exitCode"), cause.get("signal"))
+    text = cause_text(str(cause["kind"]), cause.get("detail"), cause.get("exitCode"), cause.get("signal"))
+    return f"{text} (stop {cause['stop']})" if cause.get("stop") else text
 
 
 def transition_data(t: Transition) -> dict[str, Any]:
@@ -377,7 +378,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
             out.extend(wrap(line, 4, first="  "))
             out.extend(f"  {line}" for line in backoff_lines(rule))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
-        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
+        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p) + limit_lines(p))
         out.append("Submissions:")
         rows = [
             [s["n"], s["authorizedAt"], _same_day(s["authorizedAt"], s["endedAt"]), s["by"], s["outcome"]]

@@ -71,6 +71,7 @@ from .._decide import (
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
+    RecordStop,
     Release,
     Step,
     describe_step,
@@ -190,6 +191,12 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
             ),
         )
     if isinstance(step, End):
+        if step.stop is not None:
+            message = (
+                f"stopping object {step.object_id} with cause {step.stop}: SIGTERM, then SIGKILL "
+                f"after {step.grace_seconds} s"
+            )
+            return EVENT_NORMAL, REASON_OBJECT_ENDED, "StopObject", message
         if step.orphan:
             message = (
                 f"ended object {step.object_id}: it is not the object recorded for its submission "
@@ -212,6 +219,7 @@ _ACTIONS: Final[dict[type, str]] = {
     RecordCanonical: "ChooseObject",
     Release: "ReleaseObject",
     End: "EndObject",
+    RecordStop: "StopObject",
     RecordRestarts: "CountRestarts",
     RecordOutcome: "Conclude",
     RecordSettled: "Settle",

@@ -48,7 +48,18 @@ from collections.abc import Callable
 from typing import Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
-from .._decide import Authorize, Create, Done, End, RecordCanonical, RecordEnd, Release, Wait, decide
+from .._decide import (
+    Authorize,
+    Create,
+    Done,
+    End,
+    RecordCanonical,
+    RecordEnd,
+    RecordStop,
+    Release,
+    Wait,
+    decide,
+)
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
 from .._model import Phase, Record
@@ -59,7 +70,7 @@ from .ports import Supervising
 
 log = logging.getLogger("dispatch.operator")
 
-RECOVERY_STEPS: Final = (RecordEnd, Authorize, Create, RecordCanonical, Release)
+RECOVERY_STEPS: Final = (RecordEnd, RecordStop, Authorize, Create, RecordCanonical, Release)
 """Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DEFAULT_WORKERS: Final = 64

@@ -85,7 +85,7 @@ REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
-    | {"RecordEnd"}
+    | {"RecordEnd", "RecordStop"}
 )
 
 
@@ -379,8 +379,8 @@ class _ObservedBackend:
     async def release(self, object_id: str) -> None:
         await self._inner.release(object_id)
 
-    async def end(self, object_id: str) -> None:
-        await self._inner.end(object_id)
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        await self._inner.end(object_id, grace_seconds=grace_seconds)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         objects = await self._inner.list(job)

@@ -55,7 +55,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from .._kit import identity_env, pod_template
+from .._kit import identity_env, pod_grace, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -93,7 +93,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
         options,
         container(PYTORCH_CONTAINER, options.image, spec, env, options.resources),
         tags,
-        grace_seconds=spec.stop.grace_period_seconds,
+        grace_seconds=pod_grace(spec),
     )
 
     def replica(count: int) -> Body:

@@ -198,7 +198,7 @@ class MemoryBackend:
             self.peak_released[entry.job] = released
         self._changed(entry)
 
-    async def end(self, object_id: str) -> None:
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
         entry = self._entries.get(object_id)
         if entry is None or entry.phase is Phase.ENDED:
             return

@@ -239,7 +239,8 @@ class SlurmBackend:
         assert self._dialect is not None
         return self._dialect
 
-    async def end(self, object_id: str) -> None:
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        # (the grace is the cluster's KillWait: see docs/slurm.md, "Time limits, the warning and the stop")
         if object_id.startswith(REFUSED_PREFIX):
             return
         d = await self.dialect()
