@@ -33,6 +33,7 @@ from ._model import (
     Record,
     State,
     Status,
+    StopKind,
     StopRequest,
     Submission,
     SubmissionStatus,
@@ -130,6 +131,10 @@ class RecordOutcome:
 class RecordSettled:
     """Write: the outcome is recorded and every object the job created has ended."""
 
+    stop: StopKind | None = field(default=None, compare=False)
+    """How the stop of a cancelled job's canonical went, now that it has ended: the outcome was
+    recorded before the stop, so the record's cause takes it only here."""
+
 
 @dataclass(frozen=True, slots=True)
 class Wait:
@@ -224,7 +229,7 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
             return Decision(_end(record, live[0].id, orphan=False), state, cause)
         if any(o.terminating for o in objects):
             return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
-        return Decision(RecordSettled(), state, cause)
+        return Decision(RecordSettled(_cancel_stop(record, objects)), state, cause)
     if cur is None:
         return Decision(Authorize(1), State.PENDING, NO_CAUSE)
 
@@ -315,6 +320,14 @@ def _stop_decision(
     if view.terminating:
         return Decision(Wait("stopping: the program has its grace period to exit"), *waiting)
     return None
+
+
+def _cancel_stop(record: Record, objects: Sequence[ObjectView]) -> StopKind | None:
+    """How the stop of a cancelled job's last canonical went, where the scheduler shows it."""
+    cur = record.current
+    if record.state is not State.CANCELLED or cur is None or cur.canonical is None:
+        return None
+    return next((o.stop for o in objects if o.id == cur.canonical), None)
 
 
 def _end(record: Record, object_id: str, *, orphan: bool, stop: CauseKind | None = None) -> End:
@@ -535,6 +548,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
                 "history": (*record.history, _transition(record.state, step.state, n, step.cause, who, now)),
             }
         )
+    if step.stop is not None and record.cause.stop is None:
+        cause = record.cause.model_copy(update={"stop": step.stop})
+        return record.model_copy(update={"settled": True, "cause": cause})
     return record.model_copy(update={"settled": True})
 
 

@@ -287,6 +287,7 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
     # The process's exit 0 from its handler is the stop's doing, not an outcome of submission 1.
     assert "cause" not in status["submissions"][0], status["submissions"]
     assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]
+    assert status["cause"]["stop"] == "graceful", status
 
 
 async def test_a_warned_time_limit_reaches_the_process_as_sigterm_and_the_stop_is_graceful(

@@ -452,6 +452,23 @@ async def test_the_deadline_ends_the_job_on_the_memory_backend() -> None:
     assert [t.actor for t in record.history] == [SUPERVISOR]
 
 
+@pytest.mark.parametrize(("deaf", "how"), [(False, StopKind.GRACEFUL), (True, StopKind.FORCED)])
+async def test_a_cancel_records_how_its_stop_went_when_the_job_settles(deaf: bool, how: StopKind) -> None:
+    store = MemoryStore()
+    backend = MemoryBackend(Shape.SLURM, auto_run=True)
+    cluster = compose(backend, store=store)
+    await cluster.operator.submit(JobSpec(name="job", command=("train",)), ADA, supervised=True)
+    supervisor = Supervisor(backend, store)
+    await supervisor.drive("job")
+    if deaf:
+        backend.env.ignore_sigterm(backend.objects()[0].id)
+    await cluster.operator.cancel("job", ADA)
+    record = await supervisor.run("job")
+    assert record.state is State.CANCELLED
+    assert record.cause.stop is how
+    assert record.history[-1].cause.stop is None  # (recorded before the stop)
+
+
 # ---- the backends' part -----------------------------------------------------------------------------
 
 
