@@ -643,8 +643,12 @@ class QueuePlan(_Model):
 class LimitPlan(_Model):
     """Who enforces a time limit or the deadline, and how."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     seconds: int
+    """The limit (``spec.timeLimitSeconds``) or the deadline (``spec.deadlineSeconds``)."""
     enforcer: Enforcer
+    """The scheduler, where it ends each submission exactly at the limit by itself; else the supervisor."""
     how: str = ""
     """In words: the scheduler's own mechanism, or the supervisor's stop and when it begins."""
 
