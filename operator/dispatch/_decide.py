@@ -247,11 +247,6 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         # scheduler shows of the ended object now (it may have been deleted since).
         return _backoff_decision(record, cur)
     view = next((o for o in objects if o.id == cur.canonical), None)
-    if cur.stop is not None and view is not None:
-        stopping = _stop_decision(record, cur.stop, view, waiting)
-        if stopping is not None:
-            return stopping
-        view = _stopped_view(cur.stop, view)
     if view is None:
         view = ObjectView(
             id=cur.canonical,
@@ -259,7 +254,15 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
             submission=cur.n,
             phase=Phase.ENDED,
             cause=Cause(kind=CauseKind.UNKNOWN, detail=_VANISHED),
+            # Gone after the supervisor began to stop it (a restarted operator no longer knows the
+            # deleted object): the stop ended it.
+            cancelled=cur.stop is not None,
         )
+    if cur.stop is not None:
+        stopping = _stop_decision(record, cur.stop, view, waiting)
+        if stopping is not None:
+            return stopping
+        view = _stopped_view(cur.stop, view)
     shown = _view_decision(record, cur.n, view, waiting)
     if view.restarts > cur.restarts:
         # Shown as what follows once they are recorded: an unsupervised job's restarts are recorded

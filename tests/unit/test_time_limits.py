@@ -266,6 +266,16 @@ def test_a_time_limit_stop_is_recorded_then_ended_then_read_as_time_limit() -> N
     assert r.submissions[0].cause.kind is CauseKind.TIME_LIMIT
 
 
+def test_a_stopped_canonical_gone_from_the_scheduler_ended_by_the_stop() -> None:
+    """A restarted operator no longer knows the object it deleted: still the stop's cause."""
+    r = write(job(TIME_LIMIT_ONCE), Authorize(1), RecordCanonical(1, "1"))
+    r = write(r, RecordStop(1, Cause(kind=CauseKind.TIME_LIMIT)), seconds=110)
+    d = decide(r, [])
+    assert isinstance(d.step, Authorize)
+    assert d.step.cause is not None
+    assert d.step.cause.kind is CauseKind.TIME_LIMIT
+
+
 def test_a_stopped_submission_is_not_followed_while_it_terminates() -> None:
     r = write(job(TIME_LIMIT_ONCE), Authorize(1), RecordCanonical(1, "1"))
     r = write(r, RecordStop(1, Cause(kind=CauseKind.TIME_LIMIT)), seconds=110)
