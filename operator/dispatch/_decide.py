@@ -170,6 +170,9 @@ class Decision:
     state: State
     """What status shows now."""
     cause: Cause
+    deadline: Wait | None = None
+    """The job's deadline, when it has one and ``step`` moves the job on: once its time has come,
+    its step replaces ``step`` (see :func:`due`), so that nothing is resubmitted past it."""
 
 
 _VANISHED = "the scheduler no longer shows the canonical object"
@@ -359,14 +362,19 @@ def deadline(record: Record) -> datetime | None:
     return None if seconds is None else record.submitted_at + timedelta(seconds=seconds)
 
 
+_PAST_A_DEADLINE: Final = (Wait, Authorize, Create, RecordCanonical, Release, RecordEnd, RecordRestarts)
+"""The steps the deadline replaces once it has come: those that move the job on (an outcome, a
+stop and the end of an orphan are left to run)."""
+
+
 def _with_deadline(record: Record, decision: Decision) -> Decision:
-    """``decision`` with the job's deadline: a wait ends at the deadline at the latest, and then
-    the job's live canonical is stopped, or the job fails with ``deadline-exceeded``."""
+    """``decision`` with the job's deadline: a wait ends at the deadline at the latest, and from
+    then on the job's live canonical is stopped, or the job fails with ``deadline-exceeded``."""
     at = deadline(record)
     step = decision.step
-    if at is None or not isinstance(step, Wait) or record.state.is_outcome or record.cancel is not None:
+    if at is None or not isinstance(step, _PAST_A_DEADLINE):
         return decision
-    if step.until is not None and step.until <= at:
+    if record.state.is_outcome or record.cancel is not None:
         return decision
     cur = record.current
     cause = Cause(
@@ -380,8 +388,11 @@ def _with_deadline(record: Record, decision: Decision) -> Decision:
         then = RecordStop(cur.n, cause)
     else:
         then = RecordOutcome(State.FAILED, cause)
+    passed = Wait(f"the job's deadline is {format_time(at)}", until=at, then=then)
+    if not isinstance(step, Wait) or (step.until is not None and step.until <= at):
+        return Decision(step, decision.state, decision.cause, deadline=passed)
     why = f"{step.why}; the job's deadline is {format_time(at)}"
-    return Decision(Wait(why, until=at, then=then), decision.state, decision.cause)
+    return Decision(Wait(why, until=at, then=then), decision.state, decision.cause, deadline=passed)
 
 
 def backoff_seconds(record: Record, index: int) -> float:
@@ -422,7 +433,9 @@ def due(decision: Decision, now: datetime) -> Decision:
     """``decision`` at ``now``: a :class:`Wait` whose time has come is the step it waited for (a
     backoff's authorization, a time limit's or the deadline's stop, the deadline's failure). The
     supervisor passes its clock's time; :func:`decide` itself reads none."""
-    step = decision.step
+    step = decision.deadline if decision.deadline is not None else decision.step
+    if not (isinstance(step, Wait) and step.until is not None and now >= step.until):
+        step = decision.step  # (the deadline has not come: the decided step's own wait, if any)
     if isinstance(step, Wait) and step.then is not None and step.until is not None and now >= step.until:
         then = step.then
         if isinstance(then, RecordOutcome):

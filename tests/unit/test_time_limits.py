@@ -380,14 +380,9 @@ def test_no_stop_comes_before_its_time(
         assert isinstance(step, Wait)
     else:
         assert isinstance(step, RecordStop)
-        deadline_first = deadline_at is not None and deadline_at <= limit_at
-        expected = (
-            CauseKind.DEADLINE_EXCEEDED if deadline_first and deadline_at == first else CauseKind.TIME_LIMIT
-        )
-        if deadline_at is not None and deadline_at < limit_at:
-            expected = CauseKind.DEADLINE_EXCEEDED
-        elif deadline_at is not None and deadline_at >= limit_at:
-            expected = CauseKind.TIME_LIMIT
+        # Once the deadline has come it wins (it ends the job); before it, the time limit's stop.
+        passed = deadline_at is not None and at(now) >= deadline_at
+        expected = CauseKind.DEADLINE_EXCEEDED if passed else CauseKind.TIME_LIMIT
         assert step.cause.kind is expected
 
 
@@ -525,3 +520,40 @@ def test_slurm_gets_minutes_rounded_up_and_the_warning() -> None:
     assert new["kill_warning_signal"] == "USR1"
     assert new["kill_warning_delay"]["number"] == 30
     assert new["kill_warning_flags"] == ["BATCH_JOB"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    deadline=st.integers(1, 200),
+    base=st.integers(0, 60),
+    ticks=st.lists(st.floats(0, 30), min_size=1, max_size=40),
+)
+def test_nothing_is_authorized_at_or_after_the_deadline(deadline: int, base: int, ticks: list[float]) -> None:
+    """The supervisor's loop over decide, due and apply with a clock that jumps by ``ticks`` and
+    every submission preempted at once: no authorization at or after the deadline, and once the
+    clock has passed it the job has failed with ``deadline-exceeded``."""
+    rule = Rule(on=(CauseKind.PREEMPTED,), budget=100, backoff=Backoff(base_seconds=base, factor=1))
+    r = write(job(rule, time_limit=None, deadline=deadline), Authorize(1), RecordCanonical(1, "1"))
+    now = T0
+    for tick in ticks:
+        now += timedelta(seconds=tick)
+        for _ in range(6):
+            if r.state.is_outcome:
+                break
+            cur = r.current
+            assert cur is not None
+            live = ObjectView(id=str(cur.n), job="job", submission=cur.n, phase=Phase.ENDED, cause=PREEMPTED)
+            d = due(decide(r, [live]), now)
+            if isinstance(d.step, Wait):
+                break
+            if isinstance(d.step, End):
+                break
+            r = apply(r, d.step, actor=SUPERVISOR, now=now)  # type: ignore[arg-type]
+            if isinstance(d.step, Authorize):
+                chosen = RecordCanonical(d.step.submission, str(d.step.submission))
+                r = apply(r, chosen, actor=SUPERVISOR, now=now)
+    limit = T0 + timedelta(seconds=deadline)
+    assert all(s.authorized_at < limit for s in r.submissions)
+    if now >= limit:
+        assert r.state is State.FAILED
+        assert r.cause.kind is CauseKind.DEADLINE_EXCEEDED
