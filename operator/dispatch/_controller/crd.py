@@ -94,8 +94,9 @@ def _refuse_replaced(backend: str, schema: Schema, replaced: Mapping[str, str]) 
     """A field a backend's options once had is kept in the schema only to be refused with the field
     that replaced it (without it, the API server would prune it silently or call it unknown)."""
     for old, new in sorted(replaced.items()):
+        # Typed as the old field was (both were integers): CEL sees no field without a type.
         schema.setdefault("properties", {})[old] = {
-            "x-kubernetes-preserve-unknown-fields": True,
+            "type": "integer",
             "description": f"Replaced by `{new}`: refused.",
         }
         schema.setdefault("x-kubernetes-validations", []).append(
