@@ -6,8 +6,10 @@ and the backends' part (the pods' grace, the Job's activeDeadlineSeconds, Slurm'
 
 from __future__ import annotations
 
+import importlib
 import re
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -477,19 +479,42 @@ async def test_a_cancel_records_how_its_stop_went_when_the_job_settles(deaf: boo
 # ---- the backends' part -----------------------------------------------------------------------------
 
 
-def test_the_pods_get_the_jobs_grace() -> None:
-    from dispatch._backends.job import JobOptions
-    from dispatch._backends.job._kind import build
+def _pod_specs(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template's spec in a built object, wherever its kind keeps them."""
+    found: list[dict[str, Any]] = []
+    if isinstance(body, dict):
+        if (
+            "template" in body
+            and isinstance(body["template"], dict)
+            and "containers" in body["template"].get("spec", {})
+        ):
+            found.append(body["template"]["spec"])
+        for value in body.values():
+            found += _pod_specs(value)
+    elif isinstance(body, list):
+        for item in body:
+            found += _pod_specs(item)
+    return found
+
+
+@pytest.mark.parametrize("backend", ["job", "jobset", "kubeflow"])
+def test_the_pods_get_the_jobs_grace(backend: str) -> None:
+    """Every kind's pods: ``spec.stop.gracePeriodSeconds`` as their terminationGracePeriodSeconds."""
+    from dispatch import _registry
     from dispatch._workload import Target
 
+    info = _registry.get(backend)
+    assert info is not None
+    assert info.options is not None
+    kind = importlib.import_module(f"dispatch._backends.{backend}._kind")
     target = Target(namespace="ns", job_name="j", submission=1)
-    spec = JobSpec(
-        name="j", command=("x",), stop=StopPolicy(grace_period_seconds=90), job=JobOptions(image="i:1")
-    )
-    plan = make_plan("j", spec, JOB, supervised=True)
-    job_spec = build(target, spec, plan)["spec"]
-    assert job_spec["template"]["spec"]["terminationGracePeriodSeconds"] == 90
-    assert "activeDeadlineSeconds" not in job_spec
+    options = info.options.model_validate({"image": "i:1"})
+    spec = JobSpec(name="j", command=("x",), stop=StopPolicy(grace_period_seconds=90), **{backend: options})
+    body = kind.build(target, spec, make_plan("j", spec, info.capabilities, supervised=True))
+    pods = _pod_specs(body)
+    assert pods
+    assert all(p["terminationGracePeriodSeconds"] == 90 for p in pods)
+    assert "activeDeadlineSeconds" not in body["spec"]
 
 
 def test_a_job_s_time_limit_is_its_active_deadline_unless_warned() -> None:
