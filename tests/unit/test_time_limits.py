@@ -582,3 +582,42 @@ def test_nothing_is_authorized_at_or_after_the_deadline(deadline: int, base: int
     if now >= limit:
         assert r.state is State.FAILED
         assert r.cause.kind is CauseKind.DEADLINE_EXCEEDED
+
+
+def test_a_pods_last_state_says_how_its_stop_went_and_when_it_started() -> None:
+    from dispatch._workload._evidence import started_at, stopped_how
+
+    def pod(*states: dict[str, Any]) -> dict[str, Any]:
+        return {"status": {"containerStatuses": [{"name": "main", "state": s} for s in states]}}
+
+    killed = pod({"terminated": {"exitCode": 137, "startedAt": "2025-01-02T03:04:10Z"}})
+    trapped = pod({"terminated": {"exitCode": 0, "startedAt": "2025-01-02T03:04:06Z"}})
+    running = pod({"running": {"startedAt": "2025-01-02T03:04:08Z"}})
+    assert stopped_how(killed) is StopKind.FORCED
+    assert stopped_how(pod({"terminated": {"exitCode": 143, "signal": 9}})) is StopKind.FORCED
+    assert stopped_how(trapped) is StopKind.GRACEFUL
+    assert stopped_how(running) is None
+    assert started_at([killed, running, trapped]) == at(1)
+    assert started_at([pod({"waiting": {"reason": "ContainerCreating"}})]) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "signal", "start", "how"),
+    [
+        ("CANCELLED", 9, 100, StopKind.FORCED),
+        ("CANCELLED", 15, 100, StopKind.GRACEFUL),
+        ("CANCELLED", None, None, None),  # cancelled before it ran: nothing was stopped
+        ("TIMEOUT", 9, 100, StopKind.FORCED),
+        ("TIMEOUT", None, 100, StopKind.GRACEFUL),
+    ],
+)
+def test_slurm_says_how_a_stop_went(
+    state: str, signal: int | None, start: int | None, how: StopKind | None
+) -> None:
+    from dispatch._backends.slurm._classify import classify
+    from dispatch._backends.slurm._dialects import SlurmJob
+
+    c = classify(SlurmJob(job_id=1, state=state, signal=signal, start_time=start))
+    assert c.stop is how
+    assert c.cause is not None
+    assert c.cause.stop is how
