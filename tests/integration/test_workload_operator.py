@@ -371,4 +371,17 @@ async def test_the_deadline_ends_the_job_and_nothing_is_resubmitted(run: Run) ->
     assert "deadline-exceeded" in status["plan"]["uncovered"]
     assert status["submissions"][0]["stop"]["cause"]["kind"] == "deadline-exceeded"
     assert [s["n"] for s in status["submissions"]] == [1]
+    # The lab's kubelet ends a deleted pod's containers as SIGTERM does (exit 143), within the grace.
+    assert status["cause"]["stop"] == "graceful", status
     run.monitor.assert_held()
+
+
+@pytest.mark.parametrize("kind", [pytest.param(JOB, id="job")])
+async def test_a_stop_the_program_does_not_heed_is_recorded_forced(run: Run) -> None:
+    """The lab's kubelet kills the containers with exit code 137 (SIGKILL at the grace's end)."""
+    run.operator("--backend", run.kind.backend)
+    deaf = {"podAnnotations": {"lab.dispatch.io/termination-exit-code": "137"}}
+    manifest = lab_manifest(run.kind.backend, "deaf", [], options=deaf, deadlineSeconds=4)
+    await asyncio.to_thread(apply, run.crds, run.namespace, manifest)
+    status = (await run.settled("deaf"))["status"]
+    assert (status["cause"]["kind"], status["cause"]["stop"]) == ("deadline-exceeded", "forced"), status
