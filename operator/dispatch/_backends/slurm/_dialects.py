@@ -9,6 +9,7 @@ v0.0.42-45 from 26.05 (Debian unstable).
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -230,8 +231,10 @@ class V0038(Dialect):
         if req.time_limit_minutes is not None:
             job["time_limit"] = req.time_limit_minutes
         if req.warning is not None:
+            # v0.0.38 parses the signal's number only ("USR1": "Invalid SIGNAL specification").
             batch = "B:" if req.warning_to_batch else ""
-            job["signal"] = f"{batch}{req.warning[0]}@{req.warning[1]}"
+            number = signal.Signals[f"SIG{req.warning[0]}"].value
+            job["signal"] = f"{batch}{number}@{req.warning[1]}"
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
