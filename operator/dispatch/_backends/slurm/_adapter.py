@@ -168,7 +168,9 @@ class SlurmBackend:
         env.update(identity_env(namespace, name, submission))
         cwd = (opts.working_directory if opts is not None else None) or self.config.working_directory
         command = shlex.join(spec.command)
-        launcher = "srun " if spec.nodes > 1 else ""
+        # A warning goes to the job's steps (slurmrestd cannot address the batch shell): the
+        # program runs as one when it asks for a warning, as on more than one node.
+        launcher = "srun " if spec.nodes > 1 or spec.stop.warning_seconds is not None else ""
         script = f"#!/bin/bash\nexec {launcher}{command}\n"
         return SubmitRequest(
             script=script,
@@ -183,7 +185,6 @@ class SlurmBackend:
                 if spec.stop.warning_seconds is not None
                 else None
             ),
-            warning_to_batch=spec.nodes == 1,
             cpus_per_task=opts.cpus_per_task if opts is not None else None,
             memory_per_node_mb=opts.memory_per_node_mb if opts is not None else None,
             nodes=spec.nodes,

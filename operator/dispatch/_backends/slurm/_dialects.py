@@ -79,10 +79,9 @@ class SubmitRequest:
     partition: str | None = None
     time_limit_minutes: int | None = None
     warning: tuple[str, int] | None = None
-    """``--signal``: this signal (``USR1``), so many seconds before the time limit."""
-    warning_to_batch: bool = True
-    """The warning goes to the batch script (``B:``), which ``exec``s the program; without, to
-    its steps (``srun``'s tasks, on more than one node)."""
+    """``--signal``: this signal (``USR1``), so many seconds before the time limit, to the job's
+    steps: the script runs the program as one (``srun``), since slurmrestd cannot ask for the
+    batch shell (``B:`` is parsed by sbatch alone)."""
     cpus_per_task: int | None = None
     memory_per_node_mb: int | None = None
     nodes: int = 1
@@ -231,10 +230,8 @@ class V0038(Dialect):
         if req.time_limit_minutes is not None:
             job["time_limit"] = req.time_limit_minutes
         if req.warning is not None:
-            # v0.0.38 parses the signal's number only ("USR1": "Invalid SIGNAL specification").
-            batch = "B:" if req.warning_to_batch else ""
             number = signal.Signals[f"SIG{req.warning[0]}"].value
-            job["signal"] = f"{batch}{number}@{req.warning[1]}"
+            job["signal"] = f"{number}@{req.warning[1]}"
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
@@ -295,8 +292,6 @@ class V0040(Dialect):
         if req.warning is not None:
             job["kill_warning_signal"] = req.warning[0]
             job["kill_warning_delay"] = {"set": True, "infinite": False, "number": req.warning[1]}
-            if req.warning_to_batch:
-                job["kill_warning_flags"] = ["BATCH_JOB"]
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
