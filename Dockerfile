@@ -9,8 +9,8 @@
 # (its interpreter is /usr/local/bin/python3.11):
 #
 #   builder   BUILD_IMAGE: a virtual environment at /opt/dispatch with the operator's wheel and its
-#             runtime dependencies (the "kube" extra), byte-compiled, without pip, setuptools or
-#             wheel;
+#             runtime dependencies (the "kube" and "operator" extras), byte-compiled, without pip,
+#             setuptools or wheel;
 #   final     RUNTIME_IMAGE: gets only /opt/dispatch (no RUN), runs as the numeric non-root user
 #             65532 (the chart's runAsUser) and writes nothing outside /tmp, so it runs with a
 #             read-only root filesystem. The slim default still holds a shell and dpkg; pass a
@@ -42,7 +42,9 @@ COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=pip-cert \
     if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
  && /opt/dispatch/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["kube"]))' \
+extras = p["project"]["optional-dependencies"]; own = p["project"]["name"] + "["; \
+print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + \
+  [r for r in extras["kube"] + extras["operator"] if not r.startswith(own)]))' \
     > /tmp/requirements.txt \
  && /opt/dispatch/bin/pip install --no-compile --requirement /tmp/requirements.txt \
  && /opt/dispatch/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/dispatch/lib
@@ -52,7 +54,7 @@ COPY operator ./operator
 # above, the operator here), because the read-only root filesystem lets Python write no cache and
 # copied files get new mtimes.
 RUN /opt/dispatch/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
- && /opt/dispatch/bin/pip install --no-compile --no-deps /dist/dispatch-*.whl \
+ && /opt/dispatch/bin/pip install --no-compile --no-deps /dist/dispatch_jobs-*.whl \
  && /opt/dispatch/bin/pip uninstall --yes pip setuptools wheel \
  && rm -rf /opt/dispatch/lib/python3.11/site-packages/_distutils_hack \
       /opt/dispatch/lib/python3.11/site-packages/distutils-precedence.pth \

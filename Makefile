@@ -20,6 +20,10 @@ help:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# A .venv made when the distribution was named `dispatch` still holds that editable install
+	@# (and operator/ its egg-info, which would still answer to the old name).
+	$(PY) -m pip uninstall --quiet --yes dispatch 2>/dev/null || true
+	rm -rf operator/dispatch.egg-info
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -43,7 +47,7 @@ unit: $(STAMP) ## the fast tier: core, hypothesis, recorded responses
 
 include mk/*.mk
 
-test: lint typecheck imports verify chart-lint chart-template unit integration e2e ## everything CI runs
+test: lint typecheck imports verify chart-lint chart-template rules-test unit integration e2e ## everything CI runs
 test: UNIT_ARGS = --ignore=tests/unit/test_chart.py  # chart-template has run it, with helm required
 
 clean:

@@ -2,7 +2,7 @@
 # Build the test cluster's binaries from Go modules, without Docker and without release tarballs:
 # etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kwok, Kubeflow's
 # training operator (with the project's own main, hack/training-operator-lab/main.go), JobSet,
-# Kubeflow Trainer v2, Kueue and helm.
+# Kubeflow Trainer v2, Kueue, helm and promtool (the chart's alerting rules' tests).
 #
 # Output (outside the repo, keyed by version, rebuilt only when missing):
 #   ${DISPATCH_CACHE:-$HOME/.cache/dispatch}/bin/<name>-<version>/<name>
@@ -41,6 +41,8 @@ TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.9.3}"
 JOBSET_VERSION="${JOBSET_VERSION:-v0.11.1}"
 TRAINER_VERSION="${TRAINER_VERSION:-v2.2.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+# Prometheus tags its Go module v0.<major><minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
+PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
 
 DISPATCH_CACHE="${DISPATCH_CACHE:-${HOME}/.cache/dispatch}"
 BIN_DIR="${DISPATCH_CACHE}/bin"
@@ -64,6 +66,7 @@ TRAINER="${BIN_DIR}/trainer-${TRAINER_VERSION}/trainer-controller-manager"
 TRAINER_MANIFESTS="${BIN_DIR}/trainer-${TRAINER_VERSION}/manifests"
 KUEUE="${BIN_DIR}/kueue-${KUEUE_VERSION}/kueue"
 KUEUE_MANIFESTS="${BIN_DIR}/kueue-${KUEUE_VERSION}/manifests"
+PROMTOOL="${BIN_DIR}/promtool-${PROMTOOL_VERSION}/promtool"
 
 print_env() {
   cat <<EOF
@@ -76,6 +79,7 @@ TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION}
 JOBSET_VERSION=${JOBSET_VERSION}
 TRAINER_VERSION=${TRAINER_VERSION}
 KUEUE_VERSION=${KUEUE_VERSION}
+PROMTOOL_VERSION=${PROMTOOL_VERSION}
 DISPATCH_KUBE_APISERVER=${KUBE_APISERVER}
 DISPATCH_KUBECTL=${KUBECTL}
 DISPATCH_KUBE_SCHEDULER=${KUBE_SCHEDULER}
@@ -105,6 +109,7 @@ to_current() {
 jobset_current() { [[ -x "${JOBSET}" && -f "${JOBSET_MANIFESTS}/webhook-manifests.yaml" ]]; }
 trainer_current() { [[ -x "${TRAINER}" && -f "${TRAINER_MANIFESTS}/torch_distributed.yaml" ]]; }
 kueue_current() { [[ -x "${KUEUE}" && -f "${KUEUE_MANIFESTS}/kueue.x-k8s.io_workloads.yaml" ]]; }
+promtool_current() { [[ -x "${PROMTOOL}" ]]; }
 
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
@@ -377,10 +382,15 @@ build_extras() {
   jobset_current || { build_jobset & pids+=($!); }
   trainer_current || { build_trainer & pids+=($!); }
   kueue_current || { build_kueue & pids+=($!); }
+  # promtool (the chart's alerting rules' tests): built beside the others, not serially after them.
+  promtool_current || {
+    go_install promtool "${PROMTOOL_VERSION}" github.com/prometheus/prometheus/cmd/promtool "${PROMTOOL}" &
+    pids+=($!)
+  }
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  ((rc == 0)) || { echo "build-bins: jobset, trainer or kueue build failed (see above)" >&2; exit 1; }
-  jobset_current && trainer_current && kueue_current &&
-    log "jobset ${JOBSET_VERSION}, trainer ${TRAINER_VERSION}, kueue ${KUEUE_VERSION}: ready"
+  ((rc == 0)) || { echo "build-bins: jobset, trainer, kueue or promtool build failed (see above)" >&2; exit 1; }
+  jobset_current && trainer_current && kueue_current && promtool_current &&
+    log "jobset ${JOBSET_VERSION}, trainer ${TRAINER_VERSION}, kueue ${KUEUE_VERSION}, promtool ${PROMTOOL_VERSION}: ready"
 }
 
 # --- helm -------------------------------------------------------------------------------

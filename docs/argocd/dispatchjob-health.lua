@@ -12,8 +12,9 @@
 --                or refused (a rule nobody can enforce, an invalid spec). The condition's
 --                reason and message say which.
 --
--- Suspended is not used: a cancelled DispatchJob is terminal (it never resumes), and Argo CD
--- treats Suspended as "paused, will continue", which would hide a job that did not succeed.
+--   Suspended    a person suspended the job (spec.suspend: Ready=False with reason Suspended):
+--                paused, and it continues once resumed, which is what Argo CD means by it.
+--                A cancelled DispatchJob is Degraded, not Suspended: it never continues.
 -- Only Lua's base library is used (Argo CD runs health checks without the standard libraries).
 
 local health = {}
@@ -93,6 +94,12 @@ local ready = condition(status, "Ready")
 if ready ~= nil and ready.status == "True" then
   health.status = "Healthy"
   health.message = say(ready, "Ready")
+  return health
+end
+
+if ready ~= nil and ready.reason == "Suspended" then
+  health.status = "Suspended"
+  health.message = say(ready, "Suspended")
   return health
 end
 

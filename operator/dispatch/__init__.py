@@ -22,7 +22,8 @@ from ._backends import (
 )
 from ._backends.kubeflow import KubeflowOptions
 from ._backends.memory import Env, MemoryBackend, Shape
-from ._backends.slurm import SlurmOptions
+from ._backends.slurm import SlurmChange, SlurmOptions
+from ._change import spec_for
 from ._cluster import Cluster, Observer, Operator, compose
 from ._cluster import open as open  # public, but not in __all__: see the docstring
 from ._decide import (
@@ -38,7 +39,9 @@ from ._decide import (
     RecordRestarts,
     RecordSettled,
     RecordStop,
+    RecordSuspend,
     Release,
+    Resume,
     Step,
     Wait,
     Write,
@@ -71,14 +74,20 @@ from ._model import (
     CancelRequest,
     Capabilities,
     Cause,
+    CauseCost,
     CauseKind,
+    Change,
+    Cost,
     Enforcer,
     ExitCodeOperator,
     ExitCodes,
+    FieldChange,
     JobSpec,
     LimitPlan,
+    MemoryChange,
     NativeRule,
     ObjectView,
+    OptionsChange,
     OptionsModel,
     Phase,
     Plan,
@@ -87,7 +96,10 @@ from ._model import (
     Record,
     RecoveryPolicy,
     Resources,
+    RetryRequest,
     Rule,
+    SimulatedEnd,
+    Simulation,
     State,
     Status,
     StopKind,
@@ -95,11 +107,13 @@ from ._model import (
     StopRequest,
     Submission,
     SubmissionStatus,
+    SuspendRequest,
     Transition,
     WarningSignal,
 )
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore, Subscribers, Unsubscribe, Versioned, Wake
+from ._simulate import simulate
 from ._supervisor import Intent, Listener, Supervisor
 from ._version import __version__
 
@@ -117,11 +131,14 @@ __all__ = [
     "CancelRequest",
     "Capabilities",
     "Cause",
+    "CauseCost",
     "CauseKind",
+    "Change",
     "Cluster",
     "ConditionNotMet",
     "ConfigError",
     "ConfigMapSource",
+    "Cost",
     "Create",
     "Decision",
     "DispatchError",
@@ -134,6 +151,7 @@ __all__ = [
     "EnvFromSource",
     "ExitCodeOperator",
     "ExitCodes",
+    "FieldChange",
     "Intent",
     "InvalidTransition",
     "JobExists",
@@ -144,12 +162,14 @@ __all__ = [
     "Listener",
     "LocalObjectReference",
     "MemoryBackend",
+    "MemoryChange",
     "MemoryStore",
     "NativeRule",
     "ObjectExists",
     "ObjectView",
     "Observer",
     "Operator",
+    "OptionsChange",
     "OptionsModel",
     "PersistentVolumeClaimSource",
     "Phase",
@@ -166,12 +186,18 @@ __all__ = [
     "RecordSettled",
     "RecordStop",
     "RecordStore",
+    "RecordSuspend",
     "RecoveryPolicy",
     "Release",
     "Resources",
+    "Resume",
+    "RetryRequest",
     "Rule",
     "SecretSource",
     "Shape",
+    "SimulatedEnd",
+    "Simulation",
+    "SlurmChange",
     "SlurmOptions",
     "State",
     "Status",
@@ -183,6 +209,7 @@ __all__ = [
     "SubmissionStatus",
     "Subscribers",
     "Supervisor",
+    "SuspendRequest",
     "Toleration",
     "TransientBackendError",
     "Transition",
@@ -201,6 +228,8 @@ __all__ = [
     "describe_step",
     "due",
     "make_plan",
+    "simulate",
+    "spec_for",
     "status",
 ]
 

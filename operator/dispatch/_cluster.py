@@ -19,18 +19,30 @@ from ._errors import (
     ConditionNotMet,
     ConfigError,
     DispatchError,
+    InvalidTransition,
     JobNotFound,
     VersionConflict,
 )
 from ._memstore import MemoryStore
-from ._model import Actor, CancelRequest, JobSpec, Phase, Plan, Record, Status
+from ._model import (
+    Actor,
+    CancelRequest,
+    JobSpec,
+    Phase,
+    Plan,
+    Record,
+    RetryRequest,
+    State,
+    Status,
+    SuspendRequest,
+)
 from ._plan import make_plan
 from ._protocols import Backend, RecordStore
 from ._supervisor import Supervisor, utcnow
 
 
 class Operator:
-    """Submits and cancels jobs. Every call names the actor that makes it."""
+    """Submits, cancels, suspends, resumes and retries jobs. Every call names the actor that makes it."""
 
     def __init__(self, backend: Backend, store: RecordStore) -> None:
         self._backend = backend
@@ -72,14 +84,80 @@ class Operator:
         Returns False, changing nothing, when the job already has an outcome or a cancel request
         (status says which); True when this call asked for it.
         """
+
+        def ask(record: Record) -> Record | None:
+            if record.state.is_outcome or record.cancel is not None:
+                return None
+            return record.model_copy(update={"cancel": CancelRequest(actor=actor, time=utcnow())})
+
+        return await self._ask(job, actor, ask)
+
+    async def suspend(self, job: str, actor: Actor) -> bool:
+        """Suspend the job, recording who asked: its running submission is stopped (as every stop
+        is: the program's grace period, then a kill) and no next one is authorized until
+        :meth:`resume`. Returns False, changing nothing, when a suspend is already asked for.
+        Raises :class:`~dispatch.InvalidTransition` when the job already has an outcome."""
+
+        def ask(record: Record) -> Record | None:
+            if record.state.is_outcome:
+                raise InvalidTransition(
+                    f"job {job} is {record.state}: only a job without an outcome is suspended"
+                )
+            if record.suspend_asked:
+                return None
+            request = SuspendRequest(suspend=True, actor=actor, time=utcnow())
+            return record.model_copy(update={"suspend": request})
+
+        return await self._ask(job, actor, ask)
+
+    async def resume(self, job: str, actor: Actor) -> bool:
+        """Resume a suspended job, recording who asked: once the suspended submission's objects have
+        ended, a new submission is authorized (no rule fires, no budget is spent). Returns False,
+        changing nothing, when no suspend is asked for."""
+
+        def ask(record: Record) -> Record | None:
+            if not record.suspend_asked:
+                return None
+            request = SuspendRequest(suspend=False, actor=actor, time=utcnow())
+            return record.model_copy(update={"suspend": request})
+
+        return await self._ask(job, actor, ask)
+
+    async def retry(self, job: str, actor: Actor, *, fresh_budget: int | None = None) -> bool:
+        """Run a failed job again, recording who asked: once every object it made has ended, the
+        job is reopened (``failed`` -> ``pending``) with a new submission under the same record.
+        ``fresh_budget`` names a rule whose budget starts afresh (its earlier firings no longer
+        count). Returns False, changing nothing, when a retry is already asked for and not yet
+        taken. Raises :class:`~dispatch.InvalidTransition` when the job has not failed (a
+        succeeded job is done, a cancelled one was ended by a person) or names no such rule.
+        A supervised job's supervisor (run again: it returned once the job settled) takes it.
+        """
+
+        def ask(record: Record) -> Record | None:
+            if record.state is not State.FAILED:
+                raise InvalidTransition(f"job {job} is {record.state}: only a failed job is retried")
+            if fresh_budget is not None and not 0 <= fresh_budget < len(record.plan.rules):
+                raise InvalidTransition(f"fresh_budget: job {job} has no rule {fresh_budget}")
+            if record.retry_asked is not None:
+                return None
+            request = RetryRequest(
+                n=record.retries + 1, actor=actor, time=utcnow(), fresh_budget=fresh_budget
+            )
+            return record.model_copy(update={"retry": request})
+
+        return await self._ask(job, actor, ask)
+
+    async def _ask(self, job: str, actor: Actor, change: Callable[[Record], Record | None]) -> bool:
+        """Write what ``change`` makes of the job's record by compare-and-swap (None: nothing to ask);
+        an unsupervised job is then driven, since no supervisor will take the request."""
         asked = False
         while True:
             record, version = await self._store.get(job)
-            if record.state.is_outcome or record.cancel is not None:
+            changed = change(record)
+            if changed is None:
                 break
-            request = CancelRequest(actor=actor, time=utcnow())
             try:
-                await self._store.put(record.model_copy(update={"cancel": request}), version)
+                await self._store.put(changed, version)
                 asked = True
                 break
             except VersionConflict:

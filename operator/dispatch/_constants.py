@@ -27,6 +27,10 @@ RUNTIME_PATCH_MANAGER: Final = f"{GROUP}/dispatch"
 """The ``manager`` of the runtime patch a TrainJob carries (its pod templates' dispatch labels)."""
 ANNOTATION_SUBMITTED_BY: Final = f"{GROUP}/submitted-by"
 ANNOTATION_CANCELLED_BY: Final = f"{GROUP}/cancelled-by"
+ANNOTATION_SUSPENDED_BY: Final = f"{GROUP}/suspended-by"
+"""Who last set ``spec.suspend`` (to true or back to false), stamped by the admission webhook."""
+ANNOTATION_RETRIED_BY: Final = f"{GROUP}/retried-by"
+"""Who last raised ``spec.retry.count``, stamped by the admission webhook."""
 FINALIZER: Final = f"{GROUP}/finalizer"
 # On every object dispatch creates: someone else's deletion leaves the object readable (with its
 # deletionTimestamp) until dispatch has recorded how it ended, so the record is the same whether or
@@ -54,6 +58,9 @@ REASON_RELEASED: Final = "ObjectReleased"
 REASON_RUNNING: Final = "Running"
 REASON_PENDING: Final = "Pending"
 REASON_RECOVERING: Final = "Recovering"
+REASON_SUSPENDED: Final = "Suspended"
+REASON_RESUMED: Final = "Resumed"
+REASON_RETRIED: Final = "Retried"
 REASON_SUCCEEDED: Final = "Succeeded"
 REASON_FAILED: Final = "Failed"
 REASON_CANCELLED: Final = "Cancelled"
@@ -125,3 +132,9 @@ dispatch released it); the note says by whom, as ``status.observedNote`` does.""
 REASON_UNQUEUEABLE: Final = "QueueRefused"
 """Condition reason: spec.queue names a LocalQueue, but Kueue cannot queue this job here (a backend
 Kueue does not integrate, or a cluster that does not serve workloads.kueue.x-k8s.io)."""
+
+JWT_FRAGMENT: Final = r"eyJ[A-Za-z0-9_-]{2,}(?:\.[A-Za-z0-9_-]*)*"
+"""Any piece of a JSON Web Token (a Slurm JWT, a service-account token), however it was cut: each
+of its first two parts is base64url of a JSON object, so it starts ``eyJ`` (``{"``). Scrubbed from
+every error, status, Event and log line, with what follows it up to the next character no token
+holds."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from ._change import next_changes
+from ._cost import recovery_cost
 from ._model import (
     NO_CAUSE,
     SCHEDULER,
@@ -54,6 +56,8 @@ class Authorize:
     rule: int | None = None
     cause: Cause | None = None
     """How the previous canonical ended, recorded with the authorization."""
+    started_at: datetime | None = None
+    """When the previous canonical began running, recorded with its end (what it cost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,8 @@ class RecordEnd:
     submission: int
     rule: int
     cause: Cause
+    started_at: datetime | None = None
+    """When the canonical began running, recorded with its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,28 @@ class RecordOutcome:
     state: State
     cause: Cause
     actor: Actor | None = None
+    started_at: datetime | None = None
+    """When the current canonical began running, recorded with its end."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSuspend:
+    """Write: a person suspended the job: the recorded state becomes ``suspended`` with ``actor``;
+    the current submission's live objects are ended after it (and no next one is authorized)."""
+
+    actor: Actor
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Write: a person's act authorizes ``submission``: the resume of a suspended job, or the
+    ``retry``-th retry of a failed one (which reopens it). No rule fires and no budget is spent;
+    ``fresh_budget`` names a rule whose budget a retry renews."""
+
+    submission: int
+    actor: Actor
+    retry: int | None = None
+    fresh_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +181,33 @@ class Done:
     """Settled: nothing will ever be done again."""
 
 
-Write = Authorize | RecordEnd | RecordCanonical | RecordRestarts | RecordStop | RecordOutcome | RecordSettled
+Write = (
+    Authorize
+    | RecordEnd
+    | RecordCanonical
+    | RecordRestarts
+    | RecordStop
+    | RecordOutcome
+    | RecordSuspend
+    | Resume
+    | RecordSettled
+)
 """The steps that change the record."""
 BackendAction = Create | Release | End
 """The steps that call the backend."""
 Step = Write | BackendAction | Wait | Done
 """Every step :func:`decide` can return."""
-WRITES = (Authorize, RecordEnd, RecordCanonical, RecordRestarts, RecordStop, RecordOutcome, RecordSettled)
+WRITES = (
+    Authorize,
+    RecordEnd,
+    RecordCanonical,
+    RecordRestarts,
+    RecordStop,
+    RecordOutcome,
+    RecordSuspend,
+    Resume,
+    RecordSettled,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +227,12 @@ _VANISHED = "the scheduler no longer shows the canonical object"
 CANCELLED_OUTSIDE = "cancelled on the scheduler, outside dispatch"
 
 
+def _id_order(object_id: str) -> tuple[int, str]:
+    """Object ids in creation order where the scheduler numbers them (Slurm's job ids: ``"999"``
+    before ``"1000"``), else by name."""
+    return (len(object_id), object_id) if object_id.isdigit() else (0, object_id)
+
+
 def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     """The next step for ``record`` given every object tagged with its job.
 
@@ -196,7 +250,19 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     return decision
 
 
+def reopening(record: Record) -> bool:
+    """Whether a person's retry reopens ``record``: it has failed and settled and a retry is asked."""
+    return record.settled and record.state is State.FAILED and record.retry_asked is not None
+
+
 def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
+    retry = record.retry_asked
+    if retry is not None and reopening(record):
+        # A person's retry reopens a failed job once every object it made has ended: never two
+        # submissions alive at once.
+        n = len(record.submissions) + 1
+        step = Resume(n, retry.actor, retry=retry.n, fresh_budget=retry.fresh_budget)
+        return Decision(step, State.PENDING, NO_CAUSE)
     if record.settled:
         # A slow supervisor may perform a Create it decided before the job settled: end what it
         # made, or it would outlive the settled job (held, never released, never ended).
@@ -233,13 +299,17 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         if any(o.terminating for o in objects):
             return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
         return Decision(RecordSettled(_cancel_stop(record, objects)), state, cause)
+    suspension = _suspension(record, objects, live)
+    if suspension is not None:
+        return suspension
     if cur is None:
         return Decision(Authorize(1), State.PENDING, NO_CAUSE)
 
     waiting = _shown(record)
     if cur.canonical is None:
         candidates = sorted(
-            (o for o in objects if o.submission == cur.n), key=lambda o: (o.phase is Phase.ENDED, o.id)
+            (o for o in objects if o.submission == cur.n),
+            key=lambda o: (o.phase is Phase.ENDED, *_id_order(o.id)),
         )
         if candidates:
             return Decision(RecordCanonical(cur.n, candidates[0].id), *waiting)
@@ -274,6 +344,43 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     return shown
 
 
+def _suspension(record: Record, objects: Sequence[ObjectView], live: Sequence[ObjectView]) -> Decision | None:
+    """What a person's suspend or resume calls for, or None when neither applies now.
+
+    A suspend is recorded first, then the suspended submission's live objects are ended (by the
+    stop every end makes); a resume authorizes the next submission only once they have all ended,
+    so two submissions never run at once. A canonical that has already ended by itself is left to
+    the rules (its success is the job's, its failure may fire a rule): the suspend then applies to
+    what follows."""
+    request = record.suspend
+    if record.state is State.SUSPENDED:
+        shown = record.cause
+        if live:
+            return Decision(End(live[0].id, orphan=False), State.SUSPENDED, shown)
+        if any(o.terminating for o in objects):
+            return Decision(
+                Wait("suspended: waiting for the job's processes to finish terminating"),
+                State.SUSPENDED,
+                shown,
+            )
+        if request is None or request.suspend:
+            who = request.actor if request is not None else "a person"
+            return Decision(
+                Wait(f"suspended by {who}: resume to authorize the next submission"), State.SUSPENDED, shown
+            )
+        n = len(record.submissions) + 1
+        return Decision(Resume(n, request.actor), State.PENDING, NO_CAUSE)
+    if request is None or not request.suspend:
+        return None
+    cur = record.current
+    if cur is not None and cur.canonical is not None and cur.cause is None:
+        view = next((o for o in objects if o.id == cur.canonical), None)
+        if view is None or view.phase is Phase.ENDED:
+            return None
+    how = Cause(kind=CauseKind.NONE, detail=f"suspended by {request.actor}")
+    return Decision(RecordSuspend(request.actor), State.SUSPENDED, how)
+
+
 def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[State, Cause]) -> Decision:
     """The decision submission ``n``'s canonical ``view`` calls for, its restarts recorded."""
     if view.phase is Phase.HELD:
@@ -292,14 +399,16 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
         return Decision(RecordOutcome(State.CANCELLED, how, SCHEDULER), State.CANCELLED, how)
     # An unsupervised job's rules are all the scheduler's: its outcome is the scheduler's doing.
     by = None if record.supervised else SCHEDULER
+    # When it began running goes into the write that records its end: no write of its own.
+    began = view.started_at
     if ended.kind is CauseKind.NONE:
-        return Decision(RecordOutcome(State.SUCCEEDED, ended, by), State.SUCCEEDED, ended)
+        return Decision(RecordOutcome(State.SUCCEEDED, ended, by, began), State.SUCCEEDED, ended)
     index = resubmitting_rule(record.spec, record.plan, ended)
     if index is not None:
         if backoff_seconds(record, index) > 0:
-            return Decision(RecordEnd(n, index, ended), State.RECOVERING, ended)
-        return Decision(Authorize(n + 1, index, ended), State.RECOVERING, ended)
-    return Decision(RecordOutcome(State.FAILED, ended, by), State.FAILED, ended)
+            return Decision(RecordEnd(n, index, ended, began), State.RECOVERING, ended)
+        return Decision(Authorize(n + 1, index, ended, began), State.RECOVERING, ended)
+    return Decision(RecordOutcome(State.FAILED, ended, by, began), State.FAILED, ended)
 
 
 def _time_limit_wait(record: Record, n: int, view: ObjectView) -> Wait:
@@ -481,7 +590,7 @@ def unseen_canonical(record: Record, objects: Sequence[ObjectView]) -> str | Non
 
 def _shown(record: Record) -> tuple[State, Cause]:
     """Before the current submission runs: pending for the first, recovering (with why) after."""
-    if record.state.is_outcome or record.state is State.RECOVERING:
+    if record.state.is_outcome or record.state in (State.RECOVERING, State.SUSPENDED):
         return record.state, record.cause
     return State.PENDING, NO_CAUSE
 
@@ -502,8 +611,11 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         new = Submission.model_construct(
             _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=actor, rule=step.rule
         )
+        changes = next_changes(record, step.rule) if step.rule is not None else ()
+        if changes:
+            new = new.model_copy(update={"changes": changes})
         if subs and step.cause is not None:
-            subs[-1] = _ended(subs[-1], step.cause, now)
+            subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         subs.append(new)
         update["submissions"] = tuple(subs)
         if step.rule is not None:
@@ -523,7 +635,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         i = step.submission - 1
         if i != len(subs) - 1 or subs[i].cause is not None:
             raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
-        subs[i] = _ended(subs[i], step.cause, now)
+        subs[i] = _ended(subs[i], step.cause, now, step.started_at)
         return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordStop):
         i = step.submission - 1
@@ -550,11 +662,29 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         ]
         plan = record.plan.model_copy(update={"rules": tuple(rules)})
         return record.model_copy(update={"submissions": tuple(subs), "plan": plan})
+    if isinstance(step, RecordSuspend):
+        how = Cause(kind=CauseKind.NONE, detail=f"suspended by {step.actor}")
+        if subs and subs[-1].cause is None:
+            subs[-1] = _ended(subs[-1], how, now, None)
+        n = subs[-1].n if subs else None
+        return record.model_copy(
+            update={
+                "state": State.SUSPENDED,
+                "cause": how,
+                "submissions": tuple(subs),
+                "history": (
+                    *record.history,
+                    _transition(record.state, State.SUSPENDED, n, how, step.actor, now),
+                ),
+            }
+        )
+    if isinstance(step, Resume):
+        return _resumed(record, step, now)
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
         if subs and step.state is not State.CANCELLED and subs[-1].cause is None:
             # (a recorded end, whose backoff the deadline cut short, keeps how it ended)
-            subs[-1] = _ended(subs[-1], step.cause, now)
+            subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         who = step.actor or actor
         return record.model_copy(
             update={
@@ -570,9 +700,43 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
     return record.model_copy(update={"settled": True})
 
 
-def _ended(sub: Submission, cause: Cause, now: datetime) -> Submission:
-    """``sub`` with its end recorded: the cause, and the time, unless a backoff's write has it already."""
-    return sub.model_copy(update={"cause": cause, "ended_at": sub.ended_at or now})
+def _resumed(record: Record, step: Resume, now: datetime) -> Record:
+    """``record`` after a person's act authorizes ``step.submission``: recorded ``pending`` again,
+    a retry's number taken and the rule it renews with its earlier firings set aside."""
+    subs = record.submissions
+    if step.submission != len(subs) + 1:
+        raise ValueError(f"submission {step.submission} does not follow {len(subs)}")
+    new = Submission.model_construct(
+        _SUBMISSION_FIELDS, n=step.submission, authorized_at=now, authorized_by=step.actor, rule=None
+    )
+    update: dict[str, object] = {"state": State.PENDING, "cause": NO_CAUSE, "submissions": (*subs, new)}
+    if step.retry is not None:
+        words = f"retried by {step.actor}"
+        update["retries"] = step.retry
+        update["settled"] = False
+        if step.fresh_budget is not None and step.fresh_budget < len(record.plan.rules):
+            rules = list(record.plan.rules)
+            renewed = rules[step.fresh_budget]
+            rules[step.fresh_budget] = renewed.model_copy(update={"renewed": renewed.firings})
+            update["plan"] = record.plan.model_copy(update={"rules": tuple(rules)})
+            words += f", with a fresh budget for rule {step.fresh_budget}"
+    else:
+        words = f"resumed by {step.actor}"
+    why = Cause(kind=CauseKind.NONE, detail=words)
+    update["history"] = (
+        *record.history,
+        _transition(record.state, State.PENDING, step.submission, why, step.actor, now),
+    )
+    return record.model_copy(update=update)
+
+
+def _ended(sub: Submission, cause: Cause, now: datetime, started_at: datetime | None) -> Submission:
+    """``sub`` with its end recorded: the cause, the time and when it began running, unless a
+    backoff's write has them already."""
+    update: dict[str, object] = {"cause": cause, "ended_at": sub.ended_at or now}
+    if sub.started_at is None and started_at is not None:
+        update["started_at"] = started_at
+    return sub.model_copy(update=update)
 
 
 def _transition(
@@ -595,12 +759,19 @@ def status(record: Record, objects: Sequence[ObjectView], decision: Decision | N
         cause=decision.cause,
         plan=record.plan,
         submissions=tuple(
-            SubmissionStatus(n=s.n, canonical=s.canonical, cause=s.cause, objects=tuple(by_sub.get(s.n, ())))
+            SubmissionStatus(
+                n=s.n,
+                canonical=s.canonical,
+                cause=s.cause,
+                objects=tuple(by_sub.get(s.n, ())),
+                changes=s.changes,
+            )
             for s in record.submissions
         ),
         history=record.history,
         settled=record.settled,
         message=_message(decision),
+        cost=recovery_cost(record, objects),
     )
 
 
@@ -650,6 +821,12 @@ def describe_step(step: Step) -> str:
         )
     if isinstance(step, RecordOutcome):
         return _outcome_words(step)
+    if isinstance(step, RecordSuspend):
+        return f"suspended by {step.actor}: recording it, then ending the running submission"
+    if isinstance(step, Resume):
+        act = f"retry {step.retry} by {step.actor}" if step.retry is not None else f"resumed by {step.actor}"
+        fresh = f" with a fresh budget for rule {step.fresh_budget}" if step.fresh_budget is not None else ""
+        return f"{act}{fresh}: authorizing submission {step.submission}"
     return "every object has ended: recording the job settled"
 
 

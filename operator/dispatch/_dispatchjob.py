@@ -4,12 +4,14 @@ Used by the record store, the admission webhook, the operator's runtime and the 
 each reads a spec, a record, a refusal and the conditions exactly alike.
 
 * **spec**: :func:`job_spec` turns ``.spec`` into the core's :class:`~dispatch.JobSpec` (``backend``
-  and ``cancel`` are the DispatchJob's own; the name is ``metadata.name``). ``spec.backend`` must be
-  a registered backend a DispatchJob may name; ``spec.<backend>`` holds that backend's options,
+  and a person's asks, ``cancel``, ``suspend`` and ``retry``, are the DispatchJob's own; the name
+  is ``metadata.name``). ``spec.backend`` must be a registered backend a DispatchJob may name;
+  ``spec.<backend>`` holds that backend's options,
   validated with the options model its registry entry declares; options of another backend are
   refused (they would be ignored). Every problem is a :class:`SpecError` naming the field.
 * **record**: the record is ``.status`` (:func:`record_from`, :func:`record_status`,
-  :func:`new_record`), a cancel is ``spec.cancel`` with the actor from an annotation.
+  :func:`new_record`), a cancel is ``spec.cancel``, a suspend ``spec.suspend`` and a retry
+  ``spec.retry`` (:func:`with_asks`), each with the actor from an annotation.
 * **conditions**: kstatus conditions computed from the record (:func:`conditions_for`), or from a
   refusal (:func:`refusal_conditions`, read back by :func:`refusal`):
 
@@ -37,23 +39,28 @@ from pydantic import BaseModel, ValidationError
 from . import _registry
 from ._constants import (
     ANNOTATION_CANCELLED_BY,
+    ANNOTATION_RETRIED_BY,
     ANNOTATION_SUBMITTED_BY,
+    ANNOTATION_SUSPENDED_BY,
     COND_FAILED,
     COND_READY,
     COND_RECONCILING,
     COND_STALLED,
     COND_SUCCEEDED,
     KUEUE_LABEL_QUEUE,
+    REASON_BACKEND_NOT_CONFIGURED,
     REASON_CANCELLED,
     REASON_FAILED,
     REASON_PENDING,
     REASON_RECOVERING,
     REASON_RUNNING,
     REASON_SUCCEEDED,
+    REASON_SUSPENDED,
     STATUS_OBSERVED_CAUSE,
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
+from ._cost import recovery_cost
 from ._errors import JobNotFound
 from ._model import (
     RULE_CAUSES,
@@ -62,12 +69,15 @@ from ._model import (
     CancelRequest,
     Cause,
     CauseKind,
+    Cost,
     Enforcer,
     JobSpec,
     Plan,
     Record,
+    RetryRequest,
     State,
     Submission,
+    SuspendRequest,
     Transition,
     cause_words,
 )
@@ -179,12 +189,29 @@ def options_problem(backend: _registry.BackendInfo[Any], spec: Mapping[str, Any]
     return None
 
 
-SPEC_EXTRAS: Final = ("backend", "cancel")
+SPEC_ASKS: Final = ("cancel", "suspend", "retry")
+"""A person's asks: the spec fields that may change after creation (the rest is fixed)."""
+SPEC_EXTRAS: Final = ("backend", *SPEC_ASKS)
 """Spec fields of the DispatchJob that are not fields of the core's JobSpec."""
 
 
+def retry_count(spec: Mapping[str, Any]) -> int:
+    """``spec.retry.count``: 0 when absent (or not a count: the CRD's schema refuses that)."""
+    retry = spec.get("retry")
+    count = retry.get("count") if isinstance(retry, Mapping) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
+
+
+def fresh_budget(spec: Mapping[str, Any]) -> int | None:
+    """``spec.retry.freshBudget``: the rule whose budget a retry renews, or None."""
+    retry = spec.get("retry")
+    rule = retry.get("freshBudget") if isinstance(retry, Mapping) else None
+    return rule if isinstance(rule, int) and not isinstance(rule, bool) else None
+
+
 def job_spec(body: Mapping[str, Any]) -> JobSpec:
-    """The core's JobSpec of a DispatchJob: its spec without backend and cancel, named metadata.name.
+    """The core's JobSpec of a DispatchJob: its spec without backend and a person's asks (cancel,
+    suspend, retry), named metadata.name.
 
     Raises :class:`SpecError` naming the field when the spec is not valid (an unknown backend,
     another backend's options, an invalid value).
@@ -215,6 +242,7 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
             options[backend.name] = backend.options.model_validate(fields.pop(backend.name))
         except ValidationError as error:
             problems.append(validation_message(error, backend.name))
+    fields = _with_built_changes(backend, fields, problems)
     try:
         result = JobSpec.model_validate({**fields, "options": options, "name": body["metadata"]["name"]})
     except ValidationError as error:
@@ -222,6 +250,51 @@ def job_spec(body: Mapping[str, Any]) -> JobSpec:
     if problems:
         raise SpecError("; ".join(problems))
     return result
+
+
+def _with_built_changes(
+    backend: _registry.BackendInfo[Any], fields: dict[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    """``fields`` with each rule's ``change.<backend>`` built with the change model ``backend``
+    declares (into the core's ``change.options``); a change of another backend, or of one that
+    declares none, is a problem naming the field: ``backend`` cannot make it."""
+    recovery = fields.get("recovery")
+    rules = recovery.get("rules") if isinstance(recovery, Mapping) else None
+    if not isinstance(recovery, Mapping) or not isinstance(rules, list):
+        return fields
+    built: list[Any] = []
+    for i, rule in enumerate(rules):
+        change = rule.get("change") if isinstance(rule, Mapping) else None
+        if not isinstance(rule, Mapping) or not isinstance(change, Mapping):
+            built.append(rule)
+            continue
+        where = f"recovery.rules[{i}].change"
+        own: dict[str, Any] = {}
+        rest = dict(change)
+        if "options" in rest:  # the core's field, never the wire's
+            problems.append(f"spec.{where}.options: Extra inputs are not permitted (change.<backend>)")
+            del rest["options"]
+        refused = False
+        for name in backend_names():
+            if name not in rest:
+                continue
+            value = rest.pop(name)
+            if name != backend.name or backend.change is None:
+                refused = True
+                has = "has no change of its own" if name == backend.name else f"is not {name}"
+                problems.append(
+                    f"spec.{where}.{name}: backend {backend.name} {has}: it cannot make this change"
+                )
+                continue
+            try:
+                own[name] = backend.change.model_validate(value)
+            except ValidationError as error:
+                problems.append(validation_message(error, f"{where}.{name}"))
+        if refused and not rest and not own:  # said once: not "names no field" as well
+            built.append({k: v for k, v in rule.items() if k != "change"})
+            continue
+        built.append({**rule, "change": {**rest, "options": own}})
+    return {**fields, "recovery": {**recovery, "rules": built}}
 
 
 def spec_options(spec: JobSpec) -> dict[str, Any]:
@@ -245,13 +318,20 @@ RECORD_FIELDS: Final = tuple(
 )
 
 
+REQUESTERS: Final = frozenset({ActorKind.HUMAN, ActorKind.SERVICE_ACCOUNT})
+"""The kinds of actor that ask for a job or its cancel through the API: only the supervisor and
+the scheduler act as themselves, and only in the record."""
+
+
 def parse_actor(text: str | None, default: Actor = UNKNOWN_HUMAN) -> Actor:
-    """``"kind:id"`` (kind one of human, supervisor, scheduler) or a bare name (a human)."""
+    """A requester's annotation: ``"kind:id"`` (kind one of :data:`REQUESTERS`) or a bare name (a
+    human). An annotation claiming the supervisor or the scheduler was written by hand, where no
+    webhook stamped it: it is ``default``, since the record must not say dispatch did it."""
     if not text:
         return default
     kind, sep, ident = text.partition(":")
     if sep and kind in {k.value for k in ActorKind} and ident:
-        return Actor(kind=ActorKind(kind), id=ident)
+        return Actor(kind=ActorKind(kind), id=ident) if ActorKind(kind) in REQUESTERS else default
     return Actor(kind=ActorKind.HUMAN, id=text)
 
 
@@ -303,7 +383,28 @@ def record_from(body: Mapping[str, Any], *, clock: Callable[[], datetime] = utcn
         record = record.model_copy(
             update={"cancel": CancelRequest(actor=actor, time=cancel_time(body, clock))}
         )
-    return record
+    return with_asks(record, body, clock)
+
+
+def with_asks(record: Record, body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow) -> Record:
+    """``record`` with the suspend and retry a person asked for in the spec and the record does not
+    hold yet, each with its actor from the annotation the admission webhook stamps.
+
+    ``spec.suspend`` is the person's latest word (true: keep the job suspended; false: resume it);
+    ``spec.retry.count`` asks for one retry each time it is raised above the last one the record
+    took (``Record.retries``), so applying the same manifest again asks for nothing."""
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    notes = _annotations(body)
+    update: dict[str, object] = {}
+    suspend = bool(spec.get("suspend"))
+    if suspend != record.suspend_asked:
+        actor = parse_actor(notes.get(ANNOTATION_SUSPENDED_BY))
+        update["suspend"] = SuspendRequest(suspend=suspend, actor=actor, time=clock())
+    count = retry_count(spec)
+    if count > record.retries and (record.retry is None or record.retry.n != count):
+        actor = parse_actor(notes.get(ANNOTATION_RETRIED_BY))
+        update["retry"] = RetryRequest(n=count, actor=actor, time=clock(), fresh_budget=fresh_budget(spec))
+    return record.model_copy(update=update) if update else record
 
 
 def record_status(record: Record) -> dict[str, Any]:
@@ -317,14 +418,17 @@ def record_status(record: Record) -> dict[str, Any]:
 def new_record(body: Mapping[str, Any], spec: JobSpec, plan: Plan) -> Record:
     """The first record of a DispatchJob: planned, supervised, nothing authorized yet."""
     meta = body["metadata"]
-    return Record(
+    record = Record(
         job=job_id(meta["namespace"], meta["name"]),
         spec=spec,
         plan=plan,
         submitted_by=submitted_by(body),
         submitted_at=submitted_at(body),
         supervised=True,
+        # A manifest applied again with the count it had asks for no retry of the new job.
+        retries=retry_count(body.get("spec") or {}),
     )
+    return with_asks(record, body)
 
 
 # ---- conditions ------------------------------------------------------------------------------------
@@ -362,7 +466,8 @@ def _outcome_message(record: Record) -> str:
         return f"failed: cause {what}"
     rule = record.plan.rules[index]
     if rule.left == 0 and rule.enforcer is Enforcer.SUPERVISOR:
-        return f"failed: cause {what}; rule {index} has used its budget ({rule.firings}/{rule.budget})"
+        spent = rule.firings - rule.renewed  # since a person's retry last renewed it
+        return f"failed: cause {what}; rule {index} has used its budget ({spent}/{rule.budget})"
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
 
 
@@ -371,6 +476,7 @@ SHOWN_REASONS: Final = {
     State.PENDING: REASON_PENDING,
     State.RUNNING: REASON_RUNNING,
     State.RECOVERING: REASON_RECOVERING,
+    State.SUSPENDED: REASON_SUSPENDED,
     State.CANCELLING: REASON_CANCELLING,
     State.SUCCEEDED: REASON_SUCCEEDED,
     State.FAILED: REASON_FAILED,
@@ -395,6 +501,8 @@ def _running_message(record: Record, shown: State) -> str:
     n = len(record.submissions)
     if shown is State.CANCELLING:
         return "cancel requested; ending the job's objects"
+    if shown is State.SUSPENDED:
+        return "suspend requested; stopping the running submission"
     if not n:
         return "planned; no submission authorized yet"
     after = f" (recovered from {record.cause.kind.value})" if record.state is State.RECOVERING else ""
@@ -413,6 +521,14 @@ def conditions_for(record: Record, shown: State | None = None, note: str = "") -
     message ends with the note (why the current object does not run), which Argo CD shows."""
     state = record.state
     shown = state if shown is None else shown
+    if state is State.SUSPENDED and shown is State.SUSPENDED:
+        # Paused by a person, not progressing and not stuck: neither Reconciling nor Stalled.
+        message = f"{record.cause.detail}; set spec.suspend to false to resume with a new submission"
+        return [
+            Condition(COND_READY, False, REASON_SUSPENDED, message),
+            Condition(COND_SUCCEEDED, False, REASON_SUSPENDED, message),
+            Condition(COND_FAILED, False, REASON_SUSPENDED, message),
+        ]
     if not state.is_outcome:
         reason, message = SHOWN_REASONS[shown], _running_message(record, shown)
         if note:
@@ -438,8 +554,22 @@ def conditions_for(record: Record, shown: State | None = None, note: str = "") -
     return out
 
 
+WAITING_REASONS: Final = frozenset({REASON_BACKEND_NOT_CONFIGURED})
+"""Why a job that has no record yet waits rather than is refused: what it needs may come."""
+
+
 def refusal_conditions(reason: str, message: str) -> list[Condition]:
-    """A job dispatch refuses (nothing will be created): not ready, stalled, failed."""
+    """A job dispatch refuses (nothing will be created): not ready, stalled, failed. A job that
+    waits for something that may come (:data:`WAITING_REASONS`: an operator with its backend) is
+    not ready and reconciling, neither stalled nor failed, so GitOps tools and ``kubectl wait``
+    read it as in progress."""
+    if reason in WAITING_REASONS:
+        return [
+            Condition(COND_READY, False, reason, message),
+            Condition(COND_RECONCILING, True, reason, message),
+            Condition(COND_SUCCEEDED, False, reason, message),
+            Condition(COND_FAILED, False, reason, message),
+        ]
     return [
         Condition(COND_READY, False, reason, message),
         Condition(COND_STALLED, True, reason, message),
@@ -492,7 +622,8 @@ def observed_of(body: Mapping[str, Any]) -> dict[str, str]:
 
 
 def refusal(body: Mapping[str, Any]) -> str | None:
-    """The reason the current generation was refused (a status with Stalled=True and no record), if so."""
+    """The reason the current generation was refused or waits (a status without a record, with
+    Stalled=True, or Reconciling=True for one of :data:`WAITING_REASONS`), if so."""
     status = body.get("status") or {}
     if "plan" in status:
         return None
@@ -500,7 +631,11 @@ def refusal(body: Mapping[str, Any]) -> str | None:
     if status.get("observedGeneration") != generation:
         return None
     for c in status.get("conditions") or ():
-        if c.get("type") == COND_STALLED and c.get("status") == "True":
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == COND_STALLED or (
+            c.get("type") == COND_RECONCILING and c.get("reason") in WAITING_REASONS
+        ):
             return str(c.get("reason"))
     return None
 
@@ -542,6 +677,27 @@ def _shown_conditions(
     )
 
 
+STATUS_COST: Final = "cost"
+"""The status field of what recovery cost (:class:`~dispatch.Cost`), absent until a failure."""
+
+
+def cost_status(cost: Cost) -> dict[str, Any] | None:
+    """``cost`` as the status holds it (camelCase, per cause), None while there is none."""
+    if not cost.failures:
+        return None
+    data: dict[str, Any] = cost.model_dump(mode="json", by_alias=True)
+    return data
+
+
+def _with_cost(status: dict[str, Any], cost: Cost) -> dict[str, Any]:
+    shown = cost_status(cost)
+    if shown is None:
+        status.pop(STATUS_COST, None)
+    else:
+        status[STATUS_COST] = shown
+    return status
+
+
 def record_write(
     record: Record,
     *,
@@ -549,17 +705,19 @@ def record_write(
     generation: int,
     now: datetime,
     observed: Mapping[str, str],
+    cost: Cost | None = None,
 ) -> dict[str, Any]:
     """The status a write of ``record`` puts: the record (:func:`record_status`), the generation it
     observed, its conditions (``previous``: the conditions written before, whose transition times
-    stay) and the observed fields: ``observed``, or those of its outcome once it settles (nothing
-    changes after that, so an observer would only write them again)."""
+    stay), the observed fields: ``observed``, or those of its outcome once it settles (nothing
+    changes after that, so an observer would only write them again), and what recovery cost:
+    ``cost`` (computed with the live objects), else what the record alone says."""
     shows = observed_fields(record.state, record.cause) if record.settled else observed
     status = record_status(record)
     status["observedGeneration"] = generation
     status["conditions"] = _shown_conditions(record, shows, previous, generation, now)
     status.update(shows)
-    return status
+    return _with_cost(status, cost if cost is not None else recovery_cost(record))
 
 
 def observe_write(
@@ -570,14 +728,16 @@ def observe_write(
     previous: Sequence[Mapping[str, Any]],
     generation: int,
     now: datetime,
+    cost: Cost | None = None,
 ) -> dict[str, Any]:
     """The status a write of the observed fields alone puts: ``status`` (without the observed
     fields) with ``observed`` and the conditions of ``record`` as they now show
-    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state."""
+    (:func:`conditions_for` with :func:`shown_state`), so the conditions never say another state;
+    and ``cost`` when given (a submission that began running ends a recovery)."""
     out = {k: v for k, v in status.items() if k not in OBSERVED_FIELDS}
     out["conditions"] = _shown_conditions(record, observed, previous, generation, now)
     out.update(observed)
-    return out
+    return out if cost is None else _with_cost(out, cost)
 
 
 def refusal_write(
@@ -624,11 +784,20 @@ def submissions(obj: Mapping[str, Any]) -> list[Submission]:
     return _each(Submission, status_of(obj).get("submissions"))
 
 
-def plan_of(obj: Mapping[str, Any]) -> Plan | None:
-    raw = status_of(obj).get("plan")
+def _one(model: type[M], raw: object) -> M | None:
+    """``raw`` as ``model``, or None when it is not one."""
     if not isinstance(raw, Mapping):
         return None
     try:
-        return Plan.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError:
         return None
+
+
+def cost_of(obj: Mapping[str, Any]) -> Cost | None:
+    """What recovery cost, as the status says (None: no failure yet, or unreadable)."""
+    return _one(Cost, status_of(obj).get(STATUS_COST))
+
+
+def plan_of(obj: Mapping[str, Any]) -> Plan | None:
+    return _one(Plan, status_of(obj).get("plan"))

@@ -110,7 +110,8 @@ class ConfigError(DispatchError, ValueError):
 
 
 class InvalidTransition(DispatchError, ValueError):
-    """The memory scheduler cannot do that to this object now (unknown id, or wrong phase)."""
+    """That cannot be done now: to a memory scheduler's object (unknown id, or wrong phase), or to a
+    job in its state (a retry of a job that has not failed, a suspend of one that has ended)."""
 
 
 class ConditionNotMet(DispatchError):

@@ -7,10 +7,12 @@ Field names are snake_case in Python and camelCase on the wire (the CRD, the CR'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, ClassVar, Final
+from fractions import Fraction
+from typing import TYPE_CHECKING, Annotated, ClassVar, Final, Self
 
 from pydantic import (
     BaseModel,
@@ -51,7 +53,11 @@ class _Model(BaseModel):
 class OptionsModel(_Model):
     """The base of a backend's options model (``spec.<backend>``): frozen, camelCase on the wire,
     unknown keys refused, like every model of the API. A field's attribute docstring is its
-    description (in the CRD and docs/api.md), inherited by the subclasses that share the field."""
+    description (in the CRD and docs/api.md), inherited by the subclasses that share the field.
+
+    Options that hold the memory of each node say where (:attr:`memory_field`) and implement
+    :meth:`memory_bytes` and :meth:`with_memory_bytes`: a rule's ``change.memory`` scales it
+    through them, so the core knows no backend's field."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
@@ -68,6 +74,33 @@ class OptionsModel(_Model):
                 if old in data or snake in data:
                     raise ValueError(f"{old} is replaced by {new}")
         return data
+
+    def gpus_per_node(self) -> int:
+        """The GPUs each node of a submission holds, as these options ask for them: what a
+        submission that did not succeed cost in GPU-seconds (0 where the options ask for none)."""
+        return 0
+
+    memory_field: ClassVar[str | None] = None
+    """The field (its wire path under ``spec.<backend>``) that holds the memory of each node; None
+    where the options hold none (then no rule can change the memory)."""
+
+    def memory_bytes(self) -> int | None:
+        """The memory of each node these options ask for, in bytes; None when they ask for none."""
+        return None
+
+    def with_memory_bytes(self, value: int) -> Self:
+        """These options asking for ``value`` bytes of memory per node (rounded down to the unit of
+        :attr:`memory_field`, never below what they ask for now)."""
+        raise TypeError(f"{type(self).__name__} holds no memory a rule could change")
+
+
+class OptionsChange(OptionsModel):
+    """The base of a backend's change model (``change.<backend>`` of a rule): each field it sets
+    replaces the field of the same name in the backend's options (:attr:`options_model`) for the
+    submission the rule's firing authorizes, and for the ones after it."""
+
+    options_model: ClassVar[type[OptionsModel]]
+    """The backend's options model, whose fields these replace (used when the spec holds none)."""
 
 
 class CauseKind(StrEnum):
@@ -117,6 +150,8 @@ class ActorKind(StrEnum):
     """What kind of actor did a thing."""
 
     HUMAN = "human"
+    SERVICE_ACCOUNT = "serviceaccount"
+    """A Kubernetes service account (a CI pipeline, a GitOps controller): ``<namespace>/<name>``."""
     SUPERVISOR = "supervisor"
     SCHEDULER = "scheduler"
 
@@ -138,6 +173,9 @@ class State(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     RECOVERING = "recovering"
+    SUSPENDED = "suspended"
+    """A person suspended the job: its running submission is stopped and no next one is authorized
+    until a person resumes it. Not an outcome."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -310,6 +348,143 @@ def uncovered_codes(covering: Sequence[ExitCodes]) -> ExitCodes | None:
     return ExitCodes(operator=ExitCodeOperator.IN, values=tuple(sorted(left))) if left else None
 
 
+class _ByBackend(_Model):
+    """A model whose ``options`` field holds one model per backend, by backend name, each an instance
+    of :attr:`backend_model` (the core knows no backend, so it cannot build one from a mapping):
+    ``JobSpec.options`` (``spec.<backend>``) and ``Change.options`` (``change.<backend>``). Each
+    may be given as a keyword too (``JobSpec(..., slurm=SlurmOptions(...))``)."""
+
+    backend_model: ClassVar[type[OptionsModel]] = OptionsModel
+    wire: ClassVar[tuple[str, str]] = ("options", "spec")
+    """What the backend's model is called, and where it is on the wire: for the refusal."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_by_backend(cls, data: object) -> object:
+        """Moves each ``<backend>=<model>`` keyword into ``options``: a keyword that is not a field
+        and holds an instance of :attr:`backend_model` is that backend's."""
+        if not isinstance(data, dict):
+            return data
+        fields = {name for key, info in cls.model_fields.items() for name in (key, info.alias) if name}
+        named = {k: v for k, v in data.items() if isinstance(v, cls.backend_model) and k not in fields}
+        given = data.get("options") or {}
+        if not named or not isinstance(given, dict):
+            return data  # nothing to move, or options the field itself refuses
+        twice = sorted(named.keys() & given.keys())
+        if twice:
+            raise ValueError(f"options of {', '.join(twice)} given twice: as a keyword and in options")
+        rest = {k: v for k, v in data.items() if k not in named}
+        return {**rest, "options": {**given, **named}}
+
+    @field_validator("options", mode="before", check_fields=False)
+    @classmethod
+    def _built_options(cls, options: object) -> object:
+        what, wire = cls.wire
+        if isinstance(options, dict):
+            for name, value in options.items():
+                if not isinstance(value, cls.backend_model):
+                    raise ValueError(
+                        f"options[{name!r}] must be an instance of backend {name!r}'s {what} model, "
+                        f"not {type(value).__name__} (dispatch._dispatchjob.job_spec builds it "
+                        f"from {wire}.{name})"
+                    )
+        return options
+
+
+MEMORY_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$"
+"""A Kubernetes quantity of memory (``16Gi``, ``512M``)."""
+MemoryQuantity = Annotated[str, Field(max_length=32, pattern=MEMORY_PATTERN)]
+MAX_MEMORY_FACTOR: Final = 16
+_BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL: Final = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A memory quantity in bytes, rounded up as Kubernetes rounds a memory request (``1.5Gi``:
+    1610612736, ``500m``: 1)."""
+    digits = quantity.rstrip("EPTGMKik")
+    suffix = quantity[len(digits) :]
+    if suffix == "" and digits.endswith("m"):
+        digits, suffix = digits[:-1], "m"
+    number = Fraction(digits)
+    if suffix in _BINARY:
+        number *= 1024 ** _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        number *= 1000 ** _DECIMAL[suffix]
+    elif suffix == "m":
+        number /= 1000
+    return math.ceil(number)
+
+
+def bytes_quantity(value: int) -> str:
+    """``value`` bytes as the largest binary unit that holds it exactly (``16Gi``, ``1536Mi``, ``7``)."""
+    for suffix, power in sorted(_BINARY.items(), key=lambda item: -item[1]):
+        if value and value % 1024**power == 0:
+            return f"{value // 1024**power}{suffix}"
+    return str(value)
+
+
+KueueName = Annotated[str, Field(max_length=MAX_KUEUE_NAME_LENGTH, pattern=KUEUE_NAME_PATTERN)]
+
+
+class MemoryChange(_Model):
+    """More memory for each next submission: the memory the previous submission had (the options'
+    memory field, ``resources.memory`` on Kubernetes, ``memoryPerNodeMb`` on Slurm) times
+    ``factor``, never more than ``max``, never less than before. Each firing multiplies again, so
+    the k-th firing of a rule that alone changes the memory gives ``min(max, memory * factor ** k)``."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    factor: Annotated[float, Field(gt=1, le=MAX_MEMORY_FACTOR)]
+    """What each firing multiplies the memory of each node by."""
+    max: MemoryQuantity
+    """The most memory of each node any submission gets: the cap of the growing memory."""
+
+
+class Change(_ByBackend):
+    """What a rule's firing changes in the submission it authorizes; later submissions keep it.
+
+    Each field that is set applies once per firing, in the order of the firings: ``memory``
+    multiplies (up to its max), the others replace. A change the backend cannot make is refused
+    when the job is planned, naming the field."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    memory: MemoryChange | None = None
+    """More memory for each node (needs the memory in the backend's options)."""
+    queue: KueueName | None = None
+    """Another Kueue LocalQueue (needs ``spec.queue``: the job is Kueue's from its first submission)."""
+    workload_priority_class: KueueName | None = None
+    """Another Kueue WorkloadPriorityClass (needs ``spec.queue``)."""
+    backend_model: ClassVar[type[OptionsModel]] = OptionsChange
+    wire: ClassVar[tuple[str, str]] = ("change", "change")
+
+    options: dict[str, SerializeAsAny[OptionsChange]] = Field(default_factory=dict)
+    """Each backend's own changes, by backend name, each an instance of the change model its
+    registry entry declares (``change.<backend>`` on the wire: Slurm's ``partition``)."""
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            memory: object = None,
+            queue: object = None,
+            workload_priority_class: object = None,
+            options: object = None,
+            **backend_changes: OptionsChange,
+        ) -> None: ...
+
+    @model_validator(mode="after")
+    def _names_something(self) -> Change:
+        if not any(getattr(self, name) for name in type(self).model_fields):
+            raise ValueError("a change names at least one field to change")
+        for name, own in self.options.items():
+            if not own.model_dump(exclude_none=True):
+                raise ValueError(f"{name}: a change names at least one field to change")
+        return self
+
+
 class Rule(_Model):
     """``on`` these causes, take ``action``, at most ``budget`` times."""
 
@@ -335,6 +510,10 @@ class Rule(_Model):
     exit_codes: ExitCodes | None = None
     """Only these exit codes of the training process: allowed on a rule whose ``on`` is exactly
     ``[non-zero-exit]``; rules whose codes are disjoint may then each cover ``non-zero-exit``."""
+    change: Change | None = None
+    """What each firing changes in the submission it authorizes (and, through it, in every later
+    one): more memory, another Kueue queue or priority class, a backend's own fields. A rule with a
+    change is the supervisor's (a scheduler's restart in place changes nothing)."""
 
     @field_validator("exit_codes")
     @classmethod
@@ -390,9 +569,7 @@ class Resources(_Model):
     """Per node. Strings are Kubernetes quantities."""
 
     cpu: Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?m?$")] | None = None
-    memory: (
-        Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$")] | None
-    ) = None
+    memory: MemoryQuantity | None = None
     gpu: Annotated[int, Field(ge=0, le=64)] = 0
 
 
@@ -449,7 +626,7 @@ class StopPolicy(_Model):
     """The warning's signal (Slurm sends it to the batch script; Kubernetes can send only SIGTERM)."""
 
 
-class JobSpec(_Model):
+class JobSpec(_ByBackend):
     """What to run and how to recover it. Fixed once submitted."""
 
     name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
@@ -458,12 +635,10 @@ class JobSpec(_Model):
     ]
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     recovery: RecoveryPolicy = RecoveryPolicy()
-    queue: Annotated[str, Field(max_length=MAX_KUEUE_NAME_LENGTH, pattern=KUEUE_NAME_PATTERN)] | None = None
+    queue: KueueName | None = None
     """The Kueue LocalQueue (in the job's namespace) that admits each submission: Kueue then decides
     when it starts and may preempt it; dispatch keeps the record, the rules and their budgets."""
-    workload_priority_class: (
-        Annotated[str, Field(max_length=MAX_KUEUE_NAME_LENGTH, pattern=KUEUE_NAME_PATTERN)] | None
-    ) = None
+    workload_priority_class: KueueName | None = None
     """Kueue's WorkloadPriorityClass for its submissions (its priority in Kueue's queueing and
     preemption); only with ``queue``."""
     time_limit_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
@@ -501,36 +676,9 @@ class JobSpec(_Model):
             **backend_options: OptionsModel,
         ) -> None: ...
 
-    @model_validator(mode="before")
-    @classmethod
-    def _options_by_backend(cls, data: object) -> object:
-        """Moves each ``<backend>=<options>`` keyword into ``options``: the core knows no backend, so a
-        keyword that is not a field and holds an options model is that backend's options."""
-        if not isinstance(data, dict):
-            return data
-        fields = {name for key, info in cls.model_fields.items() for name in (key, info.alias) if name}
-        named = {k: v for k, v in data.items() if isinstance(v, OptionsModel) and k not in fields}
-        given = data.get("options") or {}
-        if not named or not isinstance(given, dict):
-            return data  # nothing to move, or options the field itself refuses
-        twice = sorted(named.keys() & given.keys())
-        if twice:
-            raise ValueError(f"options of {', '.join(twice)} given twice: as a keyword and in options")
-        rest = {k: v for k, v in data.items() if k not in named}
-        return {**rest, "options": {**given, **named}}
-
-    @field_validator("options", mode="before")
-    @classmethod
-    def _built_options(cls, options: object) -> object:
-        if isinstance(options, dict):
-            for name, value in options.items():
-                if not isinstance(value, OptionsModel):
-                    raise ValueError(
-                        f"options[{name!r}] must be an instance of backend {name!r}'s options model, "
-                        f"not {type(value).__name__} (dispatch._dispatchjob.job_spec builds it "
-                        f"from spec.{name})"
-                    )
-        return options
+    def gpus_per_node(self) -> int:
+        """The GPUs each node holds, as the backend's options ask for them (0: none)."""
+        return max((o.gpus_per_node() for o in self.options.values()), default=0)
 
     @model_validator(mode="after")
     def _priority_needs_queue(self) -> JobSpec:
@@ -601,6 +749,34 @@ class Capabilities(_Model):
     a queued object by Kueue's queue label instead of unsuspending it): ``spec.queue`` is allowed."""
 
 
+def _is_zero(value: object) -> bool:
+    """A count left out of a dump while zero: a record without a person's retry reads as before."""
+    return value == 0
+
+
+def _is_empty(value: object) -> bool:
+    """A field left out of a dump while empty: a submission without changes reads as before them."""
+    return value == ()
+
+
+class FieldChange(_Model):
+    """One field of the spec a submission runs with that differs from the previous submission's,
+    by its path on the wire (``spec.job.resources.memory``): from, to."""
+
+    field: Annotated[str, Field(max_length=256)]
+    """The field's path on the wire (``spec.queue``, ``spec.slurm.partition``)."""
+    from_: Annotated[str | None, Field(alias="from", max_length=1024)] = None
+    """The previous submission's value; absent where it had none."""
+    to: Annotated[str | None, Field(max_length=1024)] = None
+    """This submission's value; absent where it has none."""
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.from_ or '(none)'} -> {self.to or '(none)'}"
+
+
+FieldChanges = Annotated[tuple[FieldChange, ...], Field(max_length=64, exclude_if=_is_empty)]
+
+
 class PlannedRule(_Model):
     """One rule as planned: its enforcer, its budget and how often it has fired so far."""
 
@@ -616,10 +792,16 @@ class PlannedRule(_Model):
     """The rule's backoff, which the supervisor waits before each firing's new submission."""
     scheduler_backoff: Annotated[str | None, Field(exclude_if=_is_none)] = None
     """For a rule the scheduler enforces: the scheduler's own wait before each restart, in words."""
+    change: Annotated[str | None, Field(exclude_if=_is_none)] = None
+    """What each firing changes in the submission it authorizes, in words (the spec's rule has it
+    exactly): ``memory x2 per firing, at most 64Gi; queue big``."""
+
+    renewed: Annotated[int, Field(exclude_if=_is_zero)] = 0
+    """The firings before a person's retry renewed the rule's budget: they no longer count against it."""
 
     @property
     def left(self) -> int:
-        return max(self.budget - self.firings, 0)
+        return max(self.budget - (self.firings - self.renewed), 0)
 
 
 KUEUE_ENFORCES: Final = ("admission", "quota", "preemption")
@@ -732,6 +914,12 @@ class Submission(_Model):
     stop: Annotated[StopRequest | None, Field(exclude_if=_is_none)] = None
     """The supervisor began to stop the canonical (its time limit, or the job's deadline): recorded
     before the stop, so that its end is read as this cause, not as a cancel."""
+    started_at: datetime | None = None
+    """When its canonical object began running, as the scheduler said:
+    recorded in the write that records its end, so what it cost outlives the object."""
+    changes: FieldChanges = ()
+    """What the change of the rule whose firing authorized it made differ from the previous
+    submission (:func:`dispatch.spec_for` computes the spec it runs with from the record alone)."""
 
 
 class Transition(_Model):
@@ -753,6 +941,27 @@ class CancelRequest(_Model):
     time: datetime
 
 
+class SuspendRequest(_Model):
+    """A person's latest word on suspending the job (kept in the record): ``suspend`` true stops the
+    running submission and authorizes none; false resumes it with a new submission."""
+
+    suspend: bool
+    actor: Actor
+    time: datetime
+
+
+class RetryRequest(_Model):
+    """A person asked for a failed job to run again (kept in the record): the ``n``-th retry."""
+
+    n: Annotated[int, Field(ge=1)]
+    """The retry's number: 1, 2, ... A request whose number the record has already taken
+    (``Record.retries``) asks for nothing, so asking again with the same number is harmless."""
+    actor: Actor
+    time: datetime
+    fresh_budget: int | None = None
+    """A rule whose budget starts afresh with this retry (its earlier firings no longer count)."""
+
+
 class Record(_Model):
     """The durable truth about one job. Every write of it is a compare-and-swap on its version."""
 
@@ -767,6 +976,10 @@ class Record(_Model):
     submissions: tuple[Submission, ...] = ()
     history: tuple[Transition, ...] = ()
     cancel: CancelRequest | None = None
+    suspend: SuspendRequest | None = None
+    retry: RetryRequest | None = None
+    retries: Annotated[int, Field(ge=0, exclude_if=_is_zero)] = 0
+    """The number of the last retry taken: a retry request with a higher one is still to be taken."""
     settled: bool = False
 
     @field_validator("state")
@@ -780,6 +993,17 @@ class Record(_Model):
     def current(self) -> Submission | None:
         return self.submissions[-1] if self.submissions else None
 
+    @property
+    def retry_asked(self) -> RetryRequest | None:
+        """A retry a person asked for that the record has not taken yet."""
+        retry = self.retry
+        return retry if retry is not None and retry.n > self.retries else None
+
+    @property
+    def suspend_asked(self) -> bool:
+        """Whether a person's latest word is to keep the job suspended."""
+        return self.suspend is not None and self.suspend.suspend
+
 
 class SubmissionStatus(_Model):
     """One submission as status shows it: its canonical, how it ended and its live objects."""
@@ -788,6 +1012,50 @@ class SubmissionStatus(_Model):
     canonical: str | None
     cause: Cause | None
     objects: tuple[ObjectView, ...] = ()
+    changes: FieldChanges = ()
+    """What its rule's change made differ from the previous submission."""
+
+
+class CauseCost(_Model):
+    """What recovering from one cause cost a job: its failures, the time to recover from them and
+    the node- and GPU-seconds of the submissions they ended."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    cause: CauseKind
+    failures: int = 0
+    """Submissions whose canonical ended with this cause."""
+    recovered: int = 0
+    """Of those, the ones whose next submission has begun running."""
+    recovery_seconds: float = 0.0
+    """The sum, over the recovered ones, of the time from the failure's recorded end to the next
+    submission running."""
+    longest_recovery_seconds: float = 0.0
+    """The longest of those times."""
+    node_seconds: float = 0.0
+    """Nodes times the time each failed submission ran (from running to its recorded end)."""
+    gpu_seconds: float = 0.0
+    """The node-seconds times the GPUs per node the job asks for."""
+
+
+class Cost(_Model):
+    """What recovery cost a job: totals over every failure, and per cause (at most one entry per
+    cause, in the order of the causes, whatever the number of submissions)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    failures: int = 0
+    """Submissions whose canonical ended with a failure."""
+    recovered: int = 0
+    """Of those, the ones whose next submission has begun running."""
+    recovery_seconds: float = 0.0
+    """The sum of the times from a failure to the next submission running."""
+    node_seconds: float = 0.0
+    """The node-seconds of the submissions that failed."""
+    gpu_seconds: float = 0.0
+    """The GPU-seconds of the submissions that failed."""
+    causes: Annotated[tuple[CauseCost, ...], Field(max_length=len(FAILURE_CAUSES))] = ()
+    """The same, per cause that ended a submission."""
 
 
 class Status(_Model):
@@ -801,3 +1069,40 @@ class Status(_Model):
     history: tuple[Transition, ...] = ()
     settled: bool = False
     message: str = ""
+    cost: Cost = Cost()
+    """What recovery has cost so far (see docs/semantics.md)."""
+
+
+class SimulatedEnd(_Model):
+    """One submission's end in a simulation and what the rules make of it."""
+
+    submission: int
+    cause: Cause
+    rule: int | None = None
+    """The rule that fired on it; None when none did (the job ended, or succeeded)."""
+    backoff_seconds: float = 0.0
+    """The wait before the next submission (the rule's backoff)."""
+    next_submission: int | None = None
+    """The submission the firing authorized; None when the job ended here."""
+    budget_left: int | None = None
+    """What the firing rule has left after this firing."""
+    in_place: bool = False
+    """The scheduler restarted the submission's object in place (a rule it enforces): no new
+    submission, and the same submission ends again later."""
+    change: str = ""
+    """What the firing changes in the next submission; empty when it runs as the last one did."""
+    state: State
+    """The job's recorded state after this end: ``recovering``, or its outcome."""
+
+
+class Simulation(_Model):
+    """What :func:`simulate` answers: each end in order, where the job ends, and the causes unused."""
+
+    ends: tuple[SimulatedEnd, ...]
+    state: State
+    """The job's outcome: ``succeeded`` once the causes are spent, or ``failed``."""
+    cause: Cause
+    unused: tuple[Cause, ...] = ()
+    """Causes the job never met: it ended before them."""
+    record: Record
+    """The simulated record, its history and firings as a supervisor would have written them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import _registry
+from ._change import describe
 from ._errors import PlanError
 from ._model import (
     DEFAULT_GRACE_SECONDS,
@@ -10,13 +11,17 @@ from ._model import (
     Action,
     Capabilities,
     CauseKind,
+    Change,
     Enforcer,
     JobSpec,
     LimitPlan,
+    MemoryChange,
     Plan,
     PlannedRule,
     QueuePlan,
     Rule,
+    bytes_quantity,
+    quantity_bytes,
     uncovered_codes,
 )
 
@@ -34,8 +39,13 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
     A rule's backoff is the supervisor's: a scheduler restarts on its own schedule (each native
     rule says which: :attr:`~dispatch.NativeRule.backoff`), so a rule with a backoff never goes to
     the scheduler. A ``resubmit`` rule then goes to the supervisor, which waits it out exactly; a
-    ``restart`` rule, which only a scheduler can carry out, is refused, naming the field.
+    ``restart`` rule, which only a scheduler can carry out, is refused, naming the field. A rule's
+    change is the supervisor's alike (a restart in place runs the same object), and a change the
+    backend cannot make is refused, naming the field (:func:`_check_change`).
     """
+    for i, rule in enumerate(spec.recovery.rules):
+        if rule.change is not None:
+            _check_change(f"spec.recovery.rules[{i}].change", rule.change, spec, capabilities)
     planned = tuple(
         _planned(i, rule, capabilities, supervised=supervised) for i, rule in enumerate(spec.recovery.rules)
     )
@@ -125,6 +135,46 @@ def _deadline(spec: JobSpec, *, supervised: bool) -> LimitPlan | None:
     return LimitPlan(seconds=seconds, enforcer=Enforcer.SUPERVISOR, how=how)
 
 
+def _check_change(where: str, change: Change, spec: JobSpec, capabilities: Capabilities) -> None:
+    """Refuse a change the backend cannot make, naming its field: a Kueue field where Kueue does
+    not queue the job, more memory where the backend's options hold none (or a max below it)."""
+    for field, value in (("queue", change.queue), ("workloadPriorityClass", change.workload_priority_class)):
+        if value is None:
+            continue
+        if spec.queue is None:
+            why = "a change of Kueue's fields needs spec.queue (the job is Kueue's from its first submission)"
+            raise PlanError(None, why, field=f"{where}.{field}")
+        if not capabilities.queues:
+            why = (
+                f"Kueue cannot queue this backend's jobs (backends it can: {', '.join(_queueing_backends())})"
+            )
+            raise PlanError(None, why, field=f"{where}.{field}")
+    if change.memory is not None:
+        _check_memory(f"{where}.memory", change.memory, spec)
+
+
+def _check_memory(where: str, memory: MemoryChange, spec: JobSpec) -> None:
+    held = [(name, options) for name, options in spec.options.items() if options.memory_bytes() is not None]
+    if not held:
+        fields = [
+            f"spec.{name}.{options.memory_field}"
+            for name, options in spec.options.items()
+            if options.memory_field is not None
+        ]
+        hint = f"set {' or '.join(fields)}" if fields else "the backend's options hold no memory"
+        raise PlanError(None, f"no memory of each node is set to change ({hint})", field=where)
+    cap = quantity_bytes(memory.max)
+    for name, options in held:
+        now = options.memory_bytes() or 0
+        if cap < now:
+            raise PlanError(
+                None,
+                f"max {memory.max} is less than spec.{name}.{options.memory_field} "
+                f"({bytes_quantity(now)}): the memory would never grow",
+                field=f"{where}.max",
+            )
+
+
 def _queue(spec: JobSpec, capabilities: Capabilities) -> QueuePlan | None:
     """Kueue's part, for a job that names a LocalQueue; refused where Kueue cannot queue the objects
     (Slurm, the memory scheduler, a cluster without Kueue): the job would otherwise start unqueued."""
@@ -148,13 +198,18 @@ def _queueing_backends() -> tuple[str, ...]:
 
 def _planned(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> PlannedRule:
     native = next((n for n in capabilities.native if n.enforces(rule)), None)
-    if native is not None and rule.backoff is None:
+    if native is not None and _schedulers(rule):
         enforcer = Enforcer.SCHEDULER
     elif native is not None and not (rule.action is Action.RESUBMIT and supervised):
+        if rule.backoff is not None:
+            why = f"waits its own backoff ({native.backoff}), not dispatch's; remove the backoff"
+            field = "backoff"
+        else:
+            why = "restarts the same object in place, which changes nothing; remove the change"
+            field = "change"
         raise PlanError(
             index,
-            f"spec.recovery.rules[{index}].backoff: this {rule.action} rule is the scheduler's, which "
-            f"waits its own backoff ({native.backoff}), not dispatch's; remove the backoff",
+            f"spec.recovery.rules[{index}].{field}: this {rule.action} rule is the scheduler's, which {why}",
         )
     else:
         enforcer = _enforcer(index, rule, capabilities, supervised=supervised)
@@ -167,11 +222,18 @@ def _planned(index: int, rule: Rule, capabilities: Capabilities, *, supervised: 
         exit_codes=rule.exit_codes,
         backoff=rule.backoff,
         scheduler_backoff=native.backoff if enforcer is Enforcer.SCHEDULER and native is not None else None,
+        change=describe(rule.change) if rule.change is not None else None,
     )
 
 
+def _schedulers(rule: Rule) -> bool:
+    """Whether a rule the scheduler enforces natively may be left to it: a scheduler restarts on
+    its own schedule and with the same object, so a rule with a backoff or a change is dispatch's."""
+    return rule.backoff is None and rule.change is None
+
+
 def _enforcer(index: int, rule: Rule, capabilities: Capabilities, *, supervised: bool) -> Enforcer:
-    if rule.backoff is None and any(native.enforces(rule) for native in capabilities.native):
+    if _schedulers(rule) and any(native.enforces(rule) for native in capabilities.native):
         return Enforcer.SCHEDULER
     if rule.action is Action.RESUBMIT and supervised:
         return Enforcer.SUPERVISOR

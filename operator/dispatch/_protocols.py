@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ._model import Capabilities, JobSpec, ObjectView, Plan, Record
@@ -28,7 +28,9 @@ class Backend(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
-        """Create the object held back and tagged; return its id.
+        """Create the object held back and tagged; return its id. ``spec`` is the spec this
+        submission runs with (:func:`dispatch.spec_for`: the job's, with the changes of the rules
+        that authorized the submissions so far), which the object is built from.
 
         May raise :class:`~dispatch.ObjectExists` where object names are deterministic.
         """
@@ -52,6 +54,17 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Previewing(Protocol):
+    """A backend that can show, without any request, the object a submission of a spec would be:
+    the admission webhook measures it against the API server's object size limit, so a job whose
+    object could never be created is refused at apply instead of failing ``launch-failed``."""
+
+    def preview(self, job: str, spec: JobSpec, plan: Plan) -> Mapping[str, object]:
+        """The body :meth:`Backend.create` would send for submission 1 of ``job``."""
+        ...
 
 
 @runtime_checkable

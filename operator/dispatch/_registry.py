@@ -20,7 +20,7 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 from typing import Any, Final, Generic, TypeVar
 
-from ._model import Capabilities, JobSpec, OptionsModel
+from ._model import Capabilities, JobSpec, OptionsChange, OptionsModel
 
 GROUP: Final = "dispatch.adapters"
 """The entry point group: each name is a backend, each value its declaration (or, for an adapter
@@ -90,6 +90,9 @@ class BackendInfo(Generic[OptionsT]):
     """``module:callable`` of the library's opener: ``callable(config) -> Backend`` (or awaitable)."""
     options: type[OptionsT] | None = None
     """The pydantic model of ``spec.<name>`` (a subclass of ``dispatch._model.OptionsModel``)."""
+    change: type[OptionsChange] | None = None
+    """The pydantic model of a rule's ``change.<name>``: the fields of its options a firing may
+    replace (a subclass of ``dispatch._model.OptionsChange``, each field one of ``options``)."""
     options_required: bool = False
     """A DispatchJob with this backend must carry ``spec.<name>`` (the CRD, webhook and plugin say so)."""
     options_hint: str = ""
@@ -108,6 +111,12 @@ class BackendInfo(Generic[OptionsT]):
             raise ValueError(
                 f"backend {self.name!r}: its options field spec.{self.name} is a field of JobSpec"
             )
+        if self.change is not None:
+            extra = sorted(
+                set(self.change.model_fields) - set(self.options.model_fields if self.options else ())
+            )
+            if extra:
+                raise ValueError(f"backend {self.name!r}: its change model's {extra} are none of its options")
         if self.options_required and self.options is None:
             raise ValueError(f"backend {self.name!r}: options_required without an options model")
         if self.where is Where.KUBERNETES and self.open_in_operator is None:
@@ -187,6 +196,11 @@ def kubernetes_backends() -> tuple[BackendInfo[Any], ...]:
 def option_fields() -> dict[str, BackendInfo[Any]]:
     """``spec.<field>`` -> the backend whose options it holds, for every backend with options."""
     return {b.name: b for b in registered().values() if b.options is not None}
+
+
+def change_fields() -> dict[str, BackendInfo[Any]]:
+    """``change.<field>`` of a rule -> the backend whose changes it holds, for every backend with some."""
+    return {b.name: b for b in registered().values() if b.change is not None}
 
 
 Opener = Callable[..., Any | Awaitable[Any]]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from ._change import spec_for
 from ._decide import (
     WRITES,
     Create,
@@ -200,7 +201,10 @@ class Supervisor:
                 # Another creator may have made it first: it is a candidate like ours would have been.
                 created: str | None = None
                 with contextlib.suppress(ObjectExists):
-                    created = await self.backend.create(job, step.submission, record.spec, record.plan)
+                    # The object is built from the spec its submission runs with: the job's, with
+                    # the changes of the rules that authorized the submissions so far.
+                    spec = spec_for(record, step.submission)
+                    created = await self.backend.create(job, step.submission, spec, record.plan)
                 if created is not None:
                     await self._end_if_settled(job, created)
             elif isinstance(step, Release):

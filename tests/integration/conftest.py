@@ -12,23 +12,29 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 
-from dispatch._kubeclient import KubeClient, new_client, streamed
+from dispatch._controller import webhook
+from dispatch._controller.main import _connection_info
+from dispatch._controller.settings import operator_settings
+from dispatch._kubeclient import KubeClient, load_configuration, new_client, streamed
 from tests.support import builders
 from tests.support.crash_after import CRASH_ENV
-from tests.support.kube import KubeCluster
+from tests.support.kube import KubeCluster, KubectlError
 from tests.support.lab import Kubeflow, Lab
 from tests.support.node import NodeError, RealNode
 
@@ -545,3 +551,103 @@ def users_may_submit(cluster: KubeCluster) -> None:
             },
         ]
     )
+
+
+# ---- the admission webhooks alone ------------------------------------------------------------------
+
+
+class WebhookOperator:
+    """A kopf operator with only dispatch's admission handlers, in a thread with its own loop."""
+
+    def __init__(self, kubeconfig: Path, managed: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.managed = managed
+        self.port = free_port()
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="webhook-operator", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self._started.wait(60), "the operator thread never started"
+
+    def close(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as error:
+            self.error = error
+            self._started.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        configuration = await load_configuration(str(self.kubeconfig))
+        registry = kopf.OperatorRegistry()
+        settings = operator_settings()
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return _connection_info(configuration)
+
+        webhook.setup(
+            registry=registry,
+            settings=settings,
+            port=self.port,
+            addr="127.0.0.1",
+            host="127.0.0.1",
+            managed=self.managed,
+        )
+        self._started.set()
+        await kopf.operator(
+            registry=registry, settings=settings, standalone=True, clusterwide=True, stop_flag=self._stop
+        )
+
+
+@pytest.fixture(scope="module")
+def admission(crds: KubeCluster) -> Iterator[WebhookOperator]:
+    kube_cluster = crds
+    users_may_submit(kube_cluster)
+    managed = f"t{secrets.token_hex(3)}.dispatch.dev"
+    operator = WebhookOperator(kube_cluster.kubeconfig, managed)
+    operator.start()
+    try:
+        _wait_until_serving(kube_cluster, operator)
+        yield operator
+    finally:
+        operator.close()
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            kube_cluster.kubectl("delete", kind, managed, "--ignore-not-found", check=False)
+
+
+def _wait_until_serving(cluster: KubeCluster, operator: WebhookOperator) -> None:
+    """Until the managed configurations point at the server and it answers (a refusal is its answer)."""
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "webhook-probe"}})
+    # Slurm enforces no rule natively: a restart rule is refused, which only the webhook says.
+    probe = builders.dispatch_job(
+        "probe",
+        backend="slurm",
+        recovery={"rules": [{"on": ["preempted", "node-lost"], "action": "restart", "budget": 5}]},
+    )
+    deadline = time.monotonic() + 120
+    last = ""
+    while time.monotonic() < deadline:
+        if operator.error is not None:
+            raise operator.error
+        try:
+            cluster.kubectl(
+                "apply", "-n", "webhook-probe", "-f", "-", "--dry-run=server", input=yaml.safe_dump(probe)
+            )
+            last = "the probe was admitted"
+        except KubectlError as error:
+            last = error.stderr
+            if "denied the request" in last and "rule 0 cannot be enforced" in last:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the webhook never started serving: {last}")

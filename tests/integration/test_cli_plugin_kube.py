@@ -160,8 +160,11 @@ async def test_seed_scenario_through_the_plugin_events_and_metrics(crds: KubeClu
         re.split(r" {3,}", line)
         for line in kubectl_dispatch(cluster, "history", "finetune", "-n", namespace).splitlines()
     ]
-    assert rows[0] == ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"]
-    assert [r[1:] for r in rows[1:]] == [
+    assert rows[0] == ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR", "COST"]
+    # What the preemption cost, on the transition that recorded it; the success cost nothing.
+    assert re.fullmatch(r"[0-9.]+ node-s, running again after [0-9.]+ s", rows[1][6]), rows[1]
+    assert rows[2][6] == "-"
+    assert [r[1:6] for r in rows[1:]] == [
         [
             "pending",
             "recovering",

@@ -44,6 +44,7 @@ from tests.support.kube import KubeCluster
 from tests.support.kueue import (
     HIGH,
     LOW,
+    PRIORITY_LABEL,
     QUEUE_LABEL,
     Queues,
     batch_job,
@@ -354,6 +355,40 @@ async def test_a_kueue_preemption_is_recovered_by_a_preempted_rule(k: Kueued) ->
     left = await asyncio.to_thread(objects, k.crds, PYTORCHJOB, k.namespace, "victim")
     assert all(ended(PYTORCHJOB, o) for o in left if o["metadata"]["uid"] == first["metadata"]["uid"]), left
     assert k.monitor.max_live["victim"] == 1
+
+
+@pytest.mark.parametrize("kind", [pytest.param(PYTORCHJOB, id="kubeflow"), *OTHER_KINDS])
+async def test_a_preempted_job_moves_to_the_queue_and_priority_its_rule_names(
+    kind: Kind, kind_lab: Lab, k: Kueued
+) -> None:
+    """A rule's change, for each kind: submission 1 runs in the test's first LocalQueue at priority
+    low and is preempted there; submission 2 is released into the other LocalQueue at priority
+    high (a cohort's other ClusterQueue admits it while the preemptor still holds the first), and
+    the record says what changed."""
+    k.operator("--backend", kind.backend)
+    change = {"queue": k.queues.other_queue, "workloadPriorityClass": HIGH}
+    rules = [{"on": ["preempted"], "budget": 1, "change": change}]
+    await asyncio.to_thread(apply, k.crds, k.namespace, manifest(kind, "moves", k.queues.queue, rules=rules))
+    first = await preempted(k.crds, kind, k.queues, "moves", 1, k.kubeflow, "urgent")
+    assert first["metadata"]["labels"][QUEUE_LABEL] == k.queues.queue
+    second = await admitted(k.crds, kind, k.namespace, "moves", 2, k.kubeflow)
+    labels = second["metadata"]["labels"]
+    assert (labels[QUEUE_LABEL], labels[PRIORITY_LABEL]) == (k.queues.other_queue, HIGH)
+    wl = await asyncio.to_thread(workload_for, k.crds, k.namespace, second)
+    assert wl is not None
+    assert wl["status"]["admission"]["clusterQueue"] == k.queues.other_cluster_queue
+    await run_to_success(k.kubeflow, kind, k.namespace, "moves", 2)
+    body = await settled(k.crds, k.namespace, "moves")
+    await asyncio.to_thread(done_preempting, k.crds, k.namespace, "urgent")
+    assert history(body) == SEED_HISTORY
+    assert body["status"]["submissions"][1]["changes"] == [
+        {"field": "spec.queue", "from": k.queues.queue, "to": k.queues.other_queue},
+        {"field": "spec.workloadPriorityClass", "from": LOW, "to": HIGH},
+    ]
+    assert body["status"]["plan"]["rules"][0]["change"] == (
+        f"queue {k.queues.other_queue}; workloadPriorityClass {HIGH}"
+    )
+    assert k.monitor.max_live["moves"] == 1
 
 
 # ---- 3. the budget spent by Kueue preemptions ---------------------------------------------------

@@ -10,16 +10,10 @@ serving dispatch's handlers, installing its own webhook configurations (``manage
 
 from __future__ import annotations
 
-import asyncio
 import json
-import secrets
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 
@@ -29,71 +23,14 @@ from dispatch._constants import (
     FINALIZER,
     WEBHOOK_VALIDATE_ID,
 )
-from dispatch._controller import webhook
-from dispatch._controller.main import _connection_info
-from dispatch._controller.settings import operator_settings
-from dispatch._kubeclient import load_configuration
-from tests.integration.conftest import USERS_GROUP, free_port, users_may_submit
+from dispatch._controller.webhook import MAX_OBJECT_BYTES
+from tests.integration.conftest import USERS_GROUP, WebhookOperator
 from tests.support.builders import SEED_EXAMPLE
 from tests.support.kube import KubeCluster, KubectlError
 
 pytestmark = pytest.mark.integration
 
 SEED = yaml.safe_load(SEED_EXAMPLE.read_text())
-
-
-class WebhookOperator:
-    """A kopf operator with only dispatch's admission handlers, in a thread with its own loop."""
-
-    def __init__(self, kubeconfig: Path, managed: str) -> None:
-        self.kubeconfig = kubeconfig
-        self.managed = managed
-        self.port = free_port()
-        self.error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="webhook-operator", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        assert self._started.wait(60), "the operator thread never started"
-
-    def close(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as error:
-            self.error = error
-            self._started.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        configuration = await load_configuration(str(self.kubeconfig))
-        registry = kopf.OperatorRegistry()
-        settings = operator_settings()
-
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return _connection_info(configuration)
-
-        webhook.setup(
-            registry=registry,
-            settings=settings,
-            port=self.port,
-            addr="127.0.0.1",
-            host="127.0.0.1",
-            managed=self.managed,
-        )
-        self._started.set()
-        await kopf.operator(
-            registry=registry, settings=settings, standalone=True, clusterwide=True, stop_flag=self._stop
-        )
 
 
 def job(name: str, **spec: Any) -> dict[str, Any]:
@@ -117,41 +54,6 @@ def apply_as(
     return cluster.kubectl(
         "apply", "-n", namespace, "-f", "-", *extra, input=yaml.safe_dump(body), kubeconfig=kubeconfig
     )
-
-
-@pytest.fixture(scope="module")
-def admission(crds: KubeCluster) -> Iterator[WebhookOperator]:
-    kube_cluster = crds
-    users_may_submit(kube_cluster)
-    managed = f"t{secrets.token_hex(3)}.dispatch.dev"
-    operator = WebhookOperator(kube_cluster.kubeconfig, managed)
-    operator.start()
-    try:
-        _wait_until_serving(kube_cluster, operator)
-        yield operator
-    finally:
-        operator.close()
-        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
-            kube_cluster.kubectl("delete", kind, managed, "--ignore-not-found", check=False)
-
-
-def _wait_until_serving(cluster: KubeCluster, operator: WebhookOperator) -> None:
-    """Until the managed configurations point at the server and it answers (a refusal is its answer)."""
-    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "webhook-probe"}})
-    deadline = time.monotonic() + 120
-    last = ""
-    while time.monotonic() < deadline:
-        if operator.error is not None:
-            raise operator.error
-        try:
-            apply_as(cluster, unenforceable("probe"), "webhook-probe", None, "--dry-run=server")
-            last = "the probe was admitted"
-        except KubectlError as error:
-            last = error.stderr
-            if "denied the request" in last and "rule 0 cannot be enforced" in last:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"the webhook never started serving: {last}")
 
 
 def test_unenforceable_job_is_refused_with_the_rule_named(
@@ -201,6 +103,29 @@ def test_a_grace_slurm_cannot_give_is_refused_naming_the_field(
             namespace,
         )
     assert "deadline-exceeded" in info.value.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "why"),
+    [
+        ({"memory": {"factor": 2, "max": "4Gi"}}, "change.memory", "no memory of each node is set to change"),
+        ({"queue": "big"}, "change.queue", "a change of Kueue's fields needs spec.queue"),
+    ],
+)
+def test_a_change_the_backend_cannot_make_is_refused_naming_the_field(
+    kube_cluster: KubeCluster,
+    namespace: str,
+    admission: WebhookOperator,
+    change: dict[str, Any],
+    field: str,
+    why: str,
+) -> None:
+    rules = [{"on": ["preempted"], "budget": 1, "change": change}]
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("changes", recovery={"rules": rules}), namespace)
+    assert f"spec.recovery.rules[0].{field} is refused: {why}" in info.value.stderr
+    accepted = job("partition", recovery={"rules": [{**rules[0], "change": {"slurm": {"partition": "big"}}}]})
+    apply_as(kube_cluster, accepted, namespace, None, "--dry-run=server")
 
 
 def test_the_recorded_actor_is_who_applied_it(
@@ -284,3 +209,40 @@ def test_the_spec_is_fixed_and_a_cancel_cannot_be_undone(
                 "patch", "-n", namespace, "dispatchjob/fixed", "--type=merge", "-p", json.dumps(patch)
             )
         assert message in info.value.stderr
+
+
+def test_a_large_job_can_be_cancelled_and_let_go_and_a_too_large_one_is_refused_readably(
+    kube_cluster: KubeCluster, namespace: str, admission: WebhookOperator
+) -> None:
+    # 600 KiB of arguments: a CREATE's review holds it once, an UPDATE's twice (over kopf's 1 MiB).
+    large = job("large", command=["python", "train.py", *(["x" * 4000] * 150)])
+    text = yaml.safe_dump(large)
+    kube_cluster.kubectl("create", "-n", namespace, "-f", "-", input=text)
+    kube_cluster.kubectl(
+        "patch", "-n", namespace, "dispatchjob/large", "--type=merge", "-p", '{"spec":{"cancel":true}}'
+    )
+    assert kube_cluster.get("dispatchjob", "large", namespace)["spec"]["cancel"] is True
+    kube_cluster.kubectl("delete", "-n", namespace, "dispatchjob/large", "--wait=false")
+    # What the loop does to let a deleted job go: the finalizer's removal is admitted too.
+    kube_cluster.kubectl(
+        "patch",
+        "-n",
+        namespace,
+        "dispatchjob/large",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
+    )
+    kube_cluster.kubectl("wait", "-n", namespace, "--for=delete", "dispatchjob/large", "--timeout=60s")
+
+    # Client-side apply keeps a copy in an annotation: 1.2 MB, refused readably, not a bare 413.
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("copied", command=large["spec"]["command"]), namespace)
+    assert "metadata.annotations: Too long" in info.value.stderr
+    assert "413" not in info.value.stderr
+    # Over half the object limit: its record would have no room; refused with both sizes.
+    larger = job("larger", command=["python", "train.py", *(["x" * 4000] * 200)])
+    with pytest.raises(KubectlError) as info:
+        kube_cluster.kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(larger))
+    assert "denied the request: the DispatchJob is " in info.value.stderr
+    assert f"half the API server's object size limit ({MAX_OBJECT_BYTES})" in info.value.stderr

@@ -1,4 +1,5 @@
-"""Where the tests find helm: the one the Makefile built, else the build cache, else PATH."""
+"""Where the tests find helm: the one the Makefile built, else the build cache, else PATH; and what
+a test does when a tool it needs is missing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,3 +30,14 @@ def helm_binary() -> str | None:
             if key == "DISPATCH_HELM" and os.access(value, os.X_OK):
                 return value
     return shutil.which("helm")
+
+
+def required(found: str | None, what: str, require_env: str, how: str) -> str:
+    """``found``, else fail when ``require_env`` is ``1`` (a make target that needs the tool) or
+    skip (a tier that runs it when it is there); ``how`` says how to get it."""
+    if found is not None:
+        return found
+    message = f"{what} not found: {how}"
+    if os.environ.get(require_env) == "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)

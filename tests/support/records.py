@@ -26,7 +26,16 @@ from dispatch import (
 )
 from dispatch._backends.kubeflow._adapter import CAPABILITIES
 from dispatch._constants import FINALIZER
-from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, RecordSettled, Write, apply, decide
+from dispatch._decide import (
+    Authorize,
+    RecordCanonical,
+    RecordOutcome,
+    RecordSettled,
+    RecordSuspend,
+    Write,
+    apply,
+    decide,
+)
 from dispatch._dispatchjob import conditions_for, record_status, refusal_conditions, render_conditions
 from dispatch._model import SUPERVISOR, CancelRequest
 from dispatch._plan import make_plan
@@ -136,3 +145,5 @@ SUCCEEDED = step(SUCCEEDED_ENDING, RecordSettled())
 FAILED_ENDING = step(AUTHORIZED, RecordOutcome(State.FAILED, OOM))
 FAILED = step(FAILED_ENDING, RecordSettled())
 CANCELLED = _cancelled()
+SUSPENDED = step(AUTHORIZED, RecordSuspend(ADA))
+"""Suspended by a person: submission 1 stopped, none authorized after it."""

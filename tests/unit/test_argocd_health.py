@@ -30,6 +30,7 @@ from tests.support.records import (
     RECOVERING,
     SUCCEEDED,
     SUCCEEDED_ENDING,
+    SUSPENDED,
     dispatch_job,
 )
 
@@ -61,6 +62,7 @@ def flux(obj: Mapping[str, Any]) -> str:
         (FAILED_ENDING, "Progressing", "ending the job's objects", "InProgress"),
         (FAILED, "Degraded", "out-of-memory", "Failed"),
         (CANCELLED, "Degraded", "cancelled by human:ada", "Failed"),
+        (SUSPENDED, "Suspended", "suspended by human:ada", "InProgress"),
     ],
     ids=[
         "pending",
@@ -71,6 +73,7 @@ def flux(obj: Mapping[str, Any]) -> str:
         "failed-ending",
         "failed",
         "cancelled",
+        "suspended",
     ],
 )
 def test_health_of_every_state_the_operator_writes(

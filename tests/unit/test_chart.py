@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import yaml
 
 from dispatch import _constants as k8s_names
 from dispatch._backends.slurm._adapter import SlurmConfig
-from tests.support.helm import helm_binary
+from tests.support.helm import helm_binary, required
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dispatch-operator"
@@ -54,12 +53,7 @@ gen_chart = importlib.import_module("gen_chart")
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = helm_binary()
-    if found is None:
-        if os.environ.get("DISPATCH_REQUIRE_HELM") == "1":
-            pytest.fail("helm not found (run `make bins` or set DISPATCH_HELM)", pytrace=False)
-        pytest.skip("helm not found (run `make bins` or set DISPATCH_HELM)")
-    return found
+    return required(helm_binary(), "helm", "DISPATCH_REQUIRE_HELM", "run `make bins` or set DISPATCH_HELM")
 
 
 def template(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -505,6 +499,7 @@ def test_selector_matches_the_pod_labels(helm: str) -> None:
 
 FULLNAME = f"{RELEASE}-dispatch-operator"
 WEBHOOK_SERVICE = f"{FULLNAME}-webhook"
+OPERATOR_ACCOUNT = FULLNAME  # the chart's default service account
 WEBHOOK_SECRET = f"{FULLNAME}-webhook-tls"
 WEBHOOK_KINDS = {
     "ValidatingWebhookConfiguration": k8s_names.WEBHOOK_VALIDATE_ID,
@@ -551,6 +546,11 @@ def test_webhook_configurations_are_the_documented_ones(helm: str) -> None:
         assert webhook["timeoutSeconds"] == 10
         assert "namespaceSelector" not in webhook  # every namespace: the operator watches them all
         assert "objectSelector" not in webhook  # a label must not be a way around the webhooks
+        # The operator's own writes (its finalizer's removal) never wait for its own webhook.
+        (condition,) = webhook["matchConditions"]
+        assert condition["expression"] == (
+            f'request.userInfo.username != "system:serviceaccount:{NAMESPACE}:{OPERATOR_ACCOUNT}"'
+        )
 
 
 def test_webhook_values_change_policy_timeout_namespaces_and_annotations(helm: str) -> None:
@@ -844,3 +844,45 @@ def test_probes_are_on_by_default_and_use_the_health_port(helm: str) -> None:
     assert "readinessProbe" not in off
     assert not [a for a in off["args"] if a.startswith("--health-port")]
     assert "health" not in {p["name"] for p in off.get("ports", [])}
+
+
+# The monitoring the chart ships: the files of files/ unchanged (tests/unit/test_monitoring.py
+# checks their contents against the operator's metrics; `make rules-test` runs promtool on them).
+MONITORING = CHART / "files"
+
+
+def test_the_chart_installs_monitoring_only_when_asked(helm: str) -> None:
+    docs = render(helm)
+    assert not {d["kind"] for d in docs} & {"ServiceMonitor", "PrometheusRule"}
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_the_prometheus_rule_is_the_tested_rule_file(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=prom",
+    )
+    rule = one(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((MONITORING / "prometheus-rules.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    docs = render(helm, "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.enabled=false")
+    assert by_kind(docs, "PrometheusRule") == [], "rules about metrics nobody serves"
+
+
+def test_the_dashboard_config_map_holds_the_dashboard(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.namespace=grafana",
+    )
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    assert json.loads(cm["data"]["dispatch-operator.json"]) == dashboard
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "grafana"

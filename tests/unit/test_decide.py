@@ -115,6 +115,15 @@ def test_candidate_choice_is_deterministic_live_first_then_by_id() -> None:
     )
 
 
+def test_numbered_ids_are_chosen_in_number_order() -> None:
+    # Slurm numbers its jobs: "999" was created before "1000" (a job planted later with a copied
+    # tag must not win by sorting first as text).
+    r = step(new_record(PREEMPT_TWICE), Authorize(1))
+    objects = [obj("1000", 1, Phase.HELD), obj("999", 1, Phase.HELD)]
+    assert decide(r, objects).step == RecordCanonical(1, "999")
+    assert decide(r, list(reversed(objects))).step == RecordCanonical(1, "999")
+
+
 def test_candidates_are_not_orphans_while_a_canonical_is_being_chosen() -> None:
     r = step(new_record(PREEMPT_TWICE), Authorize(1))
     d = decide(r, [obj("2", 1, Phase.HELD), obj("1", 1, Phase.HELD)])

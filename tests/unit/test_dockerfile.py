@@ -92,10 +92,11 @@ def test_default_bases_name_no_registry_host(stages: list[Stage]) -> None:
         assert not (sep and ("." in first or ":" in first or first == "localhost")), stage.base
 
 
-def test_builder_installs_the_kube_extra_then_a_wheel_without_network(stages: list[Stage]) -> None:
+def test_builder_installs_the_operator_extras_then_a_wheel_without_network(stages: list[Stage]) -> None:
     runs = stages[0].all("RUN")
     deps = next(r for r in runs if "requirements.txt" in r and "pip install" in r)
-    assert '["optional-dependencies"]["kube"]' in deps, "the operator's dependencies are the 'kube' extra"
+    for extra in ("kube", "operator"):
+        assert f'extras["{extra}"]' in deps, f"the operator's dependencies include the {extra!r} extra"
     assert "--mount=type=secret,id=pip-cert" in deps, "a CA bundle comes in as a secret, never a layer"
     wheel = next(r for r in runs if "pip wheel" in r)
     assert "--no-build-isolation" in wheel

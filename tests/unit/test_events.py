@@ -119,7 +119,7 @@ async def test_seed_scenario_posts_an_event_per_transition() -> None:
     recovering = post.by_reason(REASON_RECOVERING)
     assert recovering["type"] == "Normal"
     assert recovering["note"] == (
-        "submission 1 ended with cause preempted (preempted by a higher-priority job); rule 0 "
+        "submission 1 ended with cause preempted by a higher-priority job; rule 0 "
         "(resubmit on [preempted]) fired, enforced by the supervisor: submission 2 authorized, "
         "budget 1 of 2 left"
     )

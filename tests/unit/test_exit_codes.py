@@ -420,7 +420,7 @@ def test_events_name_the_code_and_the_rules_codes() -> None:
     described = describe(resubmit, record, after)
     assert described is not None
     assert described[3] == (
-        "submission 1 ended with cause non-zero-exit (exited with code 137) exit code 137; rule 0 "
+        "submission 1 ended with cause non-zero-exit exit code 137: exited with code 137; rule 0 "
         "(resubmit on [non-zero-exit exitCodes In [137]]) fired, enforced by the supervisor: "
         "submission 2 authorized, budget 1 of 2 left"
     )

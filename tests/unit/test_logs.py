@@ -96,6 +96,10 @@ JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEyMyJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291
         ("token=abc123secret&user=ada", "abc123secret"),
         ('{"password": "hunter2"}', "hunter2"),
         (f"service account token {JWT} rejected", JWT),
+        # An echoing proxy's 502 cut after 80 characters: header and half the claims, no dot after.
+        (f"502 Bad Gateway: X-SLURM-USER-TOKEN echoed {JWT[:80]}", JWT[:80]),
+        (f"upstream said <{JWT[:40]}>", JWT[:40]),
+        (f"claims only: {JWT.split('.')[1]}", JWT.split(".")[1]),
         ("key: -----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----", "MIIB"),
     ],
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -17,6 +17,9 @@ from dispatch._model import (
     NO_CAUSE,
     Actor,
     ActorKind,
+    Cause,
+    CauseKind,
+    Cost,
     JobSpec,
     ObjectView,
     Phase,
@@ -42,16 +45,27 @@ class Store(KubeRecordStore):
         self.shown = shown
         self.notes: list[str] = []
         self.puts: list[tuple[str, Mapping[str, str] | None]] = []
+        self.costs: list[Cost | None] = []
 
     def observed(self, job: str) -> dict[str, str]:
         return dict(self.shown)
 
-    async def observe(self, job: str, state: State, cause: Any, expected: str, note: str = "") -> str | None:
+    async def observe(
+        self, job: str, state: State, cause: Any, expected: str, note: str = "", cost: Cost | None = None
+    ) -> str | None:
         self.notes.append(note)
+        self.costs.append(cost)
         return "2"
 
-    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+    async def put(
+        self,
+        record: Record,
+        expected: str,
+        observed: Mapping[str, str] | None = None,
+        cost: Cost | None = None,
+    ) -> str:
         self.puts.append((expected, observed))
+        self.costs.append(cost)
         return "2"
 
 
@@ -176,3 +190,35 @@ async def test_a_record_write_carries_what_its_decision_shows(monkeypatch: pytes
     await observing.write(prepared, prepared.record)
     shows = {"observedState": "pending", "observedNote": WAITING}
     assert store.puts == [("1", shows)]
+
+
+async def test_the_write_that_shows_the_next_submission_running_carries_what_recovery_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recovery ends when submission 2 begins running: the observe write that says ``running``
+    is the one that writes it, with the start only the live object shows."""
+    preempted = Cause(kind=CauseKind.PREEMPTED)
+    first = Submission(
+        n=1,
+        authorized_at=T0,
+        authorized_by=WHO,
+        canonical="ns/a-1",
+        cause=preempted,
+        started_at=T0 + timedelta(seconds=10),
+        ended_at=T0 + timedelta(seconds=70),
+    )
+    second = Submission(
+        n=2, authorized_at=T0 + timedelta(seconds=70), authorized_by=WHO, rule=0, canonical="ns/a-2"
+    )
+    base = intent()
+    record = base.record.model_copy(update={"submissions": (first, second)})
+    view = ObjectView(
+        id="ns/a-2", job=JOB, submission=2, phase=Phase.RUNNING, started_at=T0 + timedelta(seconds=75)
+    )
+    shown = Intent(record, "1", (view,), Decision(Wait("running"), State.RUNNING, NO_CAUSE))
+    store = Store({"observedState": "recovering", "observedCause": "preempted"})
+    observing, _ = supervisor(monkeypatch, store, shown)
+    await observing.prepare(JOB)
+    (cost,) = store.costs
+    assert cost is not None
+    assert (cost.failures, cost.recovered, cost.recovery_seconds, cost.node_seconds) == (1, 1, 5.0, 60.0)

@@ -18,13 +18,14 @@ from typing import Any
 
 from dispatch import CauseKind, Record, State
 from dispatch._cli import _render as render
-from dispatch._constants import REASON_INVALID_SPEC
+from dispatch._constants import REASON_BACKEND_NOT_CONFIGURED, REASON_INVALID_SPEC
 from dispatch._controller.crd import printer_columns
 from dispatch._dispatchjob import (
     SHOWN_REASONS,
     observe_write,
     observed_fields,
     record_write,
+    refusal,
     refusal_write,
 )
 from dispatch._model import NO_CAUSE, Cause
@@ -168,6 +169,23 @@ def test_a_refused_job_says_why_in_the_default_columns_and_the_plugin() -> None:
     assert described(body, "Submitted by") is None
     (argo,) = gitops.argocd([body])
     assert (argo["status"], argo["message"]) == ("Degraded", f"{REASON_INVALID_SPEC}: {message}")
+
+
+def test_a_job_waiting_for_its_backend_is_in_progress_not_failed() -> None:
+    """No operator serves its backend yet (the webhook was off): it waits, and GitOps tools and
+    ``kubectl wait --for=condition=Failed`` do not read it as a failure."""
+    message = "backend 'slurm' is not served by this operator; nothing was created"
+    body = bare_job(None)
+    body["status"] = refusal_write(REASON_BACKEND_NOT_CONFIGURED, message, previous=[], generation=1, now=T0)
+    conditions = {c["type"]: c["status"] for c in body["status"]["conditions"]}
+    assert conditions == {"Ready": "False", "Reconciling": "True", "Succeeded": "False", "Failed": "False"}
+    assert refusal(body) == REASON_BACKEND_NOT_CONFIGURED  # the loop does not write it again
+    row = columns(body)
+    assert (row["Ready"], row["Reason"]) == ("False", REASON_BACKEND_NOT_CONFIGURED)
+    (argo,) = gitops.argocd([body])
+    (flux,) = gitops.kstatus([body])
+    assert (argo["status"], flux["status"]) == ("Progressing", "InProgress"), (argo, flux)
+    assert message in argo["message"]
 
 
 def test_wide_columns_fit_160_and_the_note_comes_last() -> None:

@@ -60,11 +60,14 @@ PUBLIC = [
     "CancelRequest",
     "Capabilities",
     "Cause",
+    "CauseCost",
     "CauseKind",
+    "Change",
     "Cluster",
     "ConditionNotMet",
     "ConfigError",
     "ConfigMapSource",
+    "Cost",
     "Create",
     "Decision",
     "DispatchError",
@@ -77,6 +80,7 @@ PUBLIC = [
     "EnvFromSource",
     "ExitCodeOperator",
     "ExitCodes",
+    "FieldChange",
     "Intent",
     "InvalidTransition",
     "JobExists",
@@ -87,12 +91,14 @@ PUBLIC = [
     "Listener",
     "LocalObjectReference",
     "MemoryBackend",
+    "MemoryChange",
     "MemoryStore",
     "NativeRule",
     "ObjectExists",
     "ObjectView",
     "Observer",
     "Operator",
+    "OptionsChange",  # the base of every backend's change model (Change.options holds them)
     "OptionsModel",  # the base of every backend's options model (JobSpec.options holds them),
     "PersistentVolumeClaimSource",
     "Phase",
@@ -109,12 +115,18 @@ PUBLIC = [
     "RecordSettled",
     "RecordStop",
     "RecordStore",
+    "RecordSuspend",
     "RecoveryPolicy",
     "Release",
     "Resources",
+    "Resume",
+    "RetryRequest",
     "Rule",
     "SecretSource",
     "Shape",
+    "SimulatedEnd",
+    "Simulation",
+    "SlurmChange",
     "SlurmOptions",
     "State",
     "Status",
@@ -126,6 +138,7 @@ PUBLIC = [
     "SubmissionStatus",
     "Subscribers",
     "Supervisor",
+    "SuspendRequest",
     "Toleration",
     "TransientBackendError",
     "Transition",
@@ -144,6 +157,8 @@ PUBLIC = [
     "due",
     "make_plan",
     "open",
+    "simulate",
+    "spec_for",
     "status",
 ]
 """Every public name of the package, sorted: what ``vars(dispatch)`` holds without a leading ``_``."""
@@ -363,7 +378,7 @@ def test_the_version_has_one_source() -> None:
     assert "version" not in project["project"]
     assert "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dispatch._version.__version__"}
-    assert dispatch.__version__ == importlib.metadata.version("dispatch")
+    assert dispatch.__version__ == importlib.metadata.version("dispatch-jobs")
     done = subprocess.run(
         [sys.executable, "-m", "dispatch._controller", "--version"],
         capture_output=True,

@@ -9,7 +9,10 @@ Its job records are copies of one recorded from the real 22.05 (a running job of
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
+import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -176,4 +179,31 @@ async def test_a_change_of_a_job_nobody_subscribed_to_is_told_to_the_others_hook
     finally:
         for u in unsubs:
             u()
+        await b.aclose()
+
+
+def token_for(user: str) -> str:
+    """A JWT as ``scontrol token`` mints it (the signature is slurmrestd's to check)."""
+
+    def part(obj: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part({'exp': 1900000000, 'sun': user})}.c2lnbmF0dXJl"
+
+
+async def test_a_planted_job_with_a_copied_tag_is_never_adopted(caplog: pytest.LogCaptureFixture) -> None:
+    # No user_name configured (the chart's default): the token's own user is whose jobs are ours.
+    fake = FakeSlurm(1)
+    planted = {**fake.jobs[1], "job_id": 1000, "user_name": "mallory"}
+    fake.jobs = {999: {**fake.jobs[1], "job_id": 999}, 1000: planted}
+    config = SlurmConfig(url="http://slurm.test", token=token_for("dispatch"), api_version="v0.0.38")
+    b = SlurmBackend(config, transport=httpx.MockTransport(fake))
+    try:
+        with caplog.at_level(logging.WARNING, logger="dispatch.slurm"):
+            views = await b.list("j0")
+        assert [v.id for v in views] == ["999"]
+        assert (
+            "Slurm job 1000 carries the tag of j0 submission 1 but belongs to user 'mallory'" in caplog.text
+        )
+    finally:
         await b.aclose()

@@ -9,7 +9,7 @@ import logging
 import httpx
 import pytest
 
-from dispatch._backends.slurm._rest import RestClient
+from dispatch._backends.slurm._rest import RestClient, TokenSource
 
 
 def test_each_request_is_logged_at_debug_and_nothing_at_info(caplog: pytest.LogCaptureFixture) -> None:
@@ -29,3 +29,18 @@ def test_each_request_is_logged_at_debug_and_nothing_at_info(caplog: pytest.LogC
     assert [(r.name, r.levelno) for r in about] == [("dispatch.slurm.rest", logging.DEBUG)], [
         (r.name, r.levelname, r.getMessage()) for r in about
     ]
+
+
+def test_a_token_cut_short_in_an_answer_is_scrubbed() -> None:
+    # A proxy that echoes the request headers in its 502 body, cut after 80 characters: the
+    # header and the start of the claims (the Slurm user name among them) must not reach a status.
+    token = (
+        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJleHAiOjE4MDAwMDAwMDAsInN1biI6ImFkYSJ9.c2lnbmF0dXJlLXBhcnQ"
+    )
+
+    client = RestClient(url="http://slurmrestd:6820", token=TokenSource(token))
+    for cut in (token[:80], token[:50], token.split(".")[1][:20]):
+        scrubbed = client.scrub(f"502 Bad Gateway: X-SLURM-USER-TOKEN echoed {cut}...")
+        assert cut not in scrubbed, scrubbed
+        assert "eyJ" not in scrubbed, scrubbed
+    asyncio.run(client.aclose())

@@ -10,7 +10,9 @@ jobs are submitted without a supervisor (every rule the scheduler's): anyone may
 ``Operator.settle`` on them. After every step it checks the seven invariants of semantics.md
 (invariant 4 across submissions, against what the scheduler really did; invariant 5 at every
 moment, with the exact exception semantics.md states), that no submission was authorized before
-its rule's backoff had passed, what status shows, and at the end that every job settles.
+its rule's backoff had passed, that each object was built with the changes of the rules that
+authorized the submissions up to its own (more memory, another partition) and no others, what
+status shows, and at the end that every job settles.
 
 A second test runs the same machine over a record store whose ``put`` ignores the expected version,
 and requires hypothesis to find a violation: the machine can fail, and compare-and-swap is why it
@@ -23,7 +25,7 @@ import asyncio
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -47,25 +49,44 @@ from dispatch import (
     ActorKind,
     Backoff,
     CauseKind,
+    Change,
     Enforcer,
+    InvalidTransition,
     JobSpec,
+    KubeflowOptions,
     MemoryBackend,
+    MemoryChange,
     MemoryStore,
     ObjectExists,
     ObjectView,
+    OptionsModel,
     Phase,
     Record,
     RecoveryPolicy,
+    Resources,
     Rule,
     Shape,
+    SlurmChange,
+    SlurmOptions,
     State,
     Status,
     Supervisor,
     VersionConflict,
     compose,
+    spec_for,
 )
 from dispatch._cluster import Cluster
-from dispatch._decide import Authorize, Create, Decision, Done, RecordCanonical, Step, Wait
+from dispatch._decide import (
+    Authorize,
+    Create,
+    Decision,
+    Done,
+    RecordCanonical,
+    Resume,
+    Step,
+    Wait,
+    _suspension,
+)
 from dispatch._model import RULE_CAUSES
 from dispatch._supervisor import Intent
 
@@ -101,9 +122,9 @@ class Ledger:
         self.fired: Counter[tuple[str, int]] = Counter()
 
     def stepped(self, job: str, step: Step, before: Record, after: Record | None) -> None:
-        if isinstance(step, Authorize) and after is not None:
+        if isinstance(step, Authorize | Resume) and after is not None:
             self.authorized[job, step.submission] += 1
-            if step.rule is not None:
+            if isinstance(step, Authorize) and step.rule is not None:
                 self.fired[job, step.rule] += 1
 
     def conflicted(self, job: str) -> None:
@@ -148,6 +169,35 @@ def backoffs(draw: st.DrawFn) -> Backoff | None:
     )
 
 
+BASE_MIB = 1024
+"""Each job's memory per node, in MiB (Slurm's unit; ``1Gi`` on Kubernetes)."""
+PARTITION = "big"
+
+
+def options(shape: Shape) -> dict[str, OptionsModel]:
+    """Each job's options on ``shape``: its memory (which a rule's change may grow)."""
+    if shape is Shape.SLURM:
+        return {"slurm": SlurmOptions(memory_per_node_mb=BASE_MIB)}
+    return {"kubeflow": KubeflowOptions(image="train:1", resources=Resources(memory=f"{BASE_MIB}Mi"))}
+
+
+@st.composite
+def changes(draw: st.DrawFn, shape: Shape, *, memory: bool) -> Change | None:
+    """None often; else twice the memory up to 2**k times the job's (at most one rule of a job
+    changes the memory, so the expected memory is a power of two), and on Slurm another partition."""
+    if draw(st.booleans()):
+        return None
+    grow = memory and draw(st.booleans())
+    partition = shape is Shape.SLURM and (not grow or draw(st.booleans()))
+    if not grow and not partition:
+        return None
+    cap = f"{BASE_MIB << draw(st.integers(0, 3))}Mi"
+    return Change(
+        memory=MemoryChange(factor=2, max=cap) if grow else None,
+        **({"slurm": SlurmChange(partition=PARTITION)} if partition else {}),
+    )
+
+
 @st.composite
 def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
     """Rules with budgets 0..3 over disjoint causes; often the shape's usual first rule as well.
@@ -178,7 +228,11 @@ def policies(draw: st.DrawFn, shape: Shape) -> tuple[Rule, ...]:
         on = draw(st.lists(st.sampled_from(free), min_size=1, max_size=3, unique=True))
         taken.update(on)
         budget = draw(st.integers(0, 3))
-        rules.append(Rule(on=tuple(on), action=Action.RESUBMIT, budget=budget, backoff=draw(backoffs())))
+        memory = not any(r.change is not None and r.change.memory is not None for r in rules)
+        change = draw(changes(shape, memory=memory))
+        rules.append(
+            Rule(on=tuple(on), action=Action.RESUBMIT, budget=budget, backoff=draw(backoffs()), change=change)
+        )
     if draw(st.booleans()):
         rules.reverse()
     return tuple(rules)
@@ -253,7 +307,8 @@ class DispatchMachine(RuleBasedStateMachine):
         settled = self.record(job).settled
         before = {o.id for o in self.objects(job)}
         with contextlib.suppress(ObjectExists):
-            self.run(job.backend.create(job.name, step.submission, intent.record.spec, intent.record.plan))
+            spec = spec_for(intent.record, step.submission)
+            self.run(job.backend.create(job.name, step.submission, spec, intent.record.plan))
         if settled:
             job.late.update(o.id for o in self.objects(job) if o.id not in before)
 
@@ -264,7 +319,9 @@ class DispatchMachine(RuleBasedStateMachine):
         for i in range(count):
             shape = data.draw(st.sampled_from(list(Shape)), label=f"shape of j{i}")
             rules = data.draw(policies(shape), label=f"rules of j{i}")
-            spec = JobSpec(name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules))
+            spec = JobSpec(
+                name=f"j{i}", command=("train",), recovery=RecoveryPolicy(rules=rules), options=options(shape)
+            )
             cluster = self.clusters[shape]
             # Without a supervisor when the scheduler can enforce every rule, sometimes.
             alone = all(r.action is Action.RESTART for r in rules) and data.draw(
@@ -377,6 +434,28 @@ class DispatchMachine(RuleBasedStateMachine):
         if who == 0:  # rarely, so that most jobs live long enough to recover
             j = self.pick(job)
             self.run(j.cluster.operator.cancel(j.name, Actor(kind=ActorKind.HUMAN, id="bob")))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), who=st.integers(0, 2))
+    def human_suspends(self, job: int, who: int) -> None:
+        if who == 0:  # rarely, so that most jobs run long enough to recover
+            j = self.pick(job)
+            with contextlib.suppress(InvalidTransition):
+                self.run(j.cluster.operator.suspend(j.name, Actor(kind=ActorKind.HUMAN, id="cy")))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1))
+    def human_resumes(self, job: int) -> None:
+        j = self.pick(job)
+        self.run(j.cluster.operator.resume(j.name, Actor(kind=ActorKind.HUMAN, id="dee")))
+
+    @rule(job=st.integers(0, MAX_JOBS - 1), fresh=st.one_of(st.none(), st.integers(0, 2)))
+    def human_retries(self, job: int, fresh: int | None) -> None:
+        """A person retries a job that failed (sometimes renewing a rule's budget): the job is
+        reopened once it has settled, and no two submissions ever run at once (invariant 1)."""
+        j = self.pick(job)
+        with contextlib.suppress(InvalidTransition):
+            self.run(
+                j.cluster.operator.retry(j.name, Actor(kind=ActorKind.HUMAN, id="eve"), fresh_budget=fresh)
+            )
 
     # the scheduler
 
@@ -496,7 +575,9 @@ class DispatchMachine(RuleBasedStateMachine):
             if j.backend.shape is Shape.SLURM:  # Slurm enforces nothing natively: no restart in place
                 assert restarts == 0, f"{j.name}: {restarts} restarts in place on the slurm shape"
             for planned in record.plan.rules:
-                assert planned.firings <= planned.budget, f"{j.name}: rule {planned.index} over budget"
+                # A person's retry may renew a rule's budget: the firings before it no longer count.
+                spent = planned.firings - planned.renewed
+                assert 0 <= spent <= planned.budget, f"{j.name}: rule {planned.index} over budget"
                 if planned.enforcer is Enforcer.SUPERVISOR:
                     by_rule = [s.n for s in record.submissions if s.rule == planned.index]
                     assert planned.firings == len(by_rule), f"{j.name}: rule {planned.index} firings"
@@ -511,7 +592,7 @@ class DispatchMachine(RuleBasedStateMachine):
                     # What the scheduler really did, over every object of every submission: the
                     # budget belongs to the job, not to each object.
                     done = sum(o.restarts for o in self.objects(j))
-                    assert done <= planned.budget, (
+                    assert done <= planned.budget + planned.renewed, (
                         f"{j.name}: the scheduler restarted {done} times in place across submissions, "
                         f"budget {planned.budget}"
                     )
@@ -523,13 +604,48 @@ class DispatchMachine(RuleBasedStateMachine):
             record = self.record(j)
             firings: Counter[int] = Counter()
             for previous, sub in zip(record.submissions, record.submissions[1:], strict=False):
-                assert sub.rule is not None
+                if sub.rule is None:  # a person's resume or retry: no rule, no backoff
+                    assert sub.authorized_by.kind is ActorKind.HUMAN, f"{j.name}: {sub.n} without a rule"
+                    continue
                 firings[sub.rule] += 1
                 backoff = record.spec.recovery.rules[sub.rule].backoff
                 wait = backoff.seconds(firings[sub.rule]) if backoff is not None else 0
                 assert previous.ended_at is not None, f"{j.name}: submission {previous.n} ended unrecorded"
                 early = previous.ended_at + timedelta(seconds=wait) - sub.authorized_at
                 assert early <= timedelta(0), f"{j.name}: submission {sub.n} authorized {early} early"
+
+    @invariant()
+    def each_object_runs_with_the_changes_of_the_firings_before_it(self) -> None:
+        """Submission n's object has the job's memory doubled once per firing of the rule that grows
+        it among the authorizations of submissions 2..n (up to its max), and the partition once a
+        rule that changes it authorized one of them: what the record says, and so what a restarted
+        supervisor builds; each submission records exactly the fields that differ from the one
+        before it."""
+        for j in self.jobs:
+            record = self.record(j)
+            expected = [
+                _expected(record.spec, [s.rule for s in record.submissions[1:n]])
+                for n in range(1, len(record.submissions) + 1)
+            ]
+            for o in self.objects(j):
+                if o.submission > len(expected):
+                    continue  # a late object of a newer record: its submission is not known here
+                spec = j.backend.spec_of(o.id)
+                assert spec is not None
+                got = _memory_and_partition(spec)
+                assert got == expected[o.submission - 1], (
+                    f"{j.name}: object {o.id} of submission {o.submission} has {got}, "
+                    f"expected {expected[o.submission - 1]}"
+                )
+            for sub, before, now in zip(record.submissions[1:], expected, expected[1:], strict=False):
+                fields = {c.field.rsplit(".", 1)[-1] for c in sub.changes}
+                want = {
+                    name for name, a, b in zip(("memory", "partition"), before, now, strict=True) if a != b
+                }
+                got_fields = {"memory" if f in ("memory", "memoryPerNodeMb") else f for f in fields}
+                assert got_fields == want, (
+                    f"{j.name}: submission {sub.n} records {sub.changes}, expected {want}"
+                )
 
     @invariant()
     def settled_means_everything_ended(self) -> None:  # 5
@@ -548,23 +664,36 @@ class DispatchMachine(RuleBasedStateMachine):
 
     @invariant()
     def history_is_a_legal_path(self) -> None:  # 6
+        """Each transition starts where the last ended; a new submission is authorized by a rule's
+        firing (-> recovering) or a person's resume or retry (-> pending, from suspended or failed),
+        numbered one more than the last; an outcome concerns the current submission; only a failed
+        job moves on, and only by a person's retry."""
         for j in self.jobs:
             record = self.record(j)
-            state = State.PENDING
-            recoveries = 0
+            authorizing = [t for t in record.history if t.to in (State.RECOVERING, State.PENDING)]
+            first_silent = len(record.submissions) - len(authorizing)
+            assert first_silent in (0, 1), f"{j.name}: {first_silent} submissions with no transition"
+            state, current = State.PENDING, first_silent
             for t in record.history:
                 assert t.from_ is state, f"{j.name}: history jumps from {state} to {t.from_}"
-                assert not state.is_outcome, f"{j.name}: a transition after the outcome"
-                assert t.to is State.RECOVERING or t.to.is_outcome, f"{j.name}: illegal target {t.to}"
-                if t.to is State.RECOVERING:
-                    recoveries += 1
-                    assert t.submission == recoveries + 1
-                else:  # the outcome concerns the last submission, or none: never a submission 0
-                    last = record.submissions[-1].n if record.submissions else None
-                    assert t.submission == last, f"{j.name}: outcome for submission {t.submission}"
+                if state.is_outcome:
+                    assert state is State.FAILED, f"{j.name}: a transition after {state}"
+                    assert t.to is State.PENDING, f"{j.name}: failed -> {t.to}"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: a retry by {t.actor}"
+                if t.to is State.PENDING:
+                    assert state in (State.SUSPENDED, State.FAILED), f"{j.name}: {state} -> pending"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: a resume by {t.actor}"
+                if t.to is State.SUSPENDED:
+                    assert state is not State.SUSPENDED, f"{j.name}: suspended twice"
+                    assert t.actor.kind is ActorKind.HUMAN, f"{j.name}: suspended by {t.actor}"
+                if t.to in (State.RECOVERING, State.PENDING):
+                    current += 1
+                    assert t.submission == current, f"{j.name}: {t.to} for submission {t.submission}"
+                else:  # an outcome or a suspend concerns the current submission, or none
+                    assert t.submission == (current or None), f"{j.name}: {t.to} for {t.submission}"
                 state = t.to
             assert state is record.state, f"{j.name}: history ends in {state}, record says {record.state}"
-            assert recoveries == max(len(record.submissions) - 1, 0)
+            assert current == len(record.submissions)
             assert record.state is not State.RUNNING
             if record.settled:
                 assert record.state.is_outcome
@@ -613,6 +742,8 @@ class DispatchMachine(RuleBasedStateMachine):
         for j in self.jobs:
             for slot in list(j.supervisors):
                 self.kill(j, slot)
+            # A suspended job waits for a person: one resumes it, so that it can settle.
+            self.run(j.cluster.operator.resume(j.name, HUMAN))
         # A job nobody supervises: once the scheduler is done with it, status shows the outcome and
         # watch ends, before anyone has recorded anything.
         for j in self.jobs:
@@ -653,13 +784,37 @@ class DispatchMachine(RuleBasedStateMachine):
             assert not left, f"{j.name}: settled but objects never ended: {left}"
 
             assert self.watch_ends(j).state is record.state
-            if j.shown_failed is not None:
+            if j.shown_failed is not None and record.retries == 0:
                 # status showed failed: the job was never recovered after that; its outcome is
                 # failed, or cancelled when a person asked for it after seeing it fail
                 assert len(record.submissions) == j.shown_failed, f"{j.name}: showed failed, then recovered"
                 assert record.state is State.FAILED or (
                     record.state is State.CANCELLED and record.cancel is not None
                 ), f"{j.name}: showed failed, ended {record.state}"
+
+
+def _expected(spec: JobSpec, rules: list[int | None]) -> tuple[int, str | None]:
+    """The memory (MiB) and partition the rules that authorized submissions 2..n give submission n,
+    computed apart from dispatch: twice per firing of the one rule that grows it, up to its max."""
+    memory, partition = BASE_MIB, None
+    for index in rules:
+        change = spec.recovery.rules[index].change if index is not None else None
+        if change is None:
+            continue
+        if change.memory is not None:
+            memory = min(memory * 2, int(change.memory.max.removesuffix("Mi")))
+        if "slurm" in change.options:
+            partition = PARTITION
+    return memory, partition
+
+
+def _memory_and_partition(spec: JobSpec) -> tuple[int, str | None]:
+    slurm = spec.options.get("slurm")
+    if isinstance(slurm, SlurmOptions):
+        return slurm.memory_per_node_mb or 0, slurm.partition
+    pods = spec.options["kubeflow"]
+    assert isinstance(pods, KubeflowOptions)
+    return (pods.memory_bytes() or 0) // (1 << 20), None
 
 
 class NoCasMachine(DispatchMachine):
@@ -718,4 +873,30 @@ def test_without_compare_and_swap_a_non_canonical_object_is_released() -> None:
             settings=settings(
                 PLANTED, max_examples=1500, phases=[Stage.generate], report_multiple_bugs=False
             ),
+        )
+
+
+def _resume_without_ending(record: Record, objects: Sequence[ObjectView], live: Sequence[ObjectView]) -> Any:
+    """The planted bug: a suspend that never ends the suspended submission's live objects."""
+    return _suspension(record, objects, ())
+
+
+def test_the_machine_finds_a_resume_beside_a_live_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ending what a suspend stopped, a resume releases a second object of the job."""
+    monkeypatch.setattr("dispatch._decide._suspension", _resume_without_ending)
+    with pytest.raises(AssertionError, match=r"peak_released|released and not ended at once"):
+        run_state_machine_as_test(
+            DispatchMachine,
+            settings=settings(PLANTED, max_examples=400, phases=[Stage.generate], report_multiple_bugs=False),
+        )
+
+
+def test_objects_built_from_the_jobs_spec_alone_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: the supervisor builds every object from the job's spec, ignoring the changes
+    of the rules that authorized its submission. The machine finds the object without them."""
+    monkeypatch.setattr("dispatch._supervisor.spec_for", lambda record, n: record.spec)
+    with pytest.raises(AssertionError, match="expected"):
+        run_state_machine_as_test(
+            DispatchMachine,
+            settings=settings(PLANTED, max_examples=300, phases=[Stage.generate], report_multiple_bugs=False),
         )

@@ -585,7 +585,8 @@ def test_nothing_is_authorized_at_or_after_the_deadline(deadline: int, base: int
 
 
 def test_a_pods_last_state_says_how_its_stop_went_and_when_it_started() -> None:
-    from dispatch._workload._evidence import started_at, stopped_how
+    from dispatch._workload._classify import pods_started
+    from dispatch._workload._evidence import stopped_how
 
     def pod(*states: dict[str, Any]) -> dict[str, Any]:
         return {"status": {"containerStatuses": [{"name": "main", "state": s} for s in states]}}
@@ -597,8 +598,8 @@ def test_a_pods_last_state_says_how_its_stop_went_and_when_it_started() -> None:
     assert stopped_how(pod({"terminated": {"exitCode": 143, "signal": 9}})) is StopKind.FORCED
     assert stopped_how(trapped) is StopKind.GRACEFUL
     assert stopped_how(running) is None
-    assert started_at([killed, running, trapped]) == at(1)
-    assert started_at([pod({"waiting": {"reason": "ContainerCreating"}})]) is None
+    assert pods_started([killed, running, trapped]) == at(1)
+    assert pods_started([pod({"waiting": {"reason": "ContainerCreating"}})]) is None
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ from .._model import (
     JobSpec,
     OptionsModel,
     Resources,
+    bytes_quantity,
+    quantity_bytes,
 )
 from .._registry import ApiResource, BackendInfo, PolicyRule, Where
 
@@ -305,6 +307,21 @@ class PodOptions(OptionsModel):
     """Annotations on every pod (not under ``dispatch.dev/``)."""
     working_dir: Path | None = None
     """The training container's working directory (default: the image's)."""
+
+    def gpus_per_node(self) -> int:
+        return self.resources.gpu
+
+    memory_field: ClassVar[str | None] = "resources.memory"
+
+    def memory_bytes(self) -> int | None:
+        memory = self.resources.memory
+        return quantity_bytes(memory) if memory is not None else None
+
+    def with_memory_bytes(self, value: int) -> Self:
+        """The container's memory (its request and limit) as ``value`` bytes, in the largest binary
+        unit that holds it exactly."""
+        memory = bytes_quantity(max(value, self.memory_bytes() or 0))
+        return self.model_copy(update={"resources": self.resources.model_copy(update={"memory": memory})})
 
     @field_validator("env")
     @classmethod

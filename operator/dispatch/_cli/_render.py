@@ -16,8 +16,33 @@ from .._constants import (
     STATUS_OBSERVED_NOTE,
     STATUS_OBSERVED_STATE,
 )
-from .._dispatchjob import cause_text, condition, plan_of, refusal, status_of, submissions, transitions
-from .._model import ActorKind, Plan, PlannedRule, Transition, rule_causes
+from .._cost import Failure, failures
+from .._dispatchjob import (
+    cause_text,
+    condition,
+    cost_of,
+    plan_of,
+    record_from,
+    refusal,
+    status_of,
+    submissions,
+    transitions,
+)
+from .._errors import DispatchError
+from .._model import (
+    ActorKind,
+    Cause,
+    CauseKind,
+    Cost,
+    Plan,
+    PlannedRule,
+    SimulatedEnd,
+    Simulation,
+    State,
+    Transition,
+    cause_words,
+    rule_causes,
+)
 
 Body = Mapping[str, Any]
 
@@ -33,7 +58,7 @@ def plan_lines(plan: Plan) -> list[str]:
     lines = [
         line
         for rule in plan.rules
-        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *backoff_lines(rule))
+        for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *rule_lines(rule))
     ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
     return lines + uncovered_code_lines(plan) + queue_lines(plan) + limit_lines(plan)
@@ -54,13 +79,17 @@ def uncovered_code_lines(plan: Plan) -> list[str]:
     return [] if codes is None else [f"uncovered exit codes of non-zero-exit: {codes.describe()}"]
 
 
-def backoff_lines(rule: PlannedRule) -> list[str]:
-    """The wait before a rule's firings: its own backoff, or the scheduler's for a native rule."""
+def rule_lines(rule: PlannedRule) -> list[str]:
+    """The wait before a rule's firings (its own backoff, or the scheduler's for a native rule),
+    and what each firing changes in the submission it authorizes."""
+    lines: list[str] = []
     if rule.backoff is not None:
-        return [f"  backoff: {rule.backoff.describe()}"]
-    if rule.scheduler_backoff is not None:
-        return [f"  the scheduler's own backoff: {rule.scheduler_backoff}"]
-    return []
+        lines.append(f"  backoff: {rule.backoff.describe()}")
+    elif rule.scheduler_backoff is not None:
+        lines.append(f"  the scheduler's own backoff: {rule.scheduler_backoff}")
+    if rule.change is not None:
+        lines.append(f"  each firing changes the next submission: {rule.change}")
+    return lines
 
 
 def queue_lines(plan: Plan) -> list[str]:
@@ -74,6 +103,48 @@ def queue_lines(plan: Plan) -> list[str]:
         "  enforced by Kueue: " + ", ".join(queue.kueue),
         "  enforced by dispatch: " + ", ".join(queue.dispatch),
     ]
+
+
+def simulation_lines(sim: Simulation) -> list[str]:
+    """The "what if" table: each end, the rule that fired, the backoff, what changes, the outcome."""
+    rows = [
+        [
+            end.submission,
+            _cause_words(end.cause),
+            "-" if end.rule is None else end.rule,
+            f"{end.backoff_seconds:g}s" if end.rule is not None and not end.in_place else "-",
+            _next(end),
+            "-" if end.budget_left is None else end.budget_left,
+            end.change or "-",
+            end.state.value,
+        ]
+        for end in sim.ends
+    ]
+    headers = ["SUBMISSION", "CAUSE", "RULE", "BACKOFF", "NEXT", "LEFT", "CHANGE", "STATE"]
+    lines = table(headers, rows).splitlines()
+    last = sim.ends[-1].submission if sim.ends else 0
+    if sim.state is State.SUCCEEDED:
+        lines.append(f"ends: succeeded in submission {last}")
+    else:
+        lines.append(f"ends: {sim.state.value} in submission {last} with cause {_cause_words(sim.cause)}")
+    if sim.unused:
+        lines.append("never met: " + ", ".join(_cause_words(c) for c in sim.unused))
+    return lines
+
+
+def _next(end: SimulatedEnd) -> str:
+    if end.in_place:
+        return f"{end.submission} (restarted in place)"
+    return "-" if end.next_submission is None else str(end.next_submission)
+
+
+def _cause_words(cause: Cause) -> str:
+    return "success" if cause.kind is CauseKind.NONE else cause_words(cause.kind.value, cause.exit_code)
+
+
+def simulation_data(sim: Simulation) -> dict[str, Any]:
+    """The simulation as data: its ends and where the job ends (the simulated record left out)."""
+    return sim.model_dump(mode="json", by_alias=True, exclude={"record"})
 
 
 def plan_data(plan: Plan) -> dict[str, Any]:
@@ -264,7 +335,52 @@ def get_table(objs: Sequence[Body], *, all_namespaces: bool, now: datetime | Non
     return table(headers, rows)
 
 
-def history_table(ts: Sequence[Transition]) -> str:
+def failures_of(obj: Body) -> dict[int, Failure]:
+    """Each failed submission of a DispatchJob with what it cost (dispatch._cost), by its number;
+    none when its record cannot be read."""
+    try:
+        record = record_from(obj)
+    except (ValueError, DispatchError):
+        return {}
+    return {f.submission: f for f in failures(record)}
+
+
+def failure_of(t: Transition, failed: Mapping[int, Failure]) -> Failure | None:
+    """The failure a transition records: the previous submission's for a recovery (it authorizes
+    the next), the submission's own for a failed outcome."""
+    if t.submission is None:
+        return None
+    if t.to is State.RECOVERING:
+        return failed.get(t.submission - 1)
+    return failed.get(t.submission) if t.to is State.FAILED else None
+
+
+def failure_words(f: Failure | None) -> str:
+    """What a failure cost, in a history row: ``60 node-s, running again after 5 s``."""
+    if f is None:
+        return ""
+    gpu = f", {seconds(f.gpu_seconds)} GPU-s" if f.gpu_seconds else ""
+    back = (
+        f"running again after {seconds(f.recovery_seconds)} s"
+        if f.recovery_seconds is not None
+        else "not running again yet"
+    )
+    return f"{seconds(f.node_seconds)} node-s{gpu}, {back}"
+
+
+def failure_data(f: Failure | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {
+        "submission": f.submission,
+        "nodeSeconds": round(f.node_seconds, 3),
+        "gpuSeconds": round(f.gpu_seconds, 3),
+        "recoverySeconds": round(f.recovery_seconds, 3) if f.recovery_seconds is not None else None,
+    }
+
+
+def history_table(ts: Sequence[Transition], failed: Mapping[int, Failure] | None = None) -> str:
+    """The transitions; with ``failed`` (:func:`failures_of`), what each failure cost besides."""
     rows = [
         [
             show_time(t.time),
@@ -276,7 +392,12 @@ def history_table(ts: Sequence[Transition]) -> str:
         ]
         for t in ts
     ]
-    return table(["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"], rows)
+    headers = ["TIME", "FROM", "TO", "SUBMISSION", "CAUSE", "ACTOR"]
+    if failed:
+        headers.append("COST")
+        for row, t in zip(rows, ts, strict=True):
+            row.append(failure_words(failure_of(t, failed)))
+    return table(headers, rows)
 
 
 def _cause_model(t: Transition) -> dict[str, Any]:
@@ -304,12 +425,17 @@ def describe_data(obj: Body, events: Sequence[Body] = ()) -> dict[str, Any]:
             if s.cause is not None
             else None,
             "restarts": s.restarts,
+            "changes": [str(c) for c in s.changes],
         }
         for s in submissions(obj)
     ]
     timed = {t["n"]: t for t in timeline(obj, data["state"])}
     for sub in data["submissions"]:
         sub.update({k: timed[sub["n"]][k] for k in ("endedAt", "by", "outcome")})
+    for sub, recorded in zip(data["submissions"], submissions(obj), strict=True):
+        sub["startedAt"] = show_time(recorded.started_at) if recorded.started_at is not None else None
+    cost = cost_of(obj)
+    data["cost"] = cost.model_dump(mode="json", by_alias=True) if cost is not None else None
     data["history"] = [transition_data(t) for t in transitions(obj)]
     cancel = status.get("cancel")
     data["cancelRequest"] = (
@@ -376,7 +502,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
                 f"budget {rule.budget}, fired {rule.firings}, {rule.left} left"
             )
             out.extend(wrap(line, 4, first="  "))
-            out.extend(f"  {line}" for line in backoff_lines(rule))
+            out.extend(f"  {line}" for line in rule_lines(rule))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
         out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p) + limit_lines(p))
         out.append("Submissions:")
@@ -387,6 +513,12 @@ def describe_text(data: Mapping[str, Any]) -> str:
         out.append(_indent(table(["N", "STARTED", "ENDED", "BY", "OUTCOME"], rows, WIDTH - 2)))
         if not rows:
             out.append("  (none yet)")
+        for s in data["submissions"]:
+            for change in s.get("changes") or ():
+                out.extend(wrap(f"submission {s['n']} changed {change}", 4, first="  "))
+    cost = data.get("cost")
+    if cost:
+        out.extend(cost_lines(Cost.model_validate(cost)))
     if data["history"]:
         out.append("History:")
         rows = [
@@ -407,6 +539,37 @@ def describe_text(data: Mapping[str, Any]) -> str:
     else:
         out.append("  (none)")
     return "\n".join(out)
+
+
+def seconds(value: float) -> str:
+    """Seconds as status has them (to the millisecond), shown to a tenth: ``2240``, ``12.5``."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def cost_lines(cost: Cost) -> list[str]:
+    """What recovery cost, as ``describe`` shows it: the totals, then a row per cause."""
+    out = ["Recovery cost:"]
+    total = (
+        f"{cost.failures} failure{'s' if cost.failures != 1 else ''}, {cost.recovered} recovered "
+        f"in {seconds(cost.recovery_seconds)} s; {seconds(cost.node_seconds)} node-seconds, "
+        f"{seconds(cost.gpu_seconds)} GPU-seconds lost"
+    )
+    out.extend(wrap(total, 4, first="  "))
+    rows = [
+        [
+            c.cause.value,
+            c.failures,
+            c.recovered,
+            seconds(c.recovery_seconds),
+            seconds(c.longest_recovery_seconds),
+            seconds(c.node_seconds),
+            seconds(c.gpu_seconds),
+        ]
+        for c in cost.causes
+    ]
+    headers = ["CAUSE", "FAILURES", "RECOVERED", "RECOVERY-S", "LONGEST-S", "NODE-S", "GPU-S"]
+    out.append(_indent(table(headers, rows, WIDTH - 2)))
+    return out
 
 
 def _same_day(start: str | None, end: str | None) -> str | None:

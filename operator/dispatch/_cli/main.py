@@ -31,7 +31,10 @@ import aiohttp
 from .. import _dispatchjob as dispatchjob
 from .._constants import GROUP, KIND, PLURAL, SINGULAR
 from .._errors import PlanError
+from .._model import Cause
+from .._simulate import parse_cause, simulate
 from .._version import __version__
+from . import _inject
 from . import _render as render
 from ._manifest import ManifestError, load
 
@@ -89,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", nargs="?", help="the manifest (YAML; - for stdin), as with -f")
     p.add_argument("-f", "--filename", help="the manifest (YAML; - for stdin)")
+    p.add_argument(
+        "--simulate",
+        metavar="CAUSES",
+        help="walk the rules over these ends of submissions 1, 2, ... (comma-separated causes, such as "
+        "preempted,preempted,out-of-memory; non-zero-exit:3 for an exit code): which rule fires, the "
+        "backoff, the next submission and where the job ends, by the operator's own decision",
+    )
 
     p = sub.add_parser("get", parents=[common], help="summarise DispatchJobs")
     p.add_argument("name", nargs="?", help="one DispatchJob (all in the namespace without it)")
@@ -110,6 +120,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("name")
 
+    p = sub.add_parser(
+        "suspend",
+        parents=[common],
+        help="suspend a DispatchJob: stop its running submission, start none",
+        description="Set spec.suspend: the operator records the job suspended with the caller as the actor "
+        "(from the admission webhook), stops the running submission (SIGTERM, then SIGKILL after its grace "
+        "period) and authorizes no next one until it is resumed.",
+    )
+    p.add_argument("name")
+
+    p = sub.add_parser(
+        "resume",
+        parents=[common],
+        help="resume a suspended DispatchJob with a new submission",
+        description="Clear spec.suspend: once the suspended submission has ended, the operator authorizes a "
+        "new one, recorded with the caller as the actor; no rule fires and no budget is spent.",
+    )
+    p.add_argument("name")
+
+    p = sub.add_parser(
+        "retry",
+        parents=[common],
+        help="run a failed DispatchJob again under the same record",
+        description="Raise spec.retry.count by one: once the failed job has settled, the operator reopens it "
+        "(failed -> pending) with a new submission, recorded with the caller as the actor. No rule fires "
+        "and no budget is spent; with --fresh-budget, rule --rule's budget starts afresh.",
+    )
+    p.add_argument("name")
+    p.add_argument("--rule", type=int, metavar="N", help="the rule whose budget --fresh-budget renews")
+    p.add_argument(
+        "--fresh-budget",
+        action="store_true",
+        help="renew rule N's budget (its earlier firings no longer count)",
+    )
+
+    p = sub.add_parser(
+        "preempt",
+        parents=[common],
+        help="evict a pod of the running submission, as a drain or a preemption does (to try recovery)",
+        description="Evict one pod of the job's running submission through the Eviction API (as kubectl "
+        "drain does; PodDisruptionBudgets apply). dispatch records the submission preempted and its rules "
+        "decide what follows. Needs create on pods/eviction.",
+    )
+    p.add_argument("name")
+
+    p = sub.add_parser(
+        "lose-node",
+        parents=[common],
+        help="evict the pods on the node of the running submission, as a lost node does (to try recovery)",
+        description=f"Taint the node of one of the job's running pods {_inject.NODE_LOSS_TAINT}:NoExecute, "
+        "as the node lifecycle controller taints a node that stops answering: the taint eviction controller "
+        "deletes the pods there, dispatch records the submission node-lost, and the taint is removed once "
+        "they have left. Needs patch on nodes.",
+    )
+    p.add_argument("name")
+
     p = sub.add_parser("watch", parents=[common], help="follow a DispatchJob's status as it changes")
     p.add_argument("name")
     p.add_argument(
@@ -126,6 +192,8 @@ def main(
     err = stderr or sys.stderr
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "retry" and args.fresh_budget != (args.rule is not None):
+            raise Usage("retry: --fresh-budget and --rule N go together (renew rule N's budget)")
         if args.command == "plan":
             return plan(args, out, err)
         return asyncio.run(_remote(args, out))
@@ -152,6 +220,7 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not path or (args.filename and args.file):
         raise Usage("plan takes one manifest: kubectl dispatch plan FILE (or -f FILE)")
     manifests = load(path, namespace=_default_namespace(args))
+    causes = _causes(args.simulate)
     results: list[Any] = []
     refused = False
     for i, manifest in enumerate(manifests):
@@ -168,8 +237,12 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 prefix = f"{manifest.job}: " if len(manifests) > 1 else ""
                 print(f"{prefix}refused: {error}", file=err)
             continue
+        sim = simulate(manifest.spec, p, causes) if causes is not None else None
         if args.output:
-            results.append(render.plan_data(p))
+            data = render.plan_data(p)
+            if sim is not None:
+                data = {"plan": data, "simulation": render.simulation_data(sim)}
+            results.append(data)
             continue
         if len(manifests) > 1:
             if i:
@@ -177,9 +250,23 @@ def plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"{manifest.job}:", file=out)
         for line in render.plan_lines(p):
             print(line, file=out)
+        if sim is not None:
+            print(file=out)
+            for line in render.simulation_lines(sim):
+                print(line, file=out)
     if args.output:
         print(render.dump(results[0] if len(results) == 1 else results, args.output), file=out)
     return 1 if refused else 0
+
+
+def _causes(text: str | None) -> list[Cause] | None:
+    """``--simulate``'s causes, or None without it; a word that is no cause is a usage error."""
+    if text is None:
+        return None
+    try:
+        return [parse_cause(word) for word in text.split(",") if word.strip()]
+    except ValueError as error:
+        raise Usage(f"--simulate: {error}") from None
 
 
 # ---- commands that read the cluster -----------------------------------------------------------------
@@ -234,6 +321,16 @@ async def _remote(args: argparse.Namespace, out: TextIO) -> int:
                 return await watch(args, api, namespace, out)
             if args.command == "cancel":
                 return await cancel(args, objects, namespace, out)
+            if args.command in ("suspend", "resume"):
+                return await suspend(args, objects, namespace, out)
+            if args.command == "retry":
+                return await retry(args, objects, namespace, out)
+            if args.command == "preempt":
+                return await _inject.preempt(api, namespace, args.name, out)
+            if args.command == "lose-node":
+                return await _inject.lose_node(api, namespace, args.name, out)
+        except _inject.NothingToDisrupt as error:
+            raise Failure(str(error)) from None
         except _kubeclient.NotFound:
             raise Failure(f'{PLURAL}.{GROUP} "{args.name}" not found in namespace {namespace}') from None
         except _kubeclient.ApiError as error:
@@ -297,14 +394,19 @@ async def describe(args: argparse.Namespace, objects: Any, namespace: str, out: 
 async def history(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
     obj = await objects.get(namespace, args.name)
     ts = dispatchjob.transitions(obj)
+    failed = render.failures_of(obj)
     if args.output:
-        print(render.dump([render.transition_data(t) for t in ts], args.output), file=out)
+        data = [
+            render.transition_data(t) | {"cost": render.failure_data(render.failure_of(t, failed))}
+            for t in ts
+        ]
+        print(render.dump(data, args.output), file=out)
         return 0
     if not ts:
         state = (obj.get("status") or {}).get("state") or "not yet recorded"
         print(f"No transitions recorded yet (state: {state}).", file=out)
         return 0
-    print(render.history_table(ts), file=out)
+    print(render.history_table(ts, failed), file=out)
     return 0
 
 
@@ -321,10 +423,52 @@ async def cancel(args: argparse.Namespace, objects: Any, namespace: str, out: Te
     else:
         obj = await objects.merge_patch(namespace, args.name, {"spec": {"cancel": True}})
         note, code = "cancel requested", EXIT_OK
+    return _said(args, obj, f"{name} {note}", code, out)
+
+
+async def suspend(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    """Set spec.suspend (``suspend``) or clear it (``resume``), saying so when there is nothing to do."""
+    want = args.command == "suspend"
+    name = f"{SINGULAR}.{GROUP}/{args.name}"
+    obj = await objects.get(namespace, args.name)
+    state = (obj.get("status") or {}).get("state")
+    code = EXIT_OK
+    if bool((obj.get("spec") or {}).get("suspend")) == want:
+        note = "already suspended" if want else "not suspended: nothing to resume"
+    elif want and state in ("succeeded", "failed", "cancelled"):
+        note, code = f"already {state}: nothing to suspend", EXIT_FAILED
+    else:
+        obj = await objects.merge_patch(namespace, args.name, {"spec": {"suspend": want}})
+        note = "suspend requested" if want else "resume requested"
+    return _said(args, obj, f"{name} {note}", code, out)
+
+
+async def retry(args: argparse.Namespace, objects: Any, namespace: str, out: TextIO) -> int:
+    """Raise spec.retry.count by one (with spec.retry.freshBudget for --fresh-budget)."""
+    name = f"{SINGULAR}.{GROUP}/{args.name}"
+    obj = await objects.get(namespace, args.name)
+    spec = obj.get("spec") or {}
+    state = (obj.get("status") or {}).get("state")
+    if state != "failed":
+        return _said(
+            args, obj, f"{name} is {state or 'not yet recorded'}: only a failed job is retried", 1, out
+        )
+    rules = len((spec.get("recovery") or {}).get("rules") or ())
+    if args.rule is not None and not 0 <= args.rule < rules:
+        raise Usage(f"retry: --rule {args.rule}: the job has no rule {args.rule} (it has {rules})")
+    count = dispatchjob.retry_count(spec) + 1
+    patch = {"spec": {"retry": {"count": count, "freshBudget": args.rule}}}
+    obj = await objects.merge_patch(namespace, args.name, patch)
+    fresh = f", with a fresh budget for rule {args.rule}" if args.rule is not None else ""
+    return _said(args, obj, f"{name} retry {count} requested{fresh}", EXIT_OK, out)
+
+
+def _said(args: argparse.Namespace, obj: Body, note: str, code: int, out: TextIO) -> int:
+    """Print what a command that asks something of a job did: its note, or the job's summary."""
     if args.output:
         print(render.dump(render.summary(obj), args.output), file=out)
     else:
-        print(f"{name} {note}", file=out)
+        print(note, file=out)
     return code
 
 

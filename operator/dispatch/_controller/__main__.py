@@ -12,7 +12,22 @@ import sys
 
 sys.modules.setdefault("kubernetes_asyncio", None)  # type: ignore[arg-type]
 
-from .main import main  # noqa: E402
+
+def main() -> int:
+    """The operator, or, where the ``operator`` extra is not installed, a message that says which
+    extra to install instead of a traceback."""
+    try:
+        from .main import main as operator
+    except ImportError as error:
+        missing = error.name or str(error)
+        print(
+            f"dispatch-operator needs the 'operator' extra (missing: {missing}): "
+            "pip install 'dispatch-jobs[operator]'",
+            file=sys.stderr,
+        )
+        return 2
+    return operator()
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,7 +1,8 @@
 """The DispatchJob CRD, generated from the pydantic models (the single source of the API).
 
 The spec is the core's :class:`~dispatch.JobSpec` without ``name`` (the job's name is the object's
-``metadata.name``) plus ``backend`` and ``cancel``, the one field that may change after creation.
+``metadata.name``) plus ``backend`` and a person's asks (``cancel``, ``suspend``, ``retry``), the
+fields that may change after creation.
 The status is the :class:`~dispatch.Record` (without ``job`` and ``spec``, which the object itself
 holds) plus ``observedGeneration`` and ``conditions``.
 
@@ -40,8 +41,18 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._dispatchjob import ENV_NAME_WORDS
-from .._model import ENV_NAME_PATTERN, MAX_NAME_LENGTH, RULE_CAUSES, CauseKind, JobSpec, Record, State
+from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS, STATUS_COST
+from .._model import (
+    ENV_NAME_PATTERN,
+    MAX_NAME_LENGTH,
+    MAX_RULES,
+    RULE_CAUSES,
+    CauseKind,
+    Cost,
+    JobSpec,
+    Record,
+    State,
+)
 
 Schema = dict[str, Any]
 
@@ -56,6 +67,27 @@ CANCEL_DESCRIPTION: Final = (
     "Set to true to cancel the job: dispatch ends its objects and records the outcome `cancelled` with "
     "the actor (annotation `dispatch.dev/cancelled-by`, set by the admission webhook, else `human:unknown`). "
     "The only field that may change after creation, and only from false to true."
+)
+SUSPEND_DESCRIPTION: Final = (
+    "Set to true to suspend the job: dispatch records the state `suspended` with the actor (annotation "
+    "`dispatch.dev/suspended-by`, set by the admission webhook from whoever changed this field), stops the "
+    "running submission (SIGTERM, then SIGKILL after the grace period) and authorizes no next one. Set back "
+    "to false to resume: a new submission is authorized once the suspended one has ended, recorded with "
+    "the actor; no rule fires and no budget is spent."
+)
+RETRY_DESCRIPTION: Final = (
+    "A person's retry of a failed job. Raise `count` (it never goes down) to ask for one retry: once "
+    "the failed job has settled, dispatch reopens it (`failed` -> `pending`) with a new submission under the "
+    "same record, recorded with the actor (annotation `dispatch.dev/retried-by`, set by the admission "
+    "webhook). Applying the same count again asks for nothing, so a manifest kept in Git is applied as "
+    "often as its tool likes. Refused unless the job has failed."
+)
+RETRY_COUNT_DESCRIPTION: Final = (
+    "The retries asked for so far: one more than the last retry dispatch took asks for another. The count "
+    "a job is created with is its starting point, not a retry."
+)
+FRESH_BUDGET_DESCRIPTION: Final = (
+    "The index of a rule whose budget starts afresh with the retry (its earlier firings no longer count)."
 )
 OBSERVED_STATE_DESCRIPTION: Final = (
     "The state status shows now (`running` and `cancelling` included), written by the operator when it "
@@ -84,8 +116,15 @@ STATUS_DESCRIPTION: Final = (
     "The record, written only by compare-and-swap (a PUT of /status carrying the resourceVersion read), "
     "plus conditions computed from it."
 )
+COST_DESCRIPTION: Final = (
+    "What recovery has cost the job: in total and per cause, the failures, the time from each to "
+    "the next submission running, and the node- and GPU-seconds of the submissions that failed. "
+    "Computed from the record and the live objects and written with the writes there are anyway; "
+    "absent until a submission fails."
+)
 SPEC_DESCRIPTION: Final = (
-    "What to run and how to recover it. Immutable once created, apart from `cancel`. "
+    "What to run and how to recover it. Immutable once created, apart from a person's asks: `cancel`, "
+    "`suspend` and `retry`. "
     "The job's name is metadata.name (at most 48 characters)."
 )
 
@@ -149,9 +188,11 @@ def _models() -> dict[str, tuple[type[BaseModel], ModuleType]]:
         and issubclass(obj, BaseModel)
         and obj.__module__ in (_model.__name__, "dispatch")  # public models report dispatch
     }
-    for info in _registry.option_fields().values():
-        assert info.options is not None
-        for cls in info.options.__mro__:
+    declared = [info.options for info in _registry.option_fields().values()]
+    declared += [info.change for info in _registry.change_fields().values()]
+    for model in declared:
+        assert model is not None
+        for cls in model.__mro__:
             if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__name__ not in found:
                 module = sys.modules.get(cls.__module__)
                 if module is not None:
@@ -218,6 +259,12 @@ def _structural(node: Any, defs: dict[str, Schema], *, keep_defaults: bool) -> A
                 continue
             out[key] = _prune_nulls(value)
             continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema's number (pydantic's gt/lt); the API server's OpenAPI v3 takes a bound and
+            # a boolean, as draft 4 has it.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+            continue
         if key == "properties":
             out[key] = {k: _structural(v, defs, keep_defaults=keep_defaults) for k, v in value.items()}
         elif key in ("items", "additionalProperties"):
@@ -267,7 +314,7 @@ def _schema_of(model: type[BaseModel], *, keep_defaults: bool) -> Schema:
 
 # ---- spec ------------------------------------------------------------------------------------------
 
-# Every spec field but ``cancel`` is immutable once created.
+# Every spec field but a person's asks (cancel, suspend, retry) is immutable once created.
 _IMMUTABLE_REQUIRED: Final = ("backend", "command")
 
 
@@ -288,8 +335,34 @@ def spec_schema() -> Schema:
         "description": backend_description(),
     }
     props["cancel"] = {"type": "boolean", "default": False, "description": CANCEL_DESCRIPTION}
+    props["suspend"] = {"type": "boolean", "default": False, "description": SUSPEND_DESCRIPTION}
+    props["retry"] = {
+        "type": "object",
+        "description": RETRY_DESCRIPTION,
+        "required": ["count"],
+        "properties": {
+            "count": {"type": "integer", "minimum": 0, "description": RETRY_COUNT_DESCRIPTION},
+            "freshBudget": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_RULES - 1,
+                "description": FRESH_BUDGET_DESCRIPTION,
+            },
+        },
+    }
     schema["required"] = sorted({*schema["required"], "backend"})
     schema["description"] = SPEC_DESCRIPTION
+
+    # A rule's change of a backend's own fields is change.<backend>, as its options are spec.<backend>.
+    change = props["recovery"]["properties"]["rules"]["items"]["properties"]["change"]
+    del change["properties"]["options"]
+    for name, info in _registry.change_fields().items():
+        if info.change is not None and info.in_spec:
+            change["properties"][name] = _schema_of(info.change, keep_defaults=True)
+            change["properties"][name]["description"] = (
+                f"What a firing changes of spec.{name} (backend `{name}` only): each field set replaces "
+                "that field for the submission the firing authorizes and the ones after it."
+            )
 
     # A rule covers only causes of failure ('none' is success), each cause at most once.
     on = props["recovery"]["properties"]["rules"]["items"]["properties"]["on"]
@@ -305,7 +378,7 @@ def spec_schema() -> Schema:
     ]
 
     validations: list[Schema] = []
-    for name in sorted(p for p in props if p != "cancel"):
+    for name in sorted(p for p in props if p not in SPEC_ASKS):
         if name in _IMMUTABLE_REQUIRED:
             rule = f"self.{name} == oldSelf.{name}"
         else:
@@ -321,6 +394,13 @@ def spec_schema() -> Schema:
             "rule": "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
             "message": "a cancel cannot be undone",
             "fieldPath": ".cancel",
+        }
+    )
+    validations.append(
+        {
+            "rule": "!has(oldSelf.retry) || (has(self.retry) && self.retry.count >= oldSelf.retry.count)",
+            "message": "retry.count never goes down: raise it to ask for a retry",
+            "fieldPath": ".retry",
         }
     )
     for info in _registry.spec_backends():
@@ -402,6 +482,9 @@ def status_schema() -> Schema:
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
     }
+    cost = _schema_of(Cost, keep_defaults=False)
+    cost["description"] = COST_DESCRIPTION
+    props[STATUS_COST] = cost
     schema["description"] = STATUS_DESCRIPTION
     return schema
 
@@ -492,6 +575,10 @@ def _type_of(schema: Schema) -> str:
     return kind
 
 
+_STRICT: Final = {"≥": ">", "≤": "<"}
+"""A bound's sign where the schema excludes the bound itself (``exclusiveMinimum: true``)."""
+
+
 def _constraints(schema: Schema) -> str:
     parts: list[str] = []
     for key, label in (
@@ -504,7 +591,8 @@ def _constraints(schema: Schema) -> str:
         ("maxProperties", "max entries"),
     ):
         if key in schema:
-            parts.append(f"{label} {schema[key]}")
+            exclusive = schema.get(f"exclusive{key[0].upper()}{key[1:]}") is True
+            parts.append(f"{_STRICT.get(label, label) if exclusive else label} {schema[key]}")
     if "pattern" in schema:
         parts.append(f"pattern `{schema['pattern']}`")
     if schema.get("x-kubernetes-list-type") == "set":

@@ -57,7 +57,10 @@ from .._constants import (
     REASON_OBJECT_ENDED,
     REASON_ORPHAN_ENDED,
     REASON_RECOVERING,
+    REASON_RESUMED,
+    REASON_RETRIED,
     REASON_SUCCEEDED,
+    REASON_SUSPENDED,
     REASON_UNENFORCEABLE,
     REASON_UNQUEUEABLE,
     REPORTING_CONTROLLER,
@@ -72,13 +75,16 @@ from .._decide import (
     RecordRestarts,
     RecordSettled,
     RecordStop,
+    RecordSuspend,
     Release,
+    Resume,
     Step,
     describe_step,
 )
+from .._dispatchjob import cause_text
 from .._errors import PlanError
 from .._kubeclient import urgent
-from .._model import Cause, Record, State, rule_causes
+from .._model import Cause, Record, State, cause_words, rule_causes
 from .logs import redact
 
 log = logging.getLogger("dispatch.events")
@@ -140,16 +146,10 @@ def split_job(job: str) -> tuple[str, str]:
 
 
 def _cause(cause: Cause | None) -> str:
+    """A cause as status and ``kubectl dispatch`` say it (:func:`~dispatch._dispatchjob.cause_text`)."""
     if cause is None:
         return "unknown"
-    text = cause.kind.value
-    if cause.detail:
-        text += f" ({cause.detail})"
-    if cause.exit_code is not None:
-        text += f" exit code {cause.exit_code}"
-    if cause.signal is not None:
-        text += f" signal {cause.signal}"
-    return text
+    return cause_text(cause.kind.value, cause.detail, cause.exit_code, cause.signal)
 
 
 def _budget(left: int, budget: int) -> str:
@@ -166,6 +166,9 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
             f"({rule.action} on [{causes}]) fired, enforced by the {rule.enforcer}: "
             f"submission {step.submission} authorized, {_budget(rule.left, rule.budget)}"
         )
+        changes = after.submissions[-1].changes if after.submissions else ()
+        if changes:
+            message += "; it runs with " + ", ".join(str(c) for c in changes)
         return EVENT_NORMAL, REASON_RECOVERING, "Resubmit", message
     if isinstance(step, RecordOutcome):
         n = before.current.n if before.current is not None else 0
@@ -190,6 +193,22 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
                 f"{_why_failed(step, before)}"
             ),
         )
+    if isinstance(step, RecordSuspend):
+        n = before.current.n if before.current is not None else 0
+        return (
+            EVENT_NORMAL,
+            REASON_SUSPENDED,
+            "Suspend",
+            f"suspended by {step.actor}: stopping submission {n}",
+        )
+    if isinstance(step, Resume):
+        if step.retry is None:
+            message = f"resumed by {step.actor}: submission {step.submission} authorized"
+            return EVENT_NORMAL, REASON_RESUMED, "Resume", message
+        fresh = f", rule {step.fresh_budget}'s budget renewed" if step.fresh_budget is not None else ""
+        n = step.submission
+        message = f"retried by {step.actor}: the failed job reopened, submission {n} authorized{fresh}"
+        return EVENT_NORMAL, REASON_RETRIED, "Retry", message
     if isinstance(step, End):
         if step.stop is not None:
             message = (
@@ -223,6 +242,8 @@ _ACTIONS: Final[dict[type, str]] = {
     RecordRestarts: "CountRestarts",
     RecordOutcome: "Conclude",
     RecordSettled: "Settle",
+    RecordSuspend: "Suspend",
+    Resume: "Resume",
 }
 
 
@@ -235,8 +256,8 @@ def _why_failed(step: RecordOutcome, before: Record) -> str:
     kind = step.cause.kind
     index = before.spec.recovery.rule_for(step.cause)
     if index is None:
-        code = f" exit code {step.cause.exit_code}" if step.cause.exit_code is not None else ""
-        return f"no rule covers {kind}{code} (it was listed as uncovered in the plan)"
+        said = cause_words(kind.value, step.cause.exit_code, step.cause.signal)
+        return f"no rule covers {said} (it was listed as uncovered in the plan)"
     rule = before.plan.rules[index]
     if rule.left == 0:
         return f"rule {index} covers {kind} but its budget of {rule.budget} is spent"
@@ -377,6 +398,11 @@ class EventRecorder:
         """The job was refused: a rule nobody would enforce, or a queue Kueue cannot serve here."""
         reason = REASON_UNQUEUEABLE if error.field is not None else REASON_UNENFORCEABLE
         self.emit(job, EVENT_WARNING, reason, "Refuse", f"refused: {error}")
+
+    def waiting(self, job: str, reason: str, message: str) -> None:
+        """The job waits before anything is created: a Warning, since it needs a person (or an
+        operator that serves its backend) to go on."""
+        self.emit(job, EVENT_WARNING, reason, "Wait", message)
 
     def invalid(self, job: str, message: str) -> None:
         """The job was refused: its spec is invalid."""

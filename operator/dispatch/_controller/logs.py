@@ -21,6 +21,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Final, Literal, TextIO
 
+from .._constants import JWT_FRAGMENT
+
 Format = Literal["text", "json"]
 
 REDACTED: Final = "[REDACTED]"
@@ -37,8 +39,8 @@ _SECRET_PATTERNS: Final = (
         r"""(?i)((?:x-slurm-user-token|[a-z_-]*token|password|passwd|secret|api[_-]?key|client[_-]?key)"""
         r"""["']?\s*[:=]\s*["']?)[^\s"',;}&]+"""
     ),
-    # JSON Web Tokens (service-account tokens, Slurm JWTs) wherever they appear.
-    re.compile(r"()\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    # JSON Web Tokens (service-account tokens, Slurm JWTs) wherever they appear, whole or cut.
+    re.compile(rf"(){JWT_FRAGMENT}"),
     # PEM private keys.
     re.compile(r"()-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
 )

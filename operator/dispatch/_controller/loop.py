@@ -59,6 +59,7 @@ from .._decide import (
     Release,
     Wait,
     decide,
+    reopening,
 )
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
@@ -351,8 +352,13 @@ class SupervisionLoop:
                 return Turn.DONE  # stands for this generation; a new one is a new event
             if backend is None:
                 if view.refusal != REASON_BACKEND_NOT_CONFIGURED:
-                    message = f"this operator has no adapter for backend {name!r}; nothing was created"
+                    message = (
+                        f"backend {name!r} is not served by this operator; nothing was created, and "
+                        f"the job starts once an operator that serves it runs"
+                    )
                     await runtime.refuse(job, REASON_BACKEND_NOT_CONFIGURED, message, version)
+                    if runtime.events is not None:
+                        runtime.events.waiting(job, REASON_BACKEND_NOT_CONFIGURED, message)
                 log.warning("job %s: no adapter for backend %r; waiting", job, name, extra={"job": job})
                 return Turn.DONE  # a change of the object, or an operator with the adapter, looks again
             assert view.body is not None  # a view without a record keeps its body (for planning)
@@ -366,13 +372,16 @@ class SupervisionLoop:
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
-        if record.settled:
+        if record.settled and not reopening(record):  # a person's retry supervises it again
             return await self._settled(job, record, version, name)
         if job not in self._unsubscribe:
             self._subscribe(job, backend)
         supervisor = self.supervisors[name]
         with urgent(False):
             intent = await supervisor.prepare(job)
+        if runtime.metrics is not None:
+            with contextlib.suppress(Exception):
+                runtime.metrics.costs(name, intent.record, intent.objects)
         step = intent.decision.step
         if isinstance(step, Done):
             log.info("job %s settled: %s", job, intent.record.state, extra={"job": job})

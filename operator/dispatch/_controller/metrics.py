@@ -7,6 +7,10 @@
                                                        supervisor, or in-place restarts by the scheduler
 ``dispatch_reaction_seconds``                          histogram: failure of a canonical object first seen ->
                                                        the next submission authorized
+``dispatch_recovery_seconds{cause,backend,namespace}`` histogram: a failure's recorded end -> the next
+                                                       submission running (once per recovery)
+``dispatch_failed_node_seconds_total{cause,...}``      nodes x the time each failed submission ran
+``dispatch_failed_gpu_seconds_total{cause,...}``       the same times the GPUs per node
 ``dispatch_record_conflicts_total``                    record writes that lost their compare-and-swap
 ``dispatch_supervisor_errors_total{step}``             steps that raised (a backend call or a write failed)
 ``dispatch_api_requests_total{verb,resource,code}``    Kubernetes API requests by answer (``code`` is the HTTP
@@ -24,7 +28,16 @@
 =====================================================  =======================================================
 
 Every label has a bounded set of values: states, causes, enforcers and step names are enums; verbs
-and resources outside the known sets are counted as ``other``; codes are HTTP statuses.
+and resources outside the known sets are counted as ``other``; codes are HTTP statuses; backends
+are the configured ones and namespaces the cluster's.
+
+What recovery cost (:mod:`dispatch._cost`) is counted by :meth:`Metrics.costs`, which the
+supervision loop calls with each decision's record and objects: each failure's node- and
+GPU-seconds once its end is recorded, its time to recover once the next submission runs, each
+once per process. A job's first sight in a process counts nothing of what it shows already: the
+process before it counted that (its counters restart from zero with the process, as Prometheus
+expects), so a restart or a new leader never counts a recovery twice; what completed while no
+process supervised is not counted at all (the job's ``status.cost`` has it).
 
 :class:`Metrics` is a supervisor :class:`~dispatch._supervisor.Listener`. The reaction time needs to
 know when the failure was *seen*: wrap the backend with :meth:`Metrics.observe_backend` (it notes the
@@ -45,6 +58,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .. import _registry
+from .._cost import failures
 from .._decide import Authorize, RecordRestarts, Step
 from .._kubeclient import is_watch
 from .._model import (
@@ -82,6 +96,10 @@ RESOURCES: Final = OPERATOR_RESOURCES | {
 }
 """The resource label's values: a bounded set, so an unexpected path cannot grow the series."""
 REACTION_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RECOVERY_BUCKETS: Final = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
+"""A recovery takes a backoff, a place in the queue, an image pull: seconds to hours."""
+COST_LABELS: Final = ("cause", "backend", "namespace")
+_NOTHING_COUNTED: Final = (0, 0)
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
@@ -150,6 +168,28 @@ class Metrics:
             buckets=REACTION_BUCKETS,
             registry=r,
         )
+        self.recovery_time = Histogram(
+            "dispatch_recovery_seconds",
+            "From a failure's recorded end to the next submission running.",
+            COST_LABELS,
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.failed_node_seconds = Counter(
+            "dispatch_failed_node_seconds",
+            "Nodes times the time each submission that ended with a failure ran.",
+            COST_LABELS,
+            registry=r,
+        )
+        self.failed_gpu_seconds = Counter(
+            "dispatch_failed_gpu_seconds",
+            "GPUs times the time each submission that ended with a failure ran.",
+            COST_LABELS,
+            registry=r,
+        )
+        self._costed: dict[str, tuple[int, int]] = {}
+        """job -> (the last submission whose failure's seconds were counted, the last whose
+        recovery was), from the job's first sight in this process."""
         self.conflicts = Counter(
             "dispatch_record_conflicts", "Record writes that lost their compare-and-swap.", registry=r
         )
@@ -207,6 +247,7 @@ class Metrics:
                 self.jobs.labels(state=state.value).dec()
             for key in [k for k in self._seen if k[0] == job]:
                 del self._seen[key]
+            self._costed.pop(job, None)
 
     def _set_state(self, job: str, state: State) -> None:
         old = self._states.get(job)
@@ -257,6 +298,31 @@ class Metrics:
     def event_dropped(self, reason: str) -> None:
         """An Event of ``reason`` was not posted (EventRecorder's ``on_dropped``)."""
         self.events_dropped.labels(reason=reason if reason in EVENT_REASONS else "other").inc()
+
+    # ------------------------------------------------------------------ what recovery cost
+
+    def costs(self, backend: str, record: Record, objects: Sequence[ObjectView]) -> None:
+        """Count what recovery cost ``record``'s job that was not counted yet (see the module):
+        call with every decision's record and the objects it was decided on."""
+        found = failures(record, objects)
+        with self._lock:
+            counted = self._costed.get(record.job)
+            ended = max((f.submission for f in found), default=0)
+            recovered = max((f.submission for f in found if f.recovery_seconds is not None), default=0)
+            if counted is None:  # first sight: what it shows now was the process before's to count
+                self._costed[record.job] = (ended, recovered) if found else _NOTHING_COUNTED
+                return
+            if (ended, recovered) == counted:
+                return
+            namespace = record.job.rpartition("/")[0]
+            for f in found:
+                labels = {"cause": f.cause.value, "backend": backend, "namespace": namespace}
+                if f.submission > counted[0]:
+                    self.failed_node_seconds.labels(**labels).inc(f.node_seconds)
+                    self.failed_gpu_seconds.labels(**labels).inc(f.gpu_seconds)
+                if f.recovery_seconds is not None and f.submission > counted[1]:
+                    self.recovery_time.labels(**labels).observe(f.recovery_seconds)
+            self._costed[record.job] = (max(ended, counted[0]), max(recovered, counted[1]))
 
     # ------------------------------------------------------------------ reaction time
 

@@ -11,6 +11,10 @@ writes ``recovering``/``preempted`` along with the new submission: :meth:`Observ
 passes them to the store's ``put``), so the wait at the end of a recovery finds them unchanged and
 writes nothing: one status write per recovery fewer.
 
+``status.cost`` (what recovery cost: :mod:`dispatch._cost`) goes with the writes there are anyway: a
+failure's end is a record write, and the next submission beginning to run changes the observed
+state; so it costs no write of its own.
+
 ``status.observedNote`` says why the current object does not run: held outside dispatch (with a
 Warning Event, once per holder), or its pods unschedulable (the kit's ``waiting``: no Event of
 dispatch's own); while a rule's backoff runs, when the next submission is due. A write that
@@ -24,6 +28,7 @@ import contextlib
 from collections.abc import Callable
 
 from .._constants import STATUS_OBSERVED_NOTE
+from .._cost import recovery_cost
 from .._decide import Done, Wait
 from .._dispatchjob import observed_fields
 from .._errors import VersionConflict
@@ -94,7 +99,8 @@ class ObservingSupervisor(Supervisor):
                     return intent
             # Lost to a concurrent write: that write's watch event wakes the job, which decides again.
             with contextlib.suppress(VersionConflict):
-                written = await store.observe(job, decision.state, decision.cause, intent.version, note)
+                cost = recovery_cost(intent.record, intent.objects)
+                written = await store.observe(job, decision.state, decision.cause, intent.version, note, cost)
                 if written is not None and hold and hold != before and self.listener is not None:
                     # Once per new holder: an Event says what status now shows. A wait for
                     # capacity has none of its own: kube-scheduler's FailedScheduling is on the pod.
@@ -102,7 +108,8 @@ class ObservingSupervisor(Supervisor):
         return intent
 
     async def write(self, intent: Intent, record: Record) -> None:
-        """Write ``record`` with the observed fields its decision shows (the PUT replaces the status)."""
+        """Write ``record`` with the observed fields its decision shows and what recovery cost with
+        the objects it was decided on (the PUT replaces the status)."""
         decision = intent.decision
         observed = observed_fields(decision.state, decision.cause, _note(_canonical(intent)))
-        await self.store.put(record, intent.version, observed)
+        await self.store.put(record, intent.version, observed, recovery_cost(record, intent.objects))

@@ -11,12 +11,12 @@ imports none of the runtime, the events or the metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import PlanError
-from .._model import Cause, Record, State
+from .._model import Cause, Cost, ObjectView, Record, State
 from .._protocols import Backend, RecordStore
 from .._supervisor import Listener
 
@@ -42,10 +42,16 @@ class DispatchJobStore(RecordStore, Protocol):
     def clock(self) -> Callable[[], datetime]:
         """The time a record write stamps."""
 
-    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+    async def put(
+        self,
+        record: Record,
+        expected: str,
+        observed: Mapping[str, str] | None = None,
+        cost: Cost | None = None,
+    ) -> str:
         """Write ``record`` at version ``expected`` (VersionConflict when stale), with ``observed``
-        (the observed fields its decision shows; None: those of version ``expected``). Returns the
-        new version."""
+        (the observed fields its decision shows; None: those of version ``expected``) and ``cost``
+        (what recovery cost; None: what the record alone says). Returns the new version."""
 
     def watch_all(self, on_event: OnEvent, on_synced: Callable[[], None] | None = None) -> None:
         """Tell ``on_event`` about every DispatchJob event; ``on_synced`` once the first list is whole."""
@@ -72,9 +78,10 @@ class DispatchJobStore(RecordStore, Protocol):
         """The observed fields of the last version of ``job`` this store read or wrote."""
 
     async def observe(
-        self, job: str, state: State, cause: Cause, expected: str, note: str = ""
+        self, job: str, state: State, cause: Cause, expected: str, note: str = "", cost: Cost | None = None
     ) -> str | None:
-        """Write the observed fields when they changed; the new version, None when unchanged."""
+        """Write the observed fields (and ``cost`` with them) when they changed; the new version,
+        None when unchanged."""
 
     async def owner_reference(self, api: object, namespace: str, name: str) -> Mapping[str, Any]:
         """The DispatchJob as the controlling ownerReference of its objects."""
@@ -97,6 +104,9 @@ class JobEvents(Keeper, Protocol):
     def refused(self, job: str, error: PlanError) -> None:
         """Post why the job's plan was refused."""
 
+    def waiting(self, job: str, reason: str, message: str) -> None:
+        """Post why the job waits before anything is created (a backend no operator serves yet)."""
+
     def hold_while(self, held: Callable[[], bool] | None) -> None:
         """Hold Events back while ``held()`` says recoveries wait (None: never)."""
 
@@ -109,6 +119,9 @@ class JobMetrics(Keeper, Protocol):
 
     def decided(self, jobs: int, seconds: float) -> None:
         """Every job of the first list after a start has been decided once."""
+
+    def costs(self, backend: str, record: Record, objects: Sequence[ObjectView]) -> None:
+        """Count what recovery cost the job, as a decision on ``record`` and ``objects`` shows it."""
 
 
 class Configured(Protocol):

@@ -46,6 +46,7 @@ from .._dispatchjob import (
     record_write,
     refusal_write,
     utcnow,
+    with_asks,
 )
 from .._errors import JobExists, JobNotFound, VersionConflict
 from .._kubeclient import (
@@ -60,7 +61,7 @@ from .._kubeclient import (
     resource_version,
     split_job,
 )
-from .._model import Cause, Record, State
+from .._model import Cause, Cost, Record, State
 from .._protocols import Unsubscribe, Versioned, Wake
 
 log = logging.getLogger("dispatch.kubestore")
@@ -395,11 +396,18 @@ class KubeRecordStore:
             except VersionConflict:
                 continue
 
-    async def put(self, record: Record, expected: str, observed: Mapping[str, str] | None = None) -> str:
+    async def put(
+        self,
+        record: Record,
+        expected: str,
+        observed: Mapping[str, str] | None = None,
+        cost: Cost | None = None,
+    ) -> str:
         """Write ``record`` at version ``expected`` (VersionConflict when stale).
 
         The PUT replaces the status, so it carries the observed fields: ``observed`` (what the
-        decision that made this write shows), else those of version ``expected``."""
+        decision that made this write shows), else those of version ``expected``; and what recovery
+        cost: ``cost``, else what ``record`` alone says."""
         seen = await self._seen_at(record.job, expected)
         status = record_write(
             record,
@@ -407,6 +415,7 @@ class KubeRecordStore:
             generation=seen.generation,
             now=self.clock(),
             observed=observed if observed is not None else seen.observed,
+            cost=cost,
         )
         # The status written holds the record (its cancel request too): the new version's record is
         # this one, so it is not parsed again.
@@ -418,9 +427,12 @@ class KubeRecordStore:
         return dict(seen.observed) if seen is not None else {}
 
     async def observe(
-        self, job: str, state: State, cause: Cause, expected: str, note: str = ""
+        self, job: str, state: State, cause: Cause, expected: str, note: str = "", cost: Cost | None = None
     ) -> str | None:
         """Write the observed fields when they differ from those of version ``expected``, else nothing.
+
+        ``cost`` (what recovery cost, with the live objects) goes with them: it changes only when
+        they do (a failure is a record write; the next submission running shows ``running``).
 
         The record store's own compare-and-swap PUT of /status (a stale ``expected`` raises
         VersionConflict), remembered like a record write, so the next step reads it from the cache
@@ -443,6 +455,7 @@ class KubeRecordStore:
             previous=seen.conditions(),
             generation=seen.generation,
             now=self.clock(),
+            cost=cost,
         )
         return await self._put_status(job, status, expected, record)
 
@@ -491,7 +504,9 @@ class KubeRecordStore:
         self.writes += 1
         view = self._view_of(written)
         cancelled = bool((written.get("spec") or {}).get("cancel"))
-        if record is not None and view.recorded and (record.cancel is not None or not cancelled):
+        # A person's ask the written record does not hold yet is read from the spec by the next parse.
+        asks = record is not None and with_asks(record, written, self.clock) is not record
+        if record is not None and view.recorded and (record.cancel is not None or not cancelled) and not asks:
             self._keep_parsed(job, view.version, record)
         self._remember(job, view)
         return view.version

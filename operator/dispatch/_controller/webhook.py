@@ -5,15 +5,25 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     the operator makes it (``make_plan`` with the capabilities of the adapter for ``spec.backend``
     and ``supervised=True``), and the message is the PlanError's, which names the rule and why.
     It also refuses what the CRD's schema and CEL rules cannot say: options for a backend other than
-    ``spec.backend``, and anything the core's JobSpec refuses. An UPDATE that leaves the spec as it
-    was (apart from ``cancel``) is always allowed, so the operator can always remove its finalizer;
-    a spec change is refused (the CRD's CEL refuses it too).
+    ``spec.backend``, and anything the core's JobSpec refuses; a backend the operator serving the
+    webhook did not open (the webhook covers exactly the namespaces that operator supervises, so
+    nothing would ever run it); and a job whose object could never be stored: the object its
+    backend would create (:class:`~dispatch._protocols.Previewing`) over the API server's object
+    size limit (``--max-object-bytes``, etcd's default request limit), or the DispatchJob itself over
+    half of it (its record, written into its status, needs room to grow). Each refusal says the
+    size and the limit. An UPDATE that leaves the spec as it was (apart from a person's asks:
+    ``cancel``, ``suspend``, ``retry``) is allowed, so the operator can always remove its finalizer;
+    a spec change is refused (the CRD's CEL refuses it too), and so is an ask the job cannot take:
+    a cancel undone, a retry of a job that has not failed (its recorded state), a retry count
+    lowered, a fresh budget for a rule the job does not have.
 
 Mutating (``/mutate-dispatchjob``, CREATE and UPDATE)
     Records who asked, from the admission request's ``userInfo``, as ``human:<username>``:
-    ``dispatch.dev/submitted-by`` on CREATE and ``dispatch.dev/cancelled-by`` when an UPDATE turns
-    ``spec.cancel`` true. Whatever a user wrote into those annotations is overwritten (on CREATE) or
-    put back to what it was (on any other UPDATE), so neither can be forged through the API.
+    ``dispatch.dev/submitted-by`` on CREATE, ``dispatch.dev/cancelled-by`` when an UPDATE turns
+    ``spec.cancel`` true, ``dispatch.dev/suspended-by`` when one changes ``spec.suspend`` and
+    ``dispatch.dev/retried-by`` when one raises ``spec.retry.count``. Whatever a user wrote into
+    those annotations is overwritten (on CREATE) or put back to what it was (on any other UPDATE), so
+    none can be forged through the API.
     On CREATE it also adds the deletion finalizer (``dispatch.dev/finalizer``) that the supervision
     loop would otherwise add with a patch on its first look: one API write fewer per job.
 
@@ -25,7 +35,11 @@ Server and certificates
     ``port`` over TLS. With ``cert_dir`` (a mounted Secret: ``tls.crt``, ``tls.key``, optionally
     ``ca.crt``, the layout of cert-manager and of ``kubernetes.io/tls`` Secrets) the server uses
     those files and reloads them when they change; without it a CA and a serving certificate for
-    ``host`` (plus ``extra_sans``) are generated at start. With ``managed`` set (tests, development)
+    ``host`` (plus ``extra_sans``) are generated at start. The server reads admission reviews of
+    up to :data:`MAX_REVIEW_BYTES` (kopf's own limit, 1 MiB, would refuse with a bare 413 the review
+    of an UPDATE of a DispatchJob over 512 KiB, which holds the object twice, and with
+    ``failurePolicy: Fail`` make that job impossible to cancel or to let go of its finalizer).
+    With ``managed`` set (tests, development)
     the operator installs its own ``ValidatingWebhookConfiguration`` and
     ``MutatingWebhookConfiguration`` named ``managed``, pointing at ``https://<host>:<port>/<id>``
     with the CA as ``caBundle``; in production the Helm chart installs them (``managed`` unset).
@@ -41,6 +55,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import ipaddress
+import json
 import logging
 import os
 import tempfile
@@ -49,12 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp.web
 import kopf
 
 from .. import _registry
 from .._constants import (
     ANNOTATION_CANCELLED_BY,
+    ANNOTATION_RETRIED_BY,
     ANNOTATION_SUBMITTED_BY,
+    ANNOTATION_SUSPENDED_BY,
     FINALIZER,
     GROUP,
     PLURAL,
@@ -62,10 +80,12 @@ from .._constants import (
     WEBHOOK_MUTATE_ID,
     WEBHOOK_VALIDATE_ID,
 )
-from .._dispatchjob import SpecError, backend_of, job_spec
+from .._dispatchjob import SPEC_ASKS, SpecError, backend_of, fresh_budget, job_spec, retry_count
 from .._errors import PlanError
-from .._model import ActorKind, Capabilities
+from .._model import ActorKind, Capabilities, JobSpec, Plan, State
 from .._plan import make_plan
+from .._protocols import Previewing
+from .._workload import Refused as NotBuildable
 from .ports import Configured
 
 log = logging.getLogger("dispatch.webhook")
@@ -77,7 +97,18 @@ CA_FILE: Final = "ca.crt"
 CERT_DAYS: Final = 365
 ENV_PREFIX: Final = "DISPATCH_WEBHOOK_"
 
+MAX_OBJECT_BYTES: Final = 1_572_864
+"""etcd's default ``--max-request-bytes`` (1.5 MiB): the largest object a default cluster stores."""
+MAX_REVIEW_BYTES: Final = 8 * 1024 * 1024
+"""The largest admission review the server reads: an UPDATE's review holds the object twice, and
+the API server accepts a request body of up to 3 MiB."""
+
 CapabilitiesOf = Callable[[str], Capabilities | None]
+PreviewOf = Callable[[str], Previewing | None]
+
+
+def _no_preview(backend: str) -> Previewing | None:
+    return None
 
 
 def default_capabilities(backend: str) -> Capabilities | None:
@@ -98,6 +129,34 @@ def runtime_capabilities(runtime: Configured) -> CapabilitiesOf:
     return of
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What the validating webhook checks a DispatchJob against."""
+
+    capabilities: CapabilitiesOf = default_capabilities
+    served: frozenset[str] | None = None
+    """The backends the operator serving the webhook opened; None (a webhook without an operator,
+    as in tests): every registered backend."""
+    preview: PreviewOf = _no_preview
+    """The backend that shows the object a spec would create, for the size check."""
+    max_object_bytes: int = MAX_OBJECT_BYTES
+
+    @classmethod
+    def of(cls, runtime: Configured, max_object_bytes: int = MAX_OBJECT_BYTES) -> Admission:
+        """The checks of the operator's runtime: its backends, their capabilities and previews."""
+
+        def preview(backend: str) -> Previewing | None:
+            configured = runtime.backends.get(backend)
+            return configured if isinstance(configured, Previewing) else None
+
+        return cls(
+            capabilities=runtime_capabilities(runtime),
+            served=frozenset(runtime.backends),
+            preview=preview,
+            max_object_bytes=max_object_bytes,
+        )
+
+
 # ---- the checks (pure, tested without a server) ------------------------------------------------------
 
 
@@ -105,25 +164,53 @@ class Refused(Exception):
     """The admission request is refused; the message is what the user sees."""
 
 
-def _without_cancel(spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (spec or {}).items() if k != "cancel"}
+def _fixed(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The spec without a person's asks: what may never change."""
+    return {k: v for k, v in (spec or {}).items() if k not in SPEC_ASKS}
+
+
+def check_asks(spec: Mapping[str, Any], old: Mapping[str, Any]) -> None:
+    """Refuse an ask the job cannot take: a cancel undone, a retry count lowered, or raised on a job
+    that has not failed (its recorded state, in the old object's status)."""
+    old_spec = old.get("spec") or {}
+    if old_spec.get("cancel") and not spec.get("cancel"):
+        raise Refused("spec.cancel cannot be undone: a cancelled job stays cancelled")
+    count, before = retry_count(spec), retry_count(old_spec)
+    if count < before:
+        raise Refused(f"spec.retry.count never goes down ({before} -> {count}): raise it to ask for a retry")
+    if count > before:
+        state = (old.get("status") or {}).get("state")
+        if state != State.FAILED.value:
+            raise Refused(
+                f"spec.retry: only a failed job is retried; this one is {state or 'not yet recorded'}"
+            )
+
+
+def _check_fresh_budget(spec: Mapping[str, Any], rules: int) -> None:
+    rule = fresh_budget(spec)
+    if rule is not None and rule >= rules:
+        raise Refused(f"spec.retry.freshBudget: the job has no rule {rule} (it has {rules})")
 
 
 def check(
     body: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     operation: str | None,
-    capabilities: CapabilitiesOf = default_capabilities,
+    admission: Admission = Admission(),
 ) -> None:
     """Raise :class:`Refused` when the DispatchJob must not be admitted."""
     spec = body.get("spec") or {}
     if operation == "UPDATE" and old is not None:
-        old_spec = old.get("spec") or {}
-        if _without_cancel(spec) == _without_cancel(old_spec):
-            if old_spec.get("cancel") and not spec.get("cancel"):
-                raise Refused("spec.cancel cannot be undone: a cancelled job stays cancelled")
-            return
-        raise Refused("the spec is fixed once created: only spec.cancel may change (from false to true)")
+        if _fixed(spec) != _fixed(old.get("spec") or {}):
+            raise Refused(
+                "the spec is fixed once created: only a person's asks may change (spec.cancel from false "
+                "to true, spec.suspend, spec.retry)"
+            )
+        check_asks(spec, old)
+        if retry_count(spec) > retry_count(old.get("spec") or {}):
+            rules = (((old.get("spec") or {}).get("recovery") or {}).get("rules")) or ()
+            _check_fresh_budget(spec, len(rules))
+        return
     if operation not in (None, "CREATE", "UPDATE"):
         return
     meta = body.get("metadata") or {}
@@ -135,19 +222,73 @@ def check(
         raise Refused(str(error)) from None
     except (KeyError, TypeError) as error:
         raise Refused(f"not a DispatchJob: {error}") from None
-    caps = capabilities(backend)
+    if admission.served is not None and backend not in admission.served:
+        serves = ", ".join(sorted(admission.served)) or "no backend"
+        raise Refused(
+            f"spec.backend: {backend!r} is not served by the operator supervising this namespace "
+            f"(it serves {serves}), so nothing would run the job; the chart's value `backends` "
+            f"(or `slurm.enabled`) opens it"
+        )
+    caps = admission.capabilities(backend)
     if caps is None:
         raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")
     try:
-        make_plan(job, job_spec_, caps, supervised=True)
+        plan = make_plan(job, job_spec_, caps, supervised=True)
     except PlanError as error:
         raise Refused(f"{error} (backend {backend})") from None
+    _check_fresh_budget(spec, len(job_spec_.recovery.rules))
+    _check_sizes(body, job, job_spec_, plan, admission.preview(backend), admission.max_object_bytes)
+
+
+def _size(obj: Mapping[str, Any]) -> int:
+    """The object's size as the API server stores it (compact JSON; etcd's protobuf is close)."""
+    return len(json.dumps(obj, separators=(",", ":"), default=str).encode())
+
+
+def _check_sizes(
+    body: Mapping[str, Any],
+    job: str,
+    spec: JobSpec,
+    plan: Plan,
+    previewing: Previewing | None,
+    limit: int,
+) -> None:
+    """Refuse a job whose DispatchJob or first object could never be stored (see the module doc)."""
+    own = _size(body)
+    if own > limit // 2:
+        raise Refused(
+            f"the DispatchJob is {own} bytes: over {limit // 2}, half the API server's object size "
+            f"limit ({limit}), which leaves its record room to grow in its status; move large "
+            f"values (env, command) into a ConfigMap or Secret the pods read"
+        )
+    if previewing is None:
+        return
+    try:
+        workload = previewing.preview(job, spec, plan)
+    except NotBuildable as error:
+        raise Refused(str(error)) from None
+    size = _size(workload)
+    if size > limit:
+        kind = str(workload.get("kind") or "object")
+        raise Refused(
+            f"its {kind} would be {size} bytes, over the API server's object size limit ({limit}): "
+            f"the spec is copied into each replica's pod template; move large values (env, "
+            f"command) into a ConfigMap or Secret the pods read"
+        )
+
+
+SERVICE_ACCOUNT_PREFIX: Final = "system:serviceaccount:"
 
 
 def actor_of(userinfo: Mapping[str, Any] | None) -> str:
-    """``human:<username>`` of the admission request's userInfo (``human:unknown`` without one)."""
+    """The requester of an admission request, from its userInfo: ``serviceaccount:<namespace>/<name>``
+    for a service account, else ``human:<username>`` (``human:unknown`` without one)."""
     username = str((userinfo or {}).get("username") or "unknown")
-    return f"{ActorKind.HUMAN.value}:{username}"[: MAX_ACTOR_ID + len(ActorKind.HUMAN.value) + 1]
+    kind = ActorKind.HUMAN
+    if username.startswith(SERVICE_ACCOUNT_PREFIX) and username.count(":") == 3:
+        kind = ActorKind.SERVICE_ACCOUNT
+        username = "/".join(username[len(SERVICE_ACCOUNT_PREFIX) :].split(":"))
+    return f"{kind.value}:{username[:MAX_ACTOR_ID]}"
 
 
 def annotations_to_set(
@@ -165,16 +306,20 @@ def annotations_to_set(
         want = {
             ANNOTATION_SUBMITTED_BY: who,
             ANNOTATION_CANCELLED_BY: who if spec.get("cancel") else None,
+            ANNOTATION_SUSPENDED_BY: who if spec.get("suspend") else None,
+            ANNOTATION_RETRIED_BY: None,  # the count a job is created with is no retry
         }
     else:
         previous: Mapping[str, Any] = (old.get("metadata") or {}).get("annotations") or {}
-        turned_on = bool(spec.get("cancel")) and not (old.get("spec") or {}).get("cancel")
-        want = {
-            ANNOTATION_SUBMITTED_BY: previous.get(ANNOTATION_SUBMITTED_BY),
-            ANNOTATION_CANCELLED_BY: actor_of(userinfo)
-            if turned_on
-            else previous.get(ANNOTATION_CANCELLED_BY),
+        old_spec = old.get("spec") or {}
+        # Who last changed each ask: stamped when it changes, else kept as it was.
+        changed = {
+            ANNOTATION_SUBMITTED_BY: False,
+            ANNOTATION_CANCELLED_BY: bool(spec.get("cancel")) and not old_spec.get("cancel"),
+            ANNOTATION_SUSPENDED_BY: bool(spec.get("suspend")) != bool(old_spec.get("suspend")),
+            ANNOTATION_RETRIED_BY: retry_count(spec) > retry_count(old_spec),
         }
+        want = {key: actor_of(userinfo) if now else previous.get(key) for key, now in changed.items()}
     return {key: value for key, value in want.items() if current.get(key) != value}
 
 
@@ -193,7 +338,7 @@ def finalizers_to_set(body: Mapping[str, Any], operation: str | None) -> list[st
 # ---- kopf handlers ----------------------------------------------------------------------------------
 
 
-def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = default_capabilities) -> None:
+def register(registry: kopf.OperatorRegistry, admission: Admission | None = None) -> None:
     """Register the validating and mutating handlers for DispatchJobs in ``registry``."""
 
     @kopf.on.mutate(
@@ -236,7 +381,7 @@ def register(registry: kopf.OperatorRegistry, capabilities: CapabilitiesOf = def
         body: kopf.Body = kwargs["body"]
         operation: str | None = kwargs.get("operation")
         try:
-            check(body, kwargs.get("old"), operation, capabilities)
+            check(body, kwargs.get("old"), operation, admission or Admission())
         except Refused as error:
             meta = body.get("metadata") or {}
             log.info("%s %s/%s refused: %s", operation, meta.get("namespace"), meta.get("name"), error)
@@ -255,6 +400,7 @@ class Options:
     cert_dir: Path | None = None
     managed: str | None = None
     extra_sans: tuple[str, ...] = field(default_factory=tuple)
+    max_object_bytes: int = MAX_OBJECT_BYTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +427,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--webhook-extra-san", action="append", default=None, help="extra DNS name or IP for a generated cert"
     )
+    g.add_argument(
+        "--max-object-bytes",
+        type=int,
+        default=None,
+        help=f"the API server's object size limit (etcd's --max-request-bytes; default {MAX_OBJECT_BYTES}): "
+        "a job whose object would exceed it is refused at apply",
+    )
 
 
 def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> Options:
@@ -305,6 +458,9 @@ def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> 
         cert_dir=Path(cert_dir) if cert_dir else None,
         managed=pick("managed"),
         extra_sans=tuple(sans),
+        max_object_bytes=int(
+            given.get("max_object_bytes") or getattr(args, "max_object_bytes", None) or MAX_OBJECT_BYTES
+        ),
     )
 
 
@@ -397,6 +553,16 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+class _Server(kopf.WebhookServer):
+    """kopf's webhook server, reading reviews of up to :data:`MAX_REVIEW_BYTES`: its aiohttp
+    application keeps aiohttp's default of 1 MiB and has no setting for it, so each request is
+    served as a clone that allows more."""
+
+    @staticmethod
+    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return await kopf.WebhookServer._serve(fn, request.clone(client_max_size=MAX_REVIEW_BYTES))
+
+
 def server(opts: Options) -> kopf.WebhookServer:
     """kopf's HTTPS webhook server for ``opts``, with certificates from ``cert_dir`` or generated."""
     host = opts.host or ("127.0.0.1" if opts.addr in ("0.0.0.0", "::", "") else opts.addr)
@@ -404,7 +570,7 @@ def server(opts: Options) -> kopf.WebhookServer:
         cert, key = opts.cert_dir / CERT_FILE, opts.cert_dir / KEY_FILE
         ca = opts.cert_dir / CA_FILE
         log.info("webhook certificates from %s", opts.cert_dir)
-        return kopf.WebhookServer(
+        return _Server(
             addr=opts.addr,
             port=opts.port,
             host=host,
@@ -416,7 +582,7 @@ def server(opts: Options) -> kopf.WebhookServer:
     hostnames = [host, opts.addr, "localhost", "127.0.0.1", *opts.extra_sans]
     cert, key, ca = generate_certificates(directory, hostnames)
     log.info("webhook certificates generated for %s", ", ".join(h for h in dict.fromkeys(hostnames) if h))
-    return kopf.WebhookServer(
+    return _Server(
         addr=opts.addr, port=opts.port, host=host, certfile=str(cert), pkeyfile=str(key), cafile=str(ca)
     )
 
@@ -428,18 +594,18 @@ def setup(
     port: int,
     runtime: Configured | None = None,
     args: argparse.Namespace | None = None,
-    capabilities: CapabilitiesOf | None = None,
     **given: Any,
 ) -> Options:
     """Register the webhooks and configure kopf's webhook server (and managed configurations).
 
     ``runtime`` (the operator's :class:`~dispatch._controller.runtime.Runtime`) supplies the
-    capabilities of the configured adapters; ``args`` the flags of :func:`add_arguments`; ``given``
-    overrides (``addr``, ``host``, ``cert_dir``, ``managed``, ``extra_sans``).
+    backends the webhook admits, their capabilities and previews (:meth:`Admission.of`; without
+    it every registered backend is admitted with its default capabilities); ``args`` the flags of
+    :func:`add_arguments`; ``given`` overrides (``addr``, ``host``, ``cert_dir``, ``managed``,
+    ``extra_sans``, ``max_object_bytes``).
     """
     opts = options(port, args, **given)
-    caps = capabilities or (runtime_capabilities(runtime) if runtime is not None else default_capabilities)
-    register(registry, caps)
+    register(registry, Admission.of(runtime, opts.max_object_bytes) if runtime is not None else None)
     settings.admission.server = server(opts)
     settings.admission.managed = opts.managed
     log.info(

@@ -15,13 +15,13 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Final
 
 import aiohttp
 
 from .._constants import GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 from .._errors import TransientBackendError
+from .._version import __version__
 from ._http import MERGE_PATCH, Client, KubeError, open_request, request, streamed
 from ._informer import MAX_LINE
 from ._transport import Connection, KubeClient, in_cluster_available, kubeconfig_paths, load_connection
@@ -111,16 +111,9 @@ async def new_client(kubeconfig: str | None = None, *, context: str | None = Non
     return client_for(await load_configuration(kubeconfig, context=context))
 
 
-def _version() -> str:
-    try:
-        return metadata.version("dispatch")
-    except metadata.PackageNotFoundError:
-        return "0"
-
-
 def client_for(connection: Connection) -> KubeClient:
     """A client for ``connection`` that names dispatch as its user agent."""
-    return KubeClient(connection, user_agent=USER_AGENT.format(version=_version()))
+    return KubeClient(connection, user_agent=USER_AGENT.format(version=__version__))
 
 
 def _error(e: KubeError) -> ApiError:

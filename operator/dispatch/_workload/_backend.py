@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+from .._constants import API_VERSION, KIND
 from .._errors import ObjectExists
 from .._kubeclient import Client, KubeError, request
 from .._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
@@ -40,6 +41,8 @@ from ._wakes import Wakes
 from ._watch import Watches
 
 _DEFAULT_OWNER: Final[OwnerLookup] = dispatchjob_owner
+_UID_SIZED: Final = "0" * 36
+"""A placeholder as long as an object uid, so a preview weighs what the real object does."""
 
 
 class WorkloadBackend:
@@ -164,6 +167,20 @@ class WorkloadBackend:
         state.verdict = None
         self.stopper.check(oid)
         self.wakes.wake(state.job)
+
+    def preview(self, job: str, spec: JobSpec, plan: Plan) -> Body:
+        """The body :meth:`create` would send for submission 1 (with an owner reference of the
+        size a real one has), built without a request; raises :class:`~._kind.Refused` as
+        :meth:`create` would refuse it."""
+        namespace, job_name = split_id(job)
+        owner = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": job_name,
+            "uid": _UID_SIZED,
+            "controller": True,
+        }
+        return hold_for_queue(self.kind.build(Target(namespace, job_name, 1, owner), spec, plan), spec)
 
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         namespace, job_name = split_id(job)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from .._constants import (
@@ -23,8 +23,8 @@ from .._constants import (
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._evidence import Evidence, best, kind_evidence, started_at, waiting_note
-from ._fields import detail, no_capacity_after, object_id, owner_of, restart_budget
+from ._evidence import Evidence, best, kind_evidence, waiting_note
+from ._fields import detail, no_capacity_after, object_id, owner_of, parse_time, restart_budget
 from ._kind import Kind
 from ._kueue import WorkloadView, queued_verdict
 from ._mask import Body
@@ -52,18 +52,20 @@ def classify(
     last_restart: Cause | None = None,
     restarts_seen: int = 0,
     workload: WorkloadView | None = None,
+    started: datetime | None = None,
 ) -> Verdict:
     """The view of one object from its body, its pods and what was seen of pods already gone, and
     for a queued job's object its Kueue Workload (``workload``, see ``dispatch._workload._kueue``).
 
     ``restarts_seen``: the in-place restarts the adapter counted over every incarnation of the
-    object's pods (a recreated pod starts again from 0)."""
+    object's pods (a recreated pod starts again from 0). ``started``: the earliest start the
+    adapter saw of its pods, kept for when they are gone."""
     pods = list(pods)
     restarts, budget, past_budget = _in_place_restarts(kind, body, pods, restarts_seen)
     said = _read_pods(kind, body, pods, now=now, gone_nodes=gone_nodes, retained=retained)
     # The adapter's last_restart is the latest restart it saw happen; without it, the latest here.
     restart_cause = last_restart or (said.restart_causes[-1] if said.restart_causes else None)
-    view = _Views.of(body, restarts, said.started_at)
+    view = _Views.of(body, restarts, _earliest(started, pods_started(pods)))
     ended = _ended(kind, body, view, said.evidence, restart_cause)
     if ended is not None:
         return ended
@@ -121,7 +123,6 @@ class _PodsSay:
     recheck: float | None
     running: bool
     waiting: str
-    started_at: datetime | None
 
 
 def _read_pods(
@@ -155,7 +156,7 @@ def _read_pods(
             "deletionTimestamp"
         ):
             running = True
-    return _PodsSay(best(terminal), restart_causes, recheck, running, waiting, started_at(pods))
+    return _PodsSay(best(terminal), restart_causes, recheck, running, waiting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +169,7 @@ class _Views:
     restarts: int
     held: bool
     """Deleted by someone else, kept by dispatch's finalizer until the record has it (always ended)."""
-    started_at: datetime | None
+    started: datetime | None
 
     @classmethod
     def of(cls, body: Body, restarts: int, started: datetime | None) -> _Views:
@@ -197,8 +198,43 @@ class _Views:
             retained=self.held,
             note=note,
             waiting=waiting,
-            started_at=self.started_at if phase in (Phase.RUNNING, Phase.ENDED) else None,
+            started_at=self.started if phase in (Phase.RUNNING, Phase.ENDED) else None,
         )
+
+
+def pods_started(pods: Iterable[Mapping[str, Any]]) -> datetime | None:
+    """When the object's workload began running: the earliest start of a container of its pods
+    (running or ended, this incarnation or the last), or a running pod's ``startTime`` when its
+    containers do not say; None while none has run."""
+    found: datetime | None = None
+    for pod in pods:
+        status = pod.get("status") or {}
+        times = [
+            state.get("startedAt")
+            for c in status.get("containerStatuses") or ()
+            for state in (
+                (c.get("state") or {}).get("running") or {},
+                (c.get("state") or {}).get("terminated") or {},
+                (c.get("lastState") or {}).get("terminated") or {},
+            )
+        ]
+        began = [t for t in (_time(v) for v in times) if t is not None]
+        if not began and status.get("phase") == "Running":
+            began = [t for t in (_time(status.get("startTime")),) if t is not None]
+        for at in began:
+            found = _earliest(found, at)
+    return found
+
+
+def _time(value: object) -> datetime | None:
+    epoch = parse_time(value)
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None or b is None:
+        return a or b
+    return min(a, b)
 
 
 def _ended(

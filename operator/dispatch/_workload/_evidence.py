@@ -81,19 +81,6 @@ def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return dict(statuses[0]) if statuses else {}
 
 
-def started_at(pods: Iterable[Mapping[str, Any]]) -> datetime | None:
-    """When the object's workload began running: the earliest start of a container of its pods
-    (running, or terminated since)."""
-    starts: list[float] = []
-    for pod in pods:
-        for status in pod.get("status", {}).get("containerStatuses") or []:
-            state = status.get("state") or {}
-            at = parse_time((state.get("running") or state.get("terminated") or {}).get("startedAt"))
-            if at is not None:
-                starts.append(at)
-    return datetime.fromtimestamp(min(starts), UTC) if starts else None
-
-
 def stopped_how(pod: Mapping[str, Any]) -> StopKind | None:
     """How a stop ended a pod, once its containers have terminated: killed by SIGKILL at its grace
     period's end (``forced``: exit code 137 or signal 9), or exited within it (``graceful``)."""

@@ -50,6 +50,7 @@ POD: Final[Mask] = {
         "phase": SHARED,
         "reason": SHARED,
         "message": Clip(MAX_DETAIL),
+        "startTime": True,
         "conditions": conditions(
             "DisruptionTarget",
             "PodScheduled",
@@ -71,7 +72,8 @@ POD: Final[Mask] = {
 }
 """What :func:`pod_evidence` and the kinds' ``restarts`` read of a pod: its conditions, its
 containers' states (every container's: the first one stands in when the kind's is missing), its
-node. Messages only ever shown in a cause's detail are cut to the detail's length."""
+node; and when it began running (its containers' ``startedAt``, its ``startTime``). Messages
+only ever shown in a cause's detail are cut to the detail's length."""
 
 
 _OBJECT_MASKS: weakref.WeakKeyDictionary[Kind, Mask] = weakref.WeakKeyDictionary()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from .._kubeclient import Packed
 from .._model import Cause, ObjectView
@@ -57,6 +58,8 @@ class Tracked:
     incarnations: dict[str, int] = field(default_factory=dict)
     """Pod uid -> most in-place restarts seen (a recreated pod starts again from 0)."""
     restarts: int = 0
+    started_at: datetime | None = None
+    """The earliest start its pods showed (:func:`pods_started`), kept for when they are gone."""
     last_view: ObjectView | None = None
     verdict: tuple[tuple[object, ...], Verdict] | None = None
     released_at: float | None = None

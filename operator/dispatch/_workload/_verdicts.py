@@ -15,7 +15,7 @@ from .._errors import BackendError
 from .._kubeclient import Client, KubeError, request, resource_version
 from .._model import CauseKind, ObjectView, Phase
 from ._cache import Cache
-from ._classify import Verdict, classify
+from ._classify import Verdict, classify, pods_started
 from ._evidence import Evidence, best, event_evidence, kind_evidence, needs_node, node_ready
 from ._fields import owner_of, parse_time
 from ._kind import Kind
@@ -101,6 +101,7 @@ class Verdicts:
             last_restart=state.last_restart,
             restarts_seen=sum(state.incarnations.values()),
             workload=self.workload_of(body),
+            started=state.started_at,
         )
 
     async def classify(self, oid: str, body: Body) -> Verdict:
@@ -223,7 +224,10 @@ class Verdicts:
             last_restart=state.last_restart,
             restarts_seen=seen,
             workload=workload,
+            started=state.started_at,
         )
+        if state.started_at is None:
+            state.started_at = pods_started(pods)  # kept for when the pods are gone
         if verdict.recheck_at is None and not uses_nodes and None not in key[:1]:
             kept_view(verdict.view)
             state.verdict = (key, verdict)  # neither the clock nor a node lookup can change it

@@ -91,9 +91,7 @@ _NO_CAPACITY: Final = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can eve
 _REQUEUED: Final = Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler")
 _KILLED: Final = {StopKind.FORCED: 9}
 _STOPPED: Final = {
-    kind: Cause(
-        kind=CauseKind.NONE, detail="cancelled", stop=kind, signal=9 if kind is StopKind.FORCED else None
-    )
+    kind: Cause(kind=CauseKind.NONE, detail="cancelled", stop=kind, signal=_KILLED.get(kind))
     for kind in StopKind
 }
 _VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts", "started_at"}
@@ -114,6 +112,8 @@ class _Entry:
     traps_sigterm: bool = True
     """The program exits within its grace period on SIGTERM (False: a stop kills it at the end)."""
     native: tuple[tuple[frozenset[CauseKind], int], ...] = ()
+    spec: JobSpec | None = field(default=None, repr=False)
+    """The spec it was created from: its submission's (a rule's change included)."""
     view: ObjectView | None = field(default=None, repr=False)
 
     def snapshot(self) -> ObjectView:
@@ -134,6 +134,10 @@ class _Entry:
         return self.view
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 class MemoryBackend:
     """A :class:`~dispatch.Backend` whose scheduler is :attr:`env`."""
 
@@ -142,12 +146,12 @@ class MemoryBackend:
         shape: Shape | str = Shape.SLURM,
         *,
         auto_run: bool = False,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.imitates, self.shape, self._capabilities = _imitation(str(shape))
         self.auto_run = auto_run
         self.clock = clock
-        """When an object starts running (its ``started_at``)."""
+        """The scheduler's clock: when an object begins running (its ``started_at``)."""
         self._entries: dict[str, _Entry] = {}
         self._by_job: dict[str, list[_Entry]] = {}
         self._subscribers = Subscribers()
@@ -179,7 +183,7 @@ class MemoryBackend:
             for rule in plan.rules
             if rule.enforcer is Enforcer.SCHEDULER and rule.action is Action.RESTART
         )
-        entry = _Entry(id=object_id, job=job, submission=submission, native=native)
+        entry = _Entry(id=object_id, job=job, submission=submission, native=native, spec=spec)
         self._entries[object_id] = entry
         self._by_job.setdefault(job, []).append(entry)
         self._changed(entry)
@@ -189,10 +193,11 @@ class MemoryBackend:
         entry = self._entry(object_id)
         if entry.phase is not Phase.HELD:
             return
-        entry.phase = Phase.RUNNING if self.auto_run else Phase.QUEUED
-        if self.auto_run:
-            entry.started_at = self.clock()
         entry.ever_released = True
+        if self.auto_run:
+            self._running(entry)
+        else:
+            entry.phase = Phase.QUEUED
         released = sum(1 for e in self._by_job[entry.job] if e.phase in (Phase.QUEUED, Phase.RUNNING))
         if released > self.peak_released.get(entry.job, 0):
             self.peak_released[entry.job] = released
@@ -226,11 +231,21 @@ class MemoryBackend:
     def ever_released(self, object_id: str) -> bool:
         return self._entry(object_id).ever_released
 
+    def spec_of(self, object_id: str) -> JobSpec | None:
+        """The spec the object was created from, as a real scheduler's object holds it in its own
+        fields (a pod's memory, a Slurm job's partition)."""
+        return self._entry(object_id).spec
+
     def _entry(self, object_id: str) -> _Entry:
         try:
             return self._entries[object_id]
         except KeyError:
             raise InvalidTransition(f"no object {object_id!r}") from None
+
+    def _running(self, entry: _Entry) -> None:
+        entry.phase = Phase.RUNNING
+        if entry.started_at is None:  # the first start: an in-place restart keeps it
+            entry.started_at = self.clock()
 
     def _changed(self, entry: _Entry) -> None:
         entry.view = None
@@ -246,8 +261,7 @@ class Env:
     def run(self, object_id: str) -> None:
         """Start a released object (what a scheduler with free nodes does; ``auto_run`` does it at once)."""
         entry = self._in(object_id, Phase.QUEUED)
-        entry.phase = Phase.RUNNING
-        entry.started_at = self._backend.clock()
+        self._backend._running(entry)
         self._backend._changed(entry)
 
     def ignore_sigterm(self, object_id: str) -> None:
@@ -303,7 +317,10 @@ class Env:
         for causes, budget in entry.native:
             if cause.kind in causes and entry.restarts < budget:
                 entry.restarts += 1
-                entry.phase = Phase.RUNNING if self._backend.auto_run else Phase.QUEUED
+                if self._backend.auto_run:
+                    self._backend._running(entry)
+                else:
+                    entry.phase = Phase.QUEUED
                 self._backend._changed(entry)
                 return
         entry.phase = Phase.ENDED

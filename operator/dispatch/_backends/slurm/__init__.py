@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Final
+from typing import Annotated, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ..._model import Capabilities, OptionsModel
+from ..._model import Capabilities, OptionsChange, OptionsModel
 from ..._registry import BackendInfo, Where
 from .._kit import UserEnv, refuse_reserved_env
+
+Partition = Annotated[str, Field(min_length=1, max_length=64)]
+MIB: Final = 1 << 20
+"""Slurm's unit of memory (its "MB" is a mebibyte)."""
 
 CAPABILITIES: Final = Capabilities(
     time_limit=(
@@ -35,7 +39,8 @@ class SlurmOptions(OptionsModel):
 
     REPLACED: ClassVar[Mapping[str, str]] = {"timeLimitMinutes": "spec.timeLimitSeconds"}
 
-    partition: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    partition: Partition | None = None
+    """The partition (default: the configuration's, else Slurm's default partition)."""
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
     memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
     environment: UserEnv = Field(default_factory=dict)
@@ -43,11 +48,32 @@ class SlurmOptions(OptionsModel):
     ``DISPATCH_NAMESPACE``, ``DISPATCH_SUBMISSION``)."""
     working_directory: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
 
+    memory_field: ClassVar[str | None] = "memoryPerNodeMb"
+
+    def memory_bytes(self) -> int | None:
+        return self.memory_per_node_mb * MIB if self.memory_per_node_mb is not None else None
+
+    def with_memory_bytes(self, value: int) -> Self:
+        """``memoryPerNodeMb`` as ``value`` bytes, rounded down to Slurm's unit (MiB): never above
+        a change's max."""
+        mb = max(value // MIB, self.memory_per_node_mb or 0)
+        return self.model_copy(update={"memory_per_node_mb": mb})
+
     @field_validator("environment")
     @classmethod
     def _reserved_env(cls, env: dict[str, str]) -> dict[str, str]:
         refuse_reserved_env(env)
         return env
+
+
+class SlurmChange(OptionsChange):
+    """What a rule's firing may change of a Slurm job's options: each field set replaces the one of
+    ``spec.slurm`` for the submission it authorizes and the ones after it."""
+
+    options_model: ClassVar[type[OptionsModel]] = SlurmOptions
+
+    partition: Partition | None = None
+    """Another partition (one with more capacity, or longer limits)."""
 
 
 class SlurmConfig(BaseModel):
@@ -84,7 +110,9 @@ class SlurmConfig(BaseModel):
     is ``<namespace>/<name>``, whose ``/`` would make a path Slurm cannot open.
     """
     filter_user: bool = True
-    """Only consider tagged jobs owned by ``user_name`` (when set)."""
+    """Only consider tagged jobs owned by ``user_name``, or else by the user the token was minted
+    for (its ``sun`` claim): a job another Slurm user submitted with a copied tag (job names and
+    comments are visible to every user in ``squeue``) is reported, never adopted or cancelled."""
 
     @model_validator(mode="after")
     def _one_endpoint(self) -> SlurmConfig:
@@ -102,4 +130,5 @@ BACKEND: Final = BackendInfo(
     capabilities=CAPABILITIES,
     open="dispatch._backends.slurm._adapter:open_adapter",
     options=SlurmOptions,
+    change=SlurmChange,
 )

@@ -69,7 +69,7 @@ class SlurmBackend:
             max_backoff=config.max_backoff,
             full_every=config.full_refresh_every,
             remember_seconds=config.remember_seconds,
-            user_name=config.user_name if config.filter_user else None,
+            user_name=(config.user_name or self.rest.token.user()) if config.filter_user else None,
             cancel_stuck=self._cancel_stuck,
             lookup=self._lookup,
         )

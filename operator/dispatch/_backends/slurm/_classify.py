@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from ..._model import Cause, CauseKind, Phase, StopKind
 from ._dialects import SlurmJob
@@ -42,14 +41,9 @@ class Classified:
     (forced), or ended within it (graceful)."""
 
 
-def started_at(job: SlurmJob) -> datetime | None:
-    """When the job began running, by slurmctld's clock."""
-    return datetime.fromtimestamp(job.start_time, UTC) if job.start_time else None
-
-
 def _stop(job: SlurmJob) -> StopKind | None:
     """How a stop of a job that ran went: SIGKILL is KillWait's end; any other end came within it."""
-    if not job.start_time:
+    if job.started() is None:
         return None  # (cancelled before it ran: nothing was stopped)
     return StopKind.FORCED if job.signal == _signal.SIGKILL else StopKind.GRACEFUL
 

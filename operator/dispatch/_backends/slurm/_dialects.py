@@ -59,8 +59,15 @@ class SlurmJob:
     submit_time: int | None = None
     """When slurmctld took the submission (epoch seconds, its clock)."""
     start_time: int | None = None
-    """When it began running (epoch seconds, slurmctld's clock); for a pending job Slurm's
-    expected start, which a view shows only once it runs."""
+    """When it began running (epoch seconds, slurmctld's clock); while it is pending, Slurm's
+    estimate of when it will (see :meth:`started`)."""
+
+    def started(self) -> int | None:
+        """When it began running, None while pending: a pending job's ``start_time`` is Slurm's
+        estimate, and a job cancelled while pending shows no start at all."""
+        if self.start_time is None or self.state in ("", "PENDING"):
+            return None
+        return self.start_time
 
 
 @dataclass(frozen=True, slots=True)

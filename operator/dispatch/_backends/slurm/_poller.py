@@ -35,11 +35,12 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from ..._errors import TransientBackendError
 from ..._model import Cause, CauseKind, ObjectView, Phase
 from ..._protocols import Others
-from ._classify import classify, started_at
+from ._classify import classify
 from ._dialects import SlurmJob
 
 log = logging.getLogger("dispatch.slurm")
@@ -75,6 +76,11 @@ NO_JOBS = (
     "Slurm has no job {id} (confirmed by a direct lookup) and shows no job at all: either it ended "
     "more than MinJobAge ago and was forgotten, or slurmctld lost its state; the outcome is unknown"
 )
+
+
+def _at(epoch: int | None) -> datetime | None:
+    """Slurm's epoch seconds as a time."""
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
 def make_tag(job: str, submission: int) -> str:
@@ -113,6 +119,8 @@ class Poller:
         self.remember_seconds = remember_seconds
         self.update_time_margin = update_time_margin
         self.user_name = user_name
+        self._foreign: set[int] = set()
+        """Tagged jobs of another user already reported."""
         self._cancel_stuck = cancel_stuck
         self._lookup = lookup
 
@@ -377,7 +385,7 @@ class Poller:
             restarts=c.restarts,
             waiting=c.waiting,
             stop=c.stop,
-            started_at=started_at(sj) if c.phase in (Phase.RUNNING, Phase.ENDED) else None,
+            started_at=_at(sj.started()),
         )
         if c.stuck:
             self._verdicts[sj.job_id] = view
@@ -393,6 +401,17 @@ class Poller:
             if tag is None:
                 continue
             if self.user_name and sj.user_name and sj.user_name != self.user_name:
+                if sj.job_id not in self._foreign:
+                    self._foreign.add(sj.job_id)
+                    log.warning(
+                        "Slurm job %s carries the tag of %s submission %s but belongs to user %r, not "
+                        "%r: not ours, left alone",
+                        sj.job_id,
+                        tag[0],
+                        tag[1],
+                        sj.user_name,
+                        self.user_name,
+                    )
                 continue
             if sj.job_id not in self._usable_at:
                 # Created before this listing started; by its submit_time (+1 s: whole seconds, and
@@ -461,6 +480,7 @@ class Poller:
                 cause=Cause(kind=CauseKind.UNKNOWN, detail=text.format(id=old.id)),
                 cancelled=False,
                 restarts=old.restarts,
+                started_at=old.started_at,
             )
             self._final[job_id] = (view, now)
             self._set(job_id, view)

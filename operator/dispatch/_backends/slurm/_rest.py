@@ -10,6 +10,7 @@ built here goes through :meth:`RestClient.scrub`, which also removes anything sh
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ import httpx
 from pydantic import SecretStr
 
 from ..._config import RereadFile
+from ..._constants import JWT_FRAGMENT
 from ..._errors import BackendError, TransientBackendError
 
 log = logging.getLogger("dispatch.slurm.rest")
@@ -40,7 +42,7 @@ AUTH_STATUSES = frozenset({401, 403, 511})
 """HTTP statuses slurmrestd answers a missing, rejected or expired token with (24.11+: 511 + 1007)."""
 TOKEN_REJECTED = "token rejected or expired (check the token and that it belongs to the user name)"
 
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*")
+_JWT = re.compile(JWT_FRAGMENT)
 """Anything shaped like a JWT (header.payload.signature, base64url, header starting '{"')."""
 
 
@@ -111,6 +113,23 @@ class TokenSource:
             raise TransientBackendError(
                 f"slurm token file {self._file.path} unreadable: {e.strerror}"
             ) from None
+
+    def user(self) -> str | None:
+        """The Slurm user the token was minted for (its ``sun`` claim, as ``scontrol token`` writes
+        it), or None. Read without checking the signature: slurmrestd checks it on every request."""
+        try:
+            tok = self.get()
+        except TransientBackendError:
+            return None
+        parts = (tok or "").split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except (ValueError, TypeError):
+            return None
+        user = claims.get("sun") if isinstance(claims, dict) else None
+        return user if isinstance(user, str) and user else None
 
     def secrets(self) -> list[str]:
         """Every form of the token that must never be shown (the token, its signature)."""
