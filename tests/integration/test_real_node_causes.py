@@ -264,16 +264,13 @@ def sigterm_program(*, exits: bool = True, first_only: bool = False) -> str:
     )
 
 
-def with_host_dir(
-    crds: KubeCluster, namespace: str, node: RealNode, grace: int
-) -> tuple[Path, dict[str, Any]]:
+def with_host_dir(crds: KubeCluster, namespace: str, node: RealNode) -> tuple[Path, dict[str, Any]]:
     """A host directory mounted at ``/out`` (:func:`host_volume`) and the pod options for the real
-    node with it and a grace period of ``grace`` seconds."""
+    node with it (the grace period is the job's ``spec.stop.gracePeriodSeconds``)."""
     out = node.host_dir / namespace
     host_volume(crds, namespace, out)
     options = on_real_node(
         node,
-        terminationGracePeriodSeconds=grace,
         volumes=[{"name": "out", "persistentVolumeClaim": {"claimName": "out"}}],
         volumeMounts=[{"name": "out", "mountPath": "/out"}],
     )
@@ -284,7 +281,7 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
     crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
 ) -> None:
     code = sigterm_program()
-    out, options = with_host_dir(crds, namespace, real_node, 30)
+    out, options = with_host_dir(crds, namespace, real_node)
     operator("--backend", "job")
     manifest = lab_manifest("job", "graceful", [], options=options, command=["python3", "-c", code])
     await asyncio.to_thread(apply, crds, namespace, manifest)
@@ -310,6 +307,29 @@ async def test_a_cancel_reaches_the_process_as_sigterm_and_ends_the_job_cancelle
     assert history(body) == [("pending", "cancelled", 1, "none")]
     # The process's exit 0 from its handler is the stop's doing, not an outcome of submission 1.
     assert "cause" not in status["submissions"][0], status["submissions"]
+    assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]
+    assert status["cause"]["stop"] == "graceful", status
+
+
+async def test_a_warned_time_limit_reaches_the_process_as_sigterm_and_the_stop_is_graceful(
+    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+) -> None:
+    """``warningSeconds`` on a Job: the supervisor begins the time limit's stop that early (the Job
+    controller sends no warning), the kubelet gives the process SIGTERM, its handler writes a
+    checkpoint and exits, and the record says the time limit ended it, gracefully."""
+    out, options = with_host_dir(crds, namespace, real_node)
+    operator("--backend", "job")
+    command = ["python3", "-c", sigterm_program()]
+    spec = {"timeLimitSeconds": 12, "stop": {"warningSeconds": 6}}
+    manifest = lab_manifest("job", "warned", [], options=options, command=command, **spec)
+    await asyncio.to_thread(apply, crds, namespace, manifest)
+    await await_for("the handler installed", (out / "ready").exists)
+    body = await settled(crds, namespace, "warned")
+
+    status = body["status"]
+    assert history(body) == [("pending", "failed", 1, "time-limit")]
+    assert status["plan"]["timeLimit"]["enforcer"] == "supervisor"
+    assert status["cause"]["stop"] == "graceful", status
     assert (out / "sigterm").read_text().splitlines() == ["signal 15", "cleaned up"]
 
 
@@ -390,10 +410,17 @@ async def test_a_preemption_gives_sigterm_and_the_grace_period_and_is_preempted(
     # Submission 1 waits for SIGTERM (sigterm_program); submission 2 exits 0: the preemption is
     # recovered by the rule.
     code = sigterm_program(exits=handler == "exits", first_only=True)
-    out, options = with_host_dir(crds, namespace, real_node, grace)
+    out, options = with_host_dir(crds, namespace, real_node)
     operator("--backend", "job")
     command = ["python3", "-c", code]
-    manifest = lab_manifest("job", "preempted", PREEMPTED_ONCE, options=options, command=command)
+    manifest = lab_manifest(
+        "job",
+        "preempted",
+        PREEMPTED_ONCE,
+        options=options,
+        command=command,
+        stop={"gracePeriodSeconds": grace},
+    )
     with watched_pods(crds, namespace, "preempted") as seen:
         await asyncio.to_thread(apply, crds, namespace, manifest)
         await await_for("the handler installed", (out / "ready").exists)
@@ -430,7 +457,7 @@ async def test_a_preempted_program_that_exits_0_is_preempted_though_its_job_comp
     # contract): its pod is Succeeded and the Job controller counts the Job Complete. A finalizer
     # of this test keeps the pod (as any controller's finalizer may), so the operator that starts
     # next sees it: its DisruptionTarget, set before the program ended, says why it ended.
-    out, options = with_host_dir(crds, namespace, real_node, 30)
+    out, options = with_host_dir(crds, namespace, real_node)
     op = operator("--backend", "job")
     command = ["python3", "-c", sigterm_program(first_only=True)]
     manifest = lab_manifest("job", "late", PREEMPTED_ONCE, options=options, command=command)
@@ -582,12 +609,13 @@ async def test_an_eviction_is_preempted_unless_the_pod_outgrew_its_own_limit(
     )
     options = on_real_node(
         real_node,
-        terminationGracePeriodSeconds=2,
         volumes=[{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}],
         volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )
     operator("--backend", "job")
-    manifest = lab_manifest("job", "evicted", [], options=options, command=["python3", "-c", code])
+    manifest = lab_manifest(
+        "job", "evicted", [], options=options, command=["python3", "-c", code], stop={"gracePeriodSeconds": 2}
+    )
     with watched_pods(crds, namespace, "evicted") as seen:
         await asyncio.to_thread(apply, crds, namespace, manifest)
         if by == "eviction-api":

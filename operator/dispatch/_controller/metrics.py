@@ -103,7 +103,7 @@ _NOTHING_COUNTED: Final = (0, 0)
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
-    | {"RecordEnd"}
+    | {"RecordEnd", "RecordStop"}
 )
 
 
@@ -445,8 +445,8 @@ class _ObservedBackend:
     async def release(self, object_id: str) -> None:
         await self._inner.release(object_id)
 
-    async def end(self, object_id: str) -> None:
-        await self._inner.end(object_id)
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        await self._inner.end(object_id, grace_seconds=grace_seconds)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         objects = await self._inner.list(job)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .._model import Cause, CauseKind
+from .._model import Cause, CauseKind, StopKind
 from ._fields import detail, no_capacity_after, parse_time, status_conditions
 from ._kind import Kind
 from ._mask import Body
@@ -65,6 +65,9 @@ _REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the
 """FailedCreatePod messages that will never change (quota or a missing ServiceAccount might)."""
 
 
+KILL_SIGNAL: Final = 9
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     cause: Cause
@@ -78,6 +81,18 @@ def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         if status.get("name") == name:
             return dict(status)
     return dict(statuses[0]) if statuses else {}
+
+
+def stopped_how(pod: Mapping[str, Any]) -> StopKind | None:
+    """How a stop ended a pod, once its containers have terminated: killed by SIGKILL at its grace
+    period's end (``forced``: exit code 137 or signal 9), or exited within it (``graceful``)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    ended = [t for t in ((s.get("state") or {}).get("terminated") for s in statuses) if t]
+    if not ended:
+        return None
+    if any(t.get("signal") == KILL_SIGNAL or t.get("exitCode") == KILL_SIGNAL + 128 for t in ended):
+        return StopKind.FORCED
+    return StopKind.GRACEFUL
 
 
 def container_restarts(pod: Mapping[str, Any], container: str = "") -> int:

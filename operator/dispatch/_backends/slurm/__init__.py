@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -14,7 +15,17 @@ Partition = Annotated[str, Field(min_length=1, max_length=64)]
 MIB: Final = 1 << 20
 """Slurm's unit of memory (its "MB" is a mebibyte)."""
 
-CAPABILITIES: Final = Capabilities()
+CAPABILITIES: Final = Capabilities(
+    time_limit=(
+        "Slurm's time limit, in whole minutes (rounded up): at it Slurm sends SIGTERM, then SIGKILL"
+        " after the cluster's KillWait, and the job ends TIMEOUT"
+    ),
+    warning_signal=True,
+    stop_grace=(
+        "the cluster's KillWait: scancel sends SIGTERM, then SIGKILL after KillWait, as Slurm's own"
+        " time limit and preemption do"
+    ),
+)
 """Slurm enforces no recovery rule exactly: its MaxBatchRequeue limit is checked on launch-failure
 and node-failure requeues but not on preemption requeues (PreemptMode=REQUEUE raises restart_cnt
 unchecked), so a budget is not exact for preemption; and a job's requeue flag allows node-failure
@@ -26,9 +37,10 @@ rule goes to the supervisor, and a restart rule is refused by the plan; jobs are
 class SlurmOptions(OptionsModel):
     """How to run on Slurm: partition, limits, environment and working directory."""
 
+    REPLACED: ClassVar[Mapping[str, str]] = {"timeLimitMinutes": "spec.timeLimitSeconds"}
+
     partition: Partition | None = None
     """The partition (default: the configuration's, else Slurm's default partition)."""
-    time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
     memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
     environment: UserEnv = Field(default_factory=dict)
