@@ -886,3 +886,45 @@ def test_the_dashboard_config_map_holds_the_dashboard(helm: str) -> None:
     assert json.loads(cm["data"]["dispatch-operator.json"]) == dashboard
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["namespace"] == "grafana"
+
+
+def test_metrics_address_is_explicit_and_the_network_policy_admits_only_its_scrapers(helm: str) -> None:
+    docs = render(helm)
+    assert "--metrics-addr=0.0.0.0" in deployment_args(docs), "the binary's default is loopback"
+    assert not by_kind(docs, "NetworkPolicy")
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    docs = render(
+        helm,
+        "--set=networkPolicy.enabled=true",
+        "--set-json=networkPolicy.metricsFrom=" + json.dumps([scraper]),
+    )
+    policy = one(docs, "NetworkPolicy")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {"webhook": None, "health": None, "metrics": [scraper]}
+    ports = {p["name"] for p in operator_container(docs)["ports"]}
+    assert set(rules) <= ports, "each rule names a port the container declares"
+    # No scraper named: the metrics port is closed to every peer.
+    closed = one(render(helm, "--set=networkPolicy.enabled=true"), "NetworkPolicy")
+    assert "metrics" not in {r["ports"][0]["port"] for r in closed["spec"]["ingress"]}
+
+
+def test_slurm_ca_config_map_is_mounted_and_named_in_the_config(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set=slurm.enabled=true",
+        "--set=slurm.url=https://slurmrestd.site:6820",
+        "--set=slurm.caConfigMap.name=site-ca",
+    )
+    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["slurm.yaml"])
+    mounts = {m["name"]: m["mountPath"] for m in operator_container(docs)["volumeMounts"]}
+    assert config["ca_file"] == f"{mounts['slurm-ca']}/ca.crt"
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["slurm-ca"]["configMap"] == {
+        "name": "site-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    plain = render(helm, "--set=slurm.enabled=true", "--set=slurm.url=https://slurmrestd.site:6820")
+    assert "ca_file" not in yaml.safe_load(one(plain, "ConfigMap")["data"]["slurm.yaml"])

@@ -273,3 +273,13 @@ async def test_instrument_counts_every_request_of_a_client() -> None:
     assert value("dispatch_api_requests_total", {"verb": "get", "resource": "pods", "code": "none"}) == 1
     assert value("dispatch_api_requests_total", {"verb": "get", "resource": "pods", "code": "404"}) == 1
     assert value("dispatch_api_errors_total", {"verb": "get", "resource": "pods"}) == 1
+
+
+def test_the_endpoint_listens_on_loopback_unless_told_otherwise() -> None:
+    """The answers carry no authentication: by default nothing beyond the host (the Pod) reads them."""
+    server = Metrics().serve(0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()

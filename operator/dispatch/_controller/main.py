@@ -74,6 +74,9 @@ log = logging.getLogger("dispatch.operator")
 
 
 ANY_ADDRESS: Final = "0.0.0.0"
+LOOPBACK: Final = "127.0.0.1"
+"""The metrics server's default address: its answers are unauthenticated, so nothing beyond the
+pod reads them unless ``--metrics-addr`` opens them (the chart does, behind its NetworkPolicy)."""
 
 WRITE_QPS_AUTO: Final = "auto"
 
@@ -156,7 +159,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
-    p.add_argument("--metrics-addr", help=f"the metrics server's listen address (default {ANY_ADDRESS})")
+    p.add_argument(
+        "--metrics-addr",
+        help=f"the metrics server's listen address (default {LOOPBACK}: it has no authentication)",
+    )
     p.add_argument(
         "--webhook-port", type=int, default=0, help="serve the admission webhooks on this port (0: off)"
     )
@@ -494,7 +500,7 @@ async def open_process(
 
         metrics = metrics_module.Metrics()
         server = metrics_module.serve(
-            metrics, args.metrics_port, getattr(args, "metrics_addr", None) or ANY_ADDRESS
+            metrics, args.metrics_port, getattr(args, "metrics_addr", None) or LOOPBACK
         )
     connection = await load_configuration(args.kubeconfig, context=args.context)
     api = client_for(connection)

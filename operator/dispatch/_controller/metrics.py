@@ -406,8 +406,11 @@ class Metrics:
 
     # ------------------------------------------------------------------ endpoint
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> WSGIServer:
         """Serve the registry over HTTP (any path, conventionally ``/metrics``) in a daemon thread.
+
+        The answers are unauthenticated: the default address is the loopback one, and another is
+        for a network that only the scrapers reach (the chart's NetworkPolicy).
 
         ``port`` 0 picks a free port (``server.server_port``). Stop with ``server.shutdown()``.
         """
@@ -415,7 +418,7 @@ class Metrics:
         return server
 
 
-def serve(metrics: Metrics, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+def serve(metrics: Metrics, port: int, addr: str = "127.0.0.1") -> WSGIServer:
     """Module-level shorthand for :meth:`Metrics.serve`."""
     return metrics.serve(port, addr)
 
