@@ -928,3 +928,24 @@ def test_slurm_ca_config_map_is_mounted_and_named_in_the_config(helm: str) -> No
     }
     plain = render(helm, "--set=slurm.enabled=true", "--set=slurm.url=https://slurmrestd.site:6820")
     assert "ca_file" not in yaml.safe_load(one(plain, "ConfigMap")["data"]["slurm.yaml"])
+
+
+def test_metrics_auth_kubernetes_grants_the_reviews_and_scrapes_over_https(helm: str) -> None:
+    docs = render(helm, "--set=metrics.auth=kubernetes", "--set=metrics.serviceMonitor.enabled=true")
+    assert "--metrics-auth=kubernetes" in deployment_args(docs)
+    auth = one(docs, "ClusterRole", f"{RELEASE}-dispatch-operator-metrics-auth")
+    assert _grants(auth["rules"]) == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    }
+    binding = one(docs, "ClusterRoleBinding", f"{RELEASE}-dispatch-operator-metrics-auth")
+    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"][0]["name"] == sa
+    reader = one(docs, "ClusterRole", f"{RELEASE}-dispatch-operator-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    endpoint = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    plain = render(helm)
+    assert "--metrics-auth=kubernetes" not in deployment_args(plain)
+    assert not [d for d in by_kind(plain, "ClusterRole") if "metrics" in d["metadata"]["name"]]
