@@ -10,6 +10,7 @@ import importlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -645,7 +646,7 @@ def test_generated_certificate_serves_the_service_and_the_ca_bundle_is_its_ca(
     spki = (Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
     assert key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
     validity = cert.not_valid_after_utc - cert.not_valid_before_utc
-    assert validity.days >= 3649
+    assert validity.days >= 364, "webhook.certValidityDays"
     _handshake(cert_pem, key_pem, ca_pem, host, tmp_path)
 
 
@@ -949,3 +950,31 @@ def test_metrics_auth_kubernetes_grants_the_reviews_and_scrapes_over_https(helm:
     plain = render(helm)
     assert "--metrics-auth=kubernetes" not in deployment_args(plain)
     assert not [d for d in by_kind(plain, "ClusterRole") if "metrics" in d["metadata"]["name"]]
+
+
+def test_cert_manager_issues_the_webhook_secret_and_injects_the_ca(helm: str) -> None:
+    docs = render(helm, "--set=webhook.certManager.enabled=true")
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["secretName"] == WEBHOOK_SECRET
+    assert cert["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    assert cert["spec"]["issuerRef"]["name"] == one(docs, "Issuer")["metadata"]["name"]
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == WEBHOOK_SECRET]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        config = one(docs, kind)
+        annotation = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert annotation == f"{NAMESPACE}/{cert['metadata']['name']}"
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    site = render(
+        helm,
+        "--set=webhook.certManager.enabled=true",
+        "--set=webhook.certManager.issuerRef.name=site-ca",
+        "--set=webhook.certManager.issuerRef.kind=ClusterIssuer",
+    )
+    assert not by_kind(site, "Issuer")
+    assert one(site, "Certificate")["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+
+
+def test_generated_webhook_secret_says_when_an_upgrade_renews_it(helm: str) -> None:
+    secret = one(render(helm), "Secret", WEBHOOK_SECRET)
+    renew_after = int(secret["metadata"]["annotations"]["dispatch.dev/renew-after"])
+    assert 0 < renew_after - time.time() <= 365 * 86400 * 2 / 3 + 60
