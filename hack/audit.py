@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,10 +32,12 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lock import pins
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOCKS = ("requirements/operator.txt", "requirements/dev.txt")
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", re.M)
 UNREACHABLE = (
     "ConnectionError",
     "ProxyError",
@@ -48,9 +49,8 @@ UNREACHABLE = (
 
 def locked() -> dict[str, str]:
     out: dict[str, str] = {}
-    for lock in LOCKS:
-        for m in PIN.finditer((REPO / lock).read_text()):
-            out[canonicalize_name(m.group(1))] = m.group(2)
+    for path in LOCKS:
+        out.update(pins((REPO / path).read_text()))
     return out
 
 
@@ -114,14 +114,14 @@ def affects(entry: dict[str, Any], name: str, version: str) -> list[str] | None:
     return None
 
 
-def scan_offline(db: Path, pins: dict[str, str]) -> list[str]:
+def scan_offline(db: Path, versions: dict[str, str]) -> list[str]:
     found = []
     skip = ignored()
     for entry in osv_entries(db):
         ids = {entry.get("id", "?"), *entry.get("aliases", [])}
         if ids & skip or entry.get("withdrawn"):
             continue
-        for name, version in pins.items():
+        for name, version in versions.items():
             fixed = affects(entry, name, version)
             if fixed is not None:
                 found.append(
@@ -154,10 +154,10 @@ def scan_index() -> tuple[list[str], str | None]:
 
 
 def main() -> int:
-    pins = locked()
+    versions = locked()
     db = os.environ.get("DISPATCH_VULN_DB")
     if db:
-        found = scan_offline(Path(db), pins)
+        found = scan_offline(Path(db), versions)
         source = f"the OSV database {db}"
     else:
         found, skipped = scan_index()
@@ -174,7 +174,7 @@ def main() -> int:
     if found:
         print(f"audit: {len(found)} known vulnerabilities in the locks ({source})", file=sys.stderr)
         return 1
-    print(f"audit: {len(pins)} locked packages, no known vulnerability ({source})")
+    print(f"audit: {len(versions)} locked packages, no known vulnerability ({source})")
     return 0
 
 

@@ -101,3 +101,35 @@ def test_offline_scan_reads_a_database_directory(tmp_path: Path, monkeypatch: py
     assert found == ["pyyaml==6.0.1: PYSEC-0-1 (fixed in 6.0.2)"]
     monkeypatch.setenv("DISPATCH_AUDIT_IGNORE", "PYSEC-0-1")
     assert audit.scan_offline(tmp_path, {"pyyaml": "6.0.1"}) == []
+
+
+image_sbom = importlib.import_module("image_sbom")
+
+
+def test_image_sbom_names_the_debian_packages_whose_files_the_image_holds(tmp_path: Path) -> None:
+    base, image = tmp_path / "base", tmp_path / "image"
+    info = base / "var/lib/dpkg/info"
+    info.mkdir(parents=True)
+    (base / "var/lib/dpkg/status").write_text(
+        "Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n\n"
+        "Package: dpkg\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1.21\n"
+    )
+    (info / "libc6:amd64.list").write_text("/usr\n/usr/lib\n/usr/lib/libc.so.6\n")
+    (info / "dpkg.list").write_text("/usr\n/usr/bin\n/usr/bin/dpkg\n")
+    for root in (base, image):
+        (root / "usr/lib").mkdir(parents=True)
+        (root / "usr/lib/libc.so.6").write_text("")
+    (base / "usr/bin").mkdir()
+    (base / "usr/bin/dpkg").write_text("")
+    (image / "usr/bin").mkdir()  # a directory both share is no file of a package
+    found = image_sbom.debian_components(image, base)
+    assert [(c["name"], c["purl"]) for c in found] == [("libc6", "pkg:deb/debian/libc6@2.36-9?arch=amd64")]
+
+
+def test_image_sbom_check_names_what_differs_from_the_lock() -> None:
+    locked = lock.pins(lock.lock_path("operator").read_text())
+    components = [
+        {"name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"} for n, v in locked.items() if n != "httpx"
+    ]
+    components += [{"name": "dispatch-jobs", "version": "0.1.0", "purl": "pkg:pypi/dispatch-jobs@0.1.0"}]
+    assert image_sbom.lock_differences(components) == [f"httpx: lock {locked['httpx']}, image absent"]
