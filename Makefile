@@ -17,14 +17,17 @@ all: test
 help:
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml
+# The dependencies come from the hashed lock only (requirements/dev.txt, hack/lock.py: pip refuses
+# any file whose sha256 is not in it), then dispatch itself, editable, with no dependency resolved.
+$(STAMP): pyproject.toml requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	@# A .venv made when the distribution was named `dispatch` still holds that editable install
 	@# (and operator/ its egg-info, which would still answer to the old name).
 	$(PY) -m pip uninstall --quiet --yes dispatch 2>/dev/null || true
 	rm -rf operator/dispatch.egg-info
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $@
 
 venv: $(STAMP) ## create .venv and install dispatch with its dev tools

@@ -82,7 +82,12 @@ class SlurmConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str | None = None
-    """e.g. ``http://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``."""
+    """e.g. ``https://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``. The token
+    travels in a header: over ``http://`` anyone on the path reads it, so use ``https://`` (a TLS
+    proxy in front of slurmrestd, or slurmrestd's own TLS) anywhere but a trusted host."""
+    ca_file: str | None = None
+    """A PEM file of the CA certificates that sign slurmrestd's (a site's private CA, a mounted
+    Secret or ConfigMap); only with an ``https://`` url. Default: the system's trust store."""
     socket: str | None = None
     """A unix socket path (rest_auth/local: no token needed)."""
     user_name: str | None = None
@@ -120,6 +125,10 @@ class SlurmConfig(BaseModel):
             raise ValueError("give exactly one of 'url' and 'socket'")
         if self.token is not None and self.token_file is not None:
             raise ValueError("give at most one of 'token' and 'token_file'")
+        if self.ca_file is not None and not (self.url or "").startswith("https://"):
+            raise ValueError(
+                "'ca_file' is for an https:// url: slurmrestd's certificate is checked against it"
+            )
         return self
 
 

@@ -60,6 +60,7 @@ class SlurmBackend:
             token=TokenSource(config.token, config.token_file),
             timeout=config.request_timeout,
             transport=transport,
+            ca_file=config.ca_file,
         )
         self._dialect: Dialect | None = dialect_for(config.api_version) if config.api_version else None
         self._dialect_lock: asyncio.Lock | None = None
