@@ -40,6 +40,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +60,7 @@ from tests.support.controlplane import REPO_ROOT
 from tests.support.lab import Lab
 
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-node.sh"
+TORCH_BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-torch-image.sh"
 NODE_NAME: Final = "dispatch-real-node"
 REAL_NODE_KEY: Final = "lab.dispatch.io/real-node"
 """The real node's label and the key of its NoSchedule taint (value ``"true"``)."""
@@ -154,6 +156,31 @@ def resolve_node_binaries() -> NodeBinaries:
     )
 
 
+@dataclass(frozen=True)
+class NodeImage:
+    """An image tarball for the node and the tag it carries."""
+
+    tar: Path
+    tag: str
+
+
+def resolve_torch_image() -> NodeImage:
+    """The training image of ``hack/build-torch-image.sh`` (PyTorch on the test image): the
+    environment's ``DISPATCH_NODE_TORCH_IMAGE``/``_TAG`` first, then what the script prints;
+    fails naming the command that builds it."""
+    found = {k: os.environ.get(k, "") for k in ("DISPATCH_NODE_TORCH_IMAGE", "DISPATCH_NODE_TORCH_TAG")}
+    if not all(found.values()):
+        out = subprocess.run(
+            ["bash", str(TORCH_BUILD_SCRIPT), "--print-env"], check=True, capture_output=True, text=True
+        ).stdout
+        script = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        found = {k: v or script.get(k, "") for k, v in found.items()}
+    tar = Path(found["DISPATCH_NODE_TORCH_IMAGE"])
+    if not tar.is_file():
+        raise NodeError(f"the training image {tar} is missing (run `make torch-image`)")
+    return NodeImage(tar, found["DISPATCH_NODE_TORCH_TAG"])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,6 +257,8 @@ class RealNode:
         self._lock: IO[bytes] | None = None
         self._stop_lock = threading.Lock()
         self._started = False
+        self._imported: dict[str, float] = {}
+        """The images imported besides the two of every start: tag -> seconds the import took."""
 
     @property
     def image(self) -> str:
@@ -288,6 +317,17 @@ class RealNode:
                 lines.append(parts[3] if len(parts) == 4 else line)
         return "\n".join(lines)
 
+    def import_image(self, image: NodeImage) -> float:
+        """Import ``image`` into the node's containerd (once per node); the seconds it took. For
+        the images only some tests use (the training image is 6.6 GiB: ``ctr`` writes its blobs and
+        unpacks its snapshot, minutes under load), so a session pays for it only when one of them
+        runs."""
+        if image.tag not in self._imported:
+            t0 = time.monotonic()
+            self._ctr("images", "import", str(image.tar), timeout=1800)
+            self._imported[image.tag] = time.monotonic() - t0
+        return self._imported[image.tag]
+
     # ---- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -339,6 +379,7 @@ class RealNode:
                 lambda: self._stop_daemon("coredns"),
                 self._remove_netns,
                 self._unmount,
+                self._remove_imported,
                 self._remove_cgroups,
                 self._bridge_down,
                 self._remove_fixed_paths,
@@ -762,6 +803,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         left = _mounts_under(self.dir)
         if left:
             raise NodeError(f"still mounted: {left}")
+
+    def _remove_imported(self) -> None:
+        """containerd's content and snapshots, once it is stopped and nothing is mounted, when a
+        big image was imported: pytest keeps the last runs' temporary directories, and each would
+        keep two copies of it (the tarball stays in the build cache)."""
+        if self._imported:
+            shutil.rmtree(self.containerd_root / "root", ignore_errors=True)
+            self._imported.clear()
 
     def _remove_cgroups(self) -> None:
         """The kubelet's cgroup trees (cgroupfs driver: ``kubepods`` in every hierarchy), children
