@@ -13,15 +13,20 @@ DispatchJob mounts.
 - a real OOM kill of a PyTorchJob's process (the small test image) answered by a rule.
 
 Run: ``.venv/bin/pytest -p no:cacheprovider tests/integration/test_real_training.py`` (root,
-``make node-deps torch-image``).
+``make node-deps torch-image``). On an existing cluster (``DISPATCH_E2E_KUBECONFIG``) the pods run
+on its own nodes in the image ``DISPATCH_E2E_TRAINING_IMAGE`` names (the tests skip without it),
+the checkpoints go to a claim of its default StorageClass and are read back by a pod, and the
+TrainJob and JobSet runs need the lab (they skip).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +34,11 @@ import pytest
 from tests.integration.conftest import REPO, OperatorProcess, apply, get_job, history, wait_for
 from tests.support.builders import host_path_claim, lab_manifest
 from tests.support.kube import KubeCluster, let_go
-from tests.support.lab import Lab
 from tests.support.lab_setup import HIGH_PRIORITY
 from tests.support.node import NodeError, RealNode, resolve_torch_image
 
-pytestmark = [pytest.mark.integration, pytest.mark.node]
+# Longer than the tier's 300 s: the first test imports the 6.6 GiB image and runs the reference job.
+pytestmark = [pytest.mark.integration, pytest.mark.node, pytest.mark.timeout(1200)]
 
 TRAIN_SCRIPT = REPO / "examples" / "training" / "train.py"
 STEPS = 200
@@ -54,6 +59,94 @@ SCRIPT_ARGS = [
 ]
 CONTAINER = {"kubeflow": "pytorch", "trainjob": "node", "jobset": "main", "job": "main"}
 PREEMPTED_ONCE = [{"on": ["preempted"], "action": "resubmit", "budget": 1}]
+TRAINING_IMAGE_ENV = "DISPATCH_E2E_TRAINING_IMAGE"
+"""On an existing cluster: the training image (PyTorch 2.9 with python3; pullable there)."""
+PREEMPTOR_PRIORITY = "dispatch-e2e-high"
+"""The preemptor's PriorityClass on an existing cluster (the lab has its own, ``lab-high``)."""
+
+
+class Site:
+    """Where the training pods run and how the test reads what they leave: the lab's real node
+    (its placement, the imported image, a hostPath volume read on the host, the kubelet's log
+    files) or an existing cluster's own nodes (no placement, an image it can pull, a claim of its
+    default StorageClass read back by a pod, ``kubectl logs``)."""
+
+    def __init__(self, cluster: KubeCluster, image: str, node: RealNode | None) -> None:
+        self.cluster, self.image, self.node = cluster, image, node
+
+    @property
+    def small_image(self) -> str:
+        return self.node.image if self.node is not None else self.image
+
+    def placement(self) -> dict[str, Any]:
+        return self.node.placement() if self.node is not None else {}
+
+    def priority_class(self) -> str:
+        if self.node is not None:
+            return HIGH_PRIORITY
+        self.cluster.apply(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": PREEMPTOR_PRIORITY},
+                "value": 1000000,
+                "description": "dispatch's training tests: the preemptor",
+            }
+        )
+        return PREEMPTOR_PRIORITY
+
+    def claim(self, namespace: str, claim: str, out: Path) -> list[dict[str, Any]]:
+        if self.node is not None:
+            return host_path_claim(namespace, claim, out)
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            }
+        ]
+
+    def log(self, namespace: str, pod: str, container: str) -> str:
+        if self.node is not None:
+            return self.node.container_log(namespace, pod, container)
+        return self.cluster.kubectl("logs", pod, "-c", container, "-n", namespace, check=False)
+
+    def files(self, namespace: str, claim: str, out: Path, pattern: str) -> dict[str, str]:
+        """The text of the files matching ``pattern`` on the claim, by name."""
+        if self.node is not None:
+            return {p.name: p.read_text() for p in sorted(out.glob(pattern))}
+        reader = f"read-{secrets.token_hex(3)}"
+        code = (
+            "import json, pathlib, sys\n"
+            "print(json.dumps({p.name: p.read_text() for p in pathlib.Path('/c').glob(sys.argv[1])}))\n"
+        )
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": reader, "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": self.image,
+                        "command": ["python3", "-c", code, pattern],
+                        "volumeMounts": [{"name": "c", "mountPath": "/c"}],
+                    }
+                ],
+                "volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        }
+        self.cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+        wait_for(
+            f"{reader} done",
+            lambda: self.cluster.get("pod", reader, namespace)["status"].get("phase") == "Succeeded",
+            timeout=RUN_WAIT,
+        )
+        found: dict[str, str] = json.loads(self.cluster.kubectl("logs", reader, "-n", namespace))
+        self.cluster.kubectl("delete", "pod", reader, "-n", namespace, "--wait=false")
+        return found
 
 
 def rendezvous(kind: str, name: str) -> list[str]:
@@ -110,11 +203,13 @@ def rdzv_service(namespace: str, name: str) -> dict[str, Any]:
 class Training:
     """One training DispatchJob's namespace-side setup and what it leaves on the host."""
 
-    def __init__(self, cluster: KubeCluster, node: RealNode, image: str, namespace: str, name: str) -> None:
-        self.cluster, self.node, self.image = cluster, node, image
+    def __init__(self, site: Site, namespace: str, name: str) -> None:
+        self.site, self.cluster = site, site.cluster
         self.namespace, self.name = namespace, name
         self.claim = f"{name}-checkpoints"
-        self.out = node.host_dir / f"{namespace}-{name}"
+        self.out = (
+            site.node.host_dir if site.node is not None else Path("/nonexistent")
+        ) / f"{namespace}-{name}"
 
     def prepare(self, kind: str) -> None:
         """The script as a ConfigMap, the checkpoint claim on a host directory, and for a Job its
@@ -127,24 +222,24 @@ class Training:
             "-n",
             self.namespace,
         )
-        self.cluster.apply(host_path_claim(self.namespace, self.claim, self.out))
+        self.cluster.apply(self.site.claim(self.namespace, self.claim, self.out))
         if kind == "job":
             self.cluster.apply(rdzv_service(self.namespace, self.name))
 
     def cleanup(self) -> None:
-        self.cluster.kubectl(
-            "delete",
-            "pv",
-            f"{self.namespace}-{self.claim}",
-            "--ignore-not-found",
-            "--wait=false",
-            check=False,
-        )
+        if self.site.node is not None:  # the hostPath volume the test made (Retain: it stays otherwise)
+            self.cluster.kubectl(
+                "delete",
+                "pv",
+                f"{self.namespace}-{self.claim}",
+                "--ignore-not-found",
+                "--wait=false",
+                check=False,
+            )
 
     def manifest(self, kind: str, rules: list[dict[str, Any]]) -> str:
-        placement = self.node.placement()
         options: dict[str, Any] = {
-            "image": self.image,
+            "image": self.site.image,
             "resources": dict(NODE_RESOURCES),
             "volumes": [
                 {"name": "script", "configMap": {"name": f"{self.name}-script"}},
@@ -154,8 +249,7 @@ class Training:
                 {"name": "script", "mountPath": "/opt/train", "readOnly": True},
                 {"name": "checkpoints", "mountPath": "/checkpoints"},
             ],
-            "nodeSelector": placement["nodeSelector"],
-            "tolerations": placement["tolerations"],
+            **self.site.placement(),
         }
         if kind != "trainjob":  # a TrainJob cannot carry it (Trainer's runtimePatches); 30 s is its default
             options["terminationGracePeriodSeconds"] = 30
@@ -179,8 +273,9 @@ class Training:
         return body
 
     def records(self, pattern: str = "step-*.json") -> list[dict[str, Any]]:
-        """The checkpoints' commit records the script wrote (or ``final.json``)."""
-        return [json.loads(p.read_text()) for p in sorted(self.out.glob(pattern))]
+        """The checkpoints' commit records the script wrote (or ``final.json``), by name."""
+        found = self.site.files(self.namespace, self.claim, self.out, pattern)
+        return [json.loads(found[name]) for name in sorted(found)]
 
     def final(self) -> dict[str, Any]:
         (final,) = self.records("final.json")
@@ -195,20 +290,30 @@ class Training:
         )
         return sorted(out["items"], key=lambda p: p["metadata"]["name"])
 
-    def log(self, pod: dict[str, Any], kind: str) -> str:
-        return self.node.container_log(self.namespace, pod["metadata"]["name"], CONTAINER[kind])
+    def log(self, pod: dict[str, Any] | str, kind: str) -> str:
+        name = pod if isinstance(pod, str) else pod["metadata"]["name"]
+        return self.site.log(self.namespace, name, CONTAINER[kind])
 
 
 @pytest.fixture(scope="module")
-def training_image(real_node: RealNode) -> str:
-    """The training image's tag, imported into the real node (once per session)."""
+def site(crds: KubeCluster, request: pytest.FixtureRequest) -> Site:
+    """The lab's real node with the training image imported (once per session); on an existing
+    cluster, its nodes and the image ``DISPATCH_E2E_TRAINING_IMAGE`` names."""
+    if crds.lab is None:
+        image = os.environ.get(TRAINING_IMAGE_ENV, "")
+        if not image:
+            pytest.skip(
+                f"an existing cluster needs {TRAINING_IMAGE_ENV}: an image with torch 2.9 it can pull"
+            )
+        return Site(crds, image, None)
+    node: RealNode = request.getfixturevalue("real_node")
     try:
-        image = resolve_torch_image()
-        seconds = real_node.import_image(image)
+        built = resolve_torch_image()
+        seconds = node.import_image(built)
     except NodeError as e:
         pytest.fail(str(e), pytrace=False)
-    print(f"\ntraining image {image.tag} imported in {seconds:.1f}s", file=sys.stderr)
-    return image.tag
+    print(f"\ntraining image {built.tag} imported in {seconds:.1f}s", file=sys.stderr)
+    return Site(crds, built.tag, node)
 
 
 def make_namespace(cluster: KubeCluster, test: str) -> str:
@@ -224,18 +329,14 @@ def drop_namespace(cluster: KubeCluster, namespace: str) -> None:
 
 @pytest.fixture
 def training(
-    crds: KubeCluster,
-    real_node: RealNode,
-    training_image: str,
-    namespace: str,
-    operator: Callable[..., OperatorProcess],
+    site: Site, namespace: str, operator: Callable[..., OperatorProcess]
 ) -> Iterator[Callable[[str], Training]]:
     """A factory: the operator for ``kind`` and the Training of the test's job ``train``."""
     made: list[Training] = []
 
     def make(kind: str) -> Training:
         operator("--backend", kind)
-        made.append(Training(crds, real_node, training_image, namespace, "train"))
+        made.append(Training(site, namespace, "train"))
         return made[-1]
 
     yield make
@@ -245,18 +346,18 @@ def training(
 
 @pytest.fixture(scope="module")
 def uninterrupted(
-    crds: KubeCluster, real_node: RealNode, training_image: str, tmp_path_factory: pytest.TempPathFactory
+    site: Site, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Training, dict[str, Any]]]:
     """The reference run: the training job as a 2-node PyTorchJob, never interrupted; its
     Training and its settled DispatchJob."""
-    namespace = make_namespace(crds, "uninterrupted")
+    namespace = make_namespace(site.cluster, "uninterrupted")
     op = OperatorProcess(
-        kubeconfig=crds.kubeconfig,
+        kubeconfig=site.cluster.kubeconfig,
         namespace=namespace,
         log_path=tmp_path_factory.mktemp("uninterrupted") / "operator.log",
         args=("--backend", "kubeflow"),
     ).start()
-    run = Training(crds, real_node, training_image, namespace, "reference")
+    run = Training(site, namespace, "reference")
     try:
         run.submit("kubeflow", PREEMPTED_ONCE)
         body = run.settled()
@@ -267,25 +368,29 @@ def uninterrupted(
     finally:
         op.stop()
         run.cleanup()
-        drop_namespace(crds, namespace)
+        drop_namespace(site.cluster, namespace)
 
 
-def ran_on_the_node(pods: list[dict[str, Any]], node: RealNode, image: str, count: int = 2) -> None:
+def ran_on_the_site(pods: list[dict[str, Any]], site: Site, image: str | None = None, count: int = 2) -> None:
+    """``count`` pods in the training image, on the real node when there is one (not on kwok's)."""
     assert len(pods) == count, [p["metadata"]["name"] for p in pods]
     for pod in pods:
-        assert pod["spec"]["nodeName"] == node.name, "the pod must run on the real node, not on kwok's"
-        assert {c["image"] for c in pod["spec"]["containers"]} == {image}
+        if site.node is not None:
+            assert pod["spec"]["nodeName"] == site.node.name, (
+                "the pod must run on the real node, not on kwok's"
+            )
+        assert {c["image"] for c in pod["spec"]["containers"]} == {image or site.image}
 
 
 def test_a_pytorchjob_trains_to_completion(
-    uninterrupted: tuple[Training, dict[str, Any]], real_node: RealNode, training_image: str
+    uninterrupted: tuple[Training, dict[str, Any]], site: Site
 ) -> None:
     run, body = uninterrupted
     status = body["status"]
     assert status["state"] == "succeeded", status
     assert history(body) == [("pending", "succeeded", 1, "none")]
     pods = run.pods(1)
-    ran_on_the_node(pods, real_node, training_image)
+    ran_on_the_site(pods, site)
     master = next(p for p in pods if "-master-" in p["metadata"]["name"])
     log = run.log(master, "kubeflow")
     assert "starting at step 0" in log, log
@@ -301,53 +406,61 @@ def millicpu(quantity: str) -> int:
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 
 
-def preempt(lab: Lab, node: RealNode, namespace: str, victim: dict[str, Any]) -> str:
-    """A real preemption by kube-scheduler: a pod of PriorityClass ``lab-high`` for the real node
-    that refuses to share it with the victim (required anti-affinity on a label put on the victim)
-    and asks for all the cpu the other pods there leave. The scheduler's only way to place it is to
-    evict the victim, and once it runs nothing else of the job fits until it is deleted."""
-    name = victim["metadata"]["name"]
+def preempt(site: Site, namespace: str, victim: dict[str, Any]) -> str:
+    """A real preemption by kube-scheduler: a high-priority pod for the victim's node that refuses
+    to share it with the victim (required anti-affinity on a label put on the victim) and asks for
+    all the cpu the other pods there leave. The scheduler's only way to place it is to evict the
+    victim, and once it runs nothing else of the job fits there until it is deleted."""
+    cluster, name, node = site.cluster, victim["metadata"]["name"], victim["spec"]["nodeName"]
     token = secrets.token_hex(3)
-    lab.kubectl("label", "pod", name, "-n", namespace, f"lab.dispatch.io/victim={token}")
-    allocatable = millicpu((lab.node(node.name) or {})["status"]["allocatable"]["cpu"])
+    cluster.kubectl("label", "pod", name, "-n", namespace, f"lab.dispatch.io/victim={token}")
+    allocatable = millicpu(cluster.get("node", node)["status"]["allocatable"]["cpu"])
     bound = json.loads(
-        lab.kubectl("get", "pods", "-A", f"--field-selector=spec.nodeName={node.name}", "-o", "json")
-    )["items"]
+        cluster.kubectl("get", "pods", "-A", f"--field-selector=spec.nodeName={node}", "-o", "json")
+    )
     used = sum(
         millicpu(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
-        for p in bound
+        for p in bound["items"]
         if p["metadata"]["name"] != name and p["status"].get("phase") in ("Pending", "Running")
         for c in p["spec"]["containers"]
     )
+    placement = site.placement()
     preemptor = f"preemptor-{token}"
-    manifest = node.pod(
-        preemptor,
-        ["python3", "-c", "import time; time.sleep(3600)"],
-        namespace=namespace,
-        priorityClassName=HIGH_PRIORITY,
-        terminationGracePeriodSeconds=0,
-        affinity={
-            "podAntiAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "labelSelector": {"matchLabels": {"lab.dispatch.io/victim": token}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }
-                ]
-            }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": preemptor, "namespace": namespace},
+        "spec": {
+            "priorityClassName": site.priority_class(),
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {**placement.get("nodeSelector", {}), "kubernetes.io/hostname": node},
+            "tolerations": placement.get("tolerations", []),
+            "affinity": {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"lab.dispatch.io/victim": token}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                }
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": site.small_image,
+                    "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                    "resources": {"requests": {"cpu": f"{allocatable - used}m"}},
+                }
+            ],
         },
-        container={"resources": {"requests": {"cpu": f"{allocatable - used}m"}}},
-    )
-    lab.kubectl("create", "-f", "-", input=json.dumps(manifest))
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
     return preemptor
 
 
 def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
-    training: Callable[[str], Training],
-    uninterrupted: tuple[Training, dict[str, Any]],
-    lab: Lab,
-    real_node: RealNode,
-    training_image: str,
+    training: Callable[[str], Training], uninterrupted: tuple[Training, dict[str, Any]], site: Site
 ) -> None:
     reference = uninterrupted[0].final()
     run = training("kubeflow")
@@ -356,12 +469,12 @@ def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
     # Midway: past the first periodic checkpoint, well before the end.
     wait_for(
         "submission 1 at step 60",
-        lambda: "step 60 loss" in run.node.container_log(run.namespace, master, "pytorch"),
+        lambda: "step 60 loss" in run.log(master, "kubeflow"),
         timeout=RUN_WAIT,
         interval=0.5,
     )
     victim = next(p for p in run.pods(1) if p["metadata"]["name"] == master)
-    preemptor = preempt(lab, real_node, run.namespace, victim)
+    preemptor = preempt(site, run.namespace, victim)
 
     def preempted_and_saved() -> dict[str, Any] | None:
         status = get_job(run.cluster, run.namespace, run.name).get("status", {})
@@ -371,7 +484,7 @@ def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
 
     saved = wait_for("preempted recorded and a SIGTERM checkpoint", preempted_and_saved, timeout=RUN_WAIT)
     # Its capacity back, submission 2 can run.
-    lab.kubectl("delete", "pod", preemptor, "-n", run.namespace, "--grace-period=0", "--wait=false")
+    run.cluster.kubectl("delete", "pod", preemptor, "-n", run.namespace, "--grace-period=0", "--wait=false")
     body = run.settled()
 
     status = body["status"]
@@ -385,7 +498,7 @@ def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
     assert (saved["submission"], saved["rank"]) == (1, 0), saved
     assert CHECKPOINT_EVERY < step < STEPS, saved
     pods = run.pods(2)
-    ran_on_the_node(pods, real_node, training_image)
+    ran_on_the_site(pods, site)
     log = run.log(next(p for p in pods if "-master-" in p["metadata"]["name"]), "kubeflow")
     assert f"resumed at step {step} from step-{step:08d}.pt (submission 1, sigterm)" in log, log
     final = run.final()
@@ -401,8 +514,7 @@ def test_the_training_job_runs_to_completion_as(
     request: pytest.FixtureRequest,
     training: Callable[[str], Training],
     uninterrupted: tuple[Training, dict[str, Any]],
-    real_node: RealNode,
-    training_image: str,
+    site: Site,
 ) -> None:
     if kind in ("trainjob", "jobset"):
         request.getfixturevalue("lab_extras")  # JobSet and Trainer, started once per session
@@ -413,7 +525,7 @@ def test_the_training_job_runs_to_completion_as(
     status = body["status"]
     assert status["state"] == "succeeded", status
     assert history(body) == [("pending", "succeeded", 1, "none")]
-    ran_on_the_node(run.pods(1), real_node, training_image)
+    ran_on_the_site(run.pods(1), site)
     final = run.final()
     assert (final["step"], final["submission"]) == (STEPS, 1), final
     # The same seed, steps and ranks: the same model as the PyTorchJob's, whichever kind ran it.
@@ -421,7 +533,7 @@ def test_the_training_job_runs_to_completion_as(
 
 
 def test_an_oom_killed_pytorchjob_is_resubmitted_by_its_rule(
-    crds: KubeCluster, namespace: str, real_node: RealNode, operator: Callable[..., OperatorProcess]
+    site: Site, namespace: str, operator: Callable[..., OperatorProcess]
 ) -> None:
     # The small test image: submission 1's process writes 256 MiB of pages under a 64Mi limit (each
     # page counts against the memory cgroup as it is written) and the cgroup kills it; submission 2
@@ -433,13 +545,8 @@ def test_an_oom_killed_pytorchjob_is_resubmitted_by_its_rule(
         "    print('survived', flush=True)\n"
         "print('submission', os.environ['DISPATCH_SUBMISSION'], 'done', flush=True)\n"
     )
-    placement = real_node.placement()
-    options = {
-        "image": real_node.image,
-        "resources": {"cpu": "100m", "memory": "64Mi"},
-        "nodeSelector": placement["nodeSelector"],
-        "tolerations": placement["tolerations"],
-    }
+    crds = site.cluster
+    options = {"image": site.small_image, "resources": {"cpu": "100m", "memory": "64Mi"}, **site.placement()}
     rules = [{"on": ["out-of-memory"], "action": "resubmit", "budget": 1}]
     operator("--backend", "kubeflow")
     apply(
@@ -465,5 +572,5 @@ def test_an_oom_killed_pytorchjob_is_resubmitted_by_its_rule(
     (pod,) = json.loads(
         crds.kubectl("get", "pods", "-n", namespace, "-l", "dispatch.dev/submission=2", "-o", "json")
     )["items"]
-    assert pod["spec"]["nodeName"] == real_node.name
-    assert "submission 2 done" in real_node.container_log(namespace, pod["metadata"]["name"], "pytorch")
+    ran_on_the_site([pod], site, site.small_image, count=1)
+    assert "submission 2 done" in site.log(namespace, pod["metadata"]["name"], "pytorch")
