@@ -73,8 +73,8 @@ APISERVER_TOLERATION_FLAGS: Final = (
 NODE_BUILD_SCRIPT: Final = HERE.parents[1] / "hack" / "build-node.sh"
 PYTORCH_INIT_CONTAINER: Final = """\
 # The training operator's init container of a PyTorchJob's workers: waits until the master's
-# Service name resolves. Upstream's runs `nslookup` in alpine:3.10, which the lab's real node cannot
-# pull (no registry); this one runs Python in the node's test image, which every real node has.
+# Service name resolves, MaxTries times 2 s at most. Upstream's runs `nslookup` in alpine:3.10,
+# which the lab's real node cannot pull (no registry); this one runs Python in the node's test image.
 - name: init-pytorch
   image: {{.InitContainerImage}}
   imagePullPolicy: IfNotPresent
@@ -86,14 +86,16 @@ PYTORCH_INIT_CONTAINER: Final = """\
   - -c
   - |
     import socket, sys, time
-    while True:
+    for _ in range(int(sys.argv[2])):
         try:
             socket.getaddrinfo(sys.argv[1], None)
-            break
+            sys.exit(0)
         except OSError:
             print("waiting for master", sys.argv[1], flush=True)
-            time.sleep(1)
+            time.sleep(2)
+    sys.exit(1)
   - {{.MasterAddr}}
+  - '{{.MaxTries}}'
 """
 """A text/template of the training operator (``--pytorch-init-container-template-file``)."""
 
