@@ -48,7 +48,7 @@ STEP_SECONDS = 0.1
 """Each step lasts at least this long: the run spans about 20 s, long enough to preempt it midway."""
 RUN_WAIT = 600.0
 """How long a training run may take to settle (image already imported; slow under a full test load)."""
-NODE_RESOURCES = {"cpu": "500m", "memory": "2Gi"}
+NODE_RESOURCES = {"cpu": "1", "memory": "3Gi"}
 """One pod: torchrun's agent and one training process, each with torch imported."""
 RDZV_PORT = 29500
 SCRIPT_ARGS = [
