@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -153,6 +154,14 @@ class Checkpoints:
                     found.append(record)
         return max(found, key=lambda r: (r["step"], r["submission"]), default=None)
 
+    def written(self, name: str) -> dict[str, Any] | None:
+        """The commit record of ``name`` if this submission wrote it already."""
+        with contextlib.suppress(OSError, ValueError):
+            record: dict[str, Any] = json.loads((self.dir / f"{name}.json").read_text())
+            if record.get("submission") == self.submission:
+                return record
+        return None
+
     def write(self, name: str, state: dict[str, Any], record: dict[str, Any]) -> None:
         """``name``.pt, then ``name``.json (the commit), each through a temporary file and a rename;
         refused below the fence."""
@@ -229,9 +238,17 @@ def train(args: argparse.Namespace) -> int:
     done = step
 
     def save(reason: str) -> None:
+        name = f"step-{done:08d}"
+        # Every rank holds the same state after a step: when two stop at the same step (the first
+        # preempted, the other stopped a moment later), the first one's checkpoint stands.
+        first = ckpt.written(name)
+        if first is not None:
+            log(f"checkpoint at step {done} already written by rank {first['rank']} ({first['host']})")
+            return
         state = {"step": done, "model": module.state_dict(), "optimizer": optimizer.state_dict()}
-        record = {"step": done, "reason": reason, "rank": rank, "world_size": world, "seed": args.seed}
-        ckpt.write(f"step-{done:08d}", state, {**record, "digest": digest(module.state_dict())})
+        record = {"step": done, "reason": reason, "rank": rank, "host": socket.gethostname()}
+        record |= {"world_size": world, "seed": args.seed, "digest": digest(module.state_dict())}
+        ckpt.write(name, state, record)
         log(f"checkpoint at step {done} ({reason}, submission {submission})")
 
     try:

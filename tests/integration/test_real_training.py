@@ -506,8 +506,9 @@ def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
         ("recovering", "succeeded", 2, "none"),
     ]
     step = saved["step"]
-    # The preempted pod's rank (0: the master) wrote it on SIGTERM, midway, as submission 1.
-    assert (saved["submission"], saved["rank"]) == (1, 0), saved
+    # The preempted pod's process (the master's: rank 0, its hostname the pod's name) wrote it on
+    # SIGTERM, midway, as submission 1.
+    assert (saved["submission"], saved["rank"], saved["host"]) == (1, 0, master), saved
     assert CHECKPOINT_EVERY < step < STEPS, saved
     pods = run.pods(2)
     ran_on_the_site(pods, site)
