@@ -808,7 +808,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """containerd's content and snapshots, once it is stopped and nothing is mounted, when a
         big image was imported: pytest keeps the last runs' temporary directories, and each would
         keep two copies of it (the tarball stays in the build cache)."""
-        if self._imported:
+        if self._imported and not _mounts_under(self.dir):
             shutil.rmtree(self.containerd_root / "root", ignore_errors=True)
             self._imported.clear()
 
