@@ -65,7 +65,7 @@ clean:
 INTEGRATION_TMP ?= $(or $(TMPDIR),/tmp)/dispatch-integration
 KUBE_MARKERS := integration and not slurm and (not kueue or trainer)
 KUEUE_MARKERS := integration and kueue and not trainer
-integration: $(STAMP) bins slurm-deps slurm-chroots node-deps ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, a real kubelet node, training operator, JobSet, Trainer, Kueue) and real Slurm 22.05, 24.11, 26.05, side by side
+integration: $(STAMP) bins slurm-deps slurm-chroots torch-image node-deps ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, a real kubelet node, training operator, JobSet, Trainer, Kueue) and real Slurm 22.05, 24.11, 26.05, side by side
 	@mkdir -p $(INTEGRATION_TMP); \
 	$(PYTEST) -m "integration and slurm" tests/integration -p no:cacheprovider \
 	  --basetemp=$(INTEGRATION_TMP)/slurm > $(INTEGRATION_TMP)/slurm.log 2>&1 & slurm=$$!; \
@@ -78,7 +78,7 @@ integration: $(STAMP) bins slurm-deps slurm-chroots node-deps ## the real Kubern
 	echo "integration: kubernetes half exit $$kube, kueue exit $$kueue_status, slurm half exit $$status"; \
 	test $$kube -eq 0 -a $$kueue_status -eq 0 -a $$status -eq 0
 
-integration-kube: $(STAMP) bins node-deps ## the Kubernetes half of the integration tier only (with the Kueue tests)
+integration-kube: $(STAMP) bins torch-image node-deps ## the Kubernetes half of the integration tier only (with the Kueue tests)
 	$(PYTEST) -m "integration and not slurm" tests/integration
 
 integration-kueue: $(STAMP) bins ## the Kueue tests only (a lab with Kueue, JobSet and Trainer)

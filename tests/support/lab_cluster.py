@@ -58,6 +58,7 @@ from tests.support.lab_setup import (
     expand_extras,
     kueue_config,
     node_manifest,
+    pytorch_init_container_flags,
     resolve_lab_binaries,
     wait_established,
 )
@@ -323,6 +324,7 @@ class Lab(LabFailures):
                     "--webhook-host=127.0.0.1",
                     f"--webhook-server-port={webhook}",
                     f"--webhook-cert-dir={self.dir / 'training-operator' / 'certs'}",
+                    *pytorch_init_container_flags(self.dir / "training-operator"),
                 ],
                 detach=detach,
                 env={"MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE, "KUBECONFIG": str(self._to_kubeconfig)},

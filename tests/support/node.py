@@ -42,6 +42,7 @@ import ipaddress
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +63,7 @@ from tests.support.controlplane import REPO_ROOT, SERVICE_CLUSTER_IP_RANGE
 from tests.support.lab import Lab
 
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-node.sh"
+TORCH_BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-torch-image.sh"
 NODE_NAME: Final = "dispatch-real-node"
 REAL_NODE_KEY: Final = "lab.dispatch.io/real-node"
 """The real node's label and the key of its NoSchedule taint (value ``"true"``)."""
@@ -159,6 +161,31 @@ def resolve_node_binaries() -> NodeBinaries:
         test_image=Path(found["test_image"]),
         test_tag=found["test_tag"],
     )
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """An image tarball for the node and the tag it carries."""
+
+    tar: Path
+    tag: str
+
+
+def resolve_torch_image() -> NodeImage:
+    """The training image of ``hack/build-torch-image.sh`` (PyTorch on the test image): the
+    environment's ``DISPATCH_NODE_TORCH_IMAGE``/``_TAG`` first, then what the script prints;
+    fails naming the command that builds it."""
+    found = {k: os.environ.get(k, "") for k in ("DISPATCH_NODE_TORCH_IMAGE", "DISPATCH_NODE_TORCH_TAG")}
+    if not all(found.values()):
+        out = subprocess.run(
+            ["bash", str(TORCH_BUILD_SCRIPT), "--print-env"], check=True, capture_output=True, text=True
+        ).stdout
+        script = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        found = {k: v or script.get(k, "") for k, v in found.items()}
+    tar = Path(found["DISPATCH_NODE_TORCH_IMAGE"])
+    if not tar.is_file():
+        raise NodeError(f"the training image {tar} is missing (run `make torch-image`)")
+    return NodeImage(tar, found["DISPATCH_NODE_TORCH_TAG"])
 
 
 def _free_port() -> int:
@@ -303,6 +330,8 @@ class RealNode:
         self._lock: IO[bytes] | None = None
         self._stop_lock = threading.Lock()
         self._started = False
+        self._imported: dict[str, float] = {}
+        """The images imported besides the two of every start: tag -> seconds the import took."""
 
     @property
     def image(self) -> str:
@@ -361,6 +390,20 @@ class RealNode:
                 lines.append(parts[3] if len(parts) == 4 else line)
         return "\n".join(lines)
 
+    def import_image(self, image: NodeImage | Path) -> float:
+        """Import ``image`` (a docker-archive tarball, ``podman save``'s, under the tag it carries)
+        into the node's containerd, once per node; the seconds it took. For the images only some
+        tests use (the training image is 6.6 GiB: ``ctr`` writes its blobs and unpacks its
+        snapshot, minutes under load; the operator's image), so a session pays for it only when
+        one of them runs."""
+        if isinstance(image, Path):
+            image = NodeImage(image, str(image))
+        if image.tag not in self._imported:
+            t0 = time.monotonic()
+            self._ctr("images", "import", str(image.tar), timeout=1800)
+            self._imported[image.tag] = time.monotonic() - t0
+        return self._imported[image.tag]
+
     # ---- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -417,6 +460,7 @@ class RealNode:
                 lambda: self._stop_daemon("coredns"),
                 self._remove_netns,
                 self._unmount,
+                self._remove_imported,
                 self._remove_cgroups,
                 self._stop_forwarder,
                 self._bridge_down,
@@ -587,10 +631,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             lambda: self.socket.exists() and self._ctr("version", check=False, timeout=10).returncode == 0,
             deadline,
         )
-
-    def import_image(self, archive: Path) -> None:
-        """Load a docker-archive tarball (``podman save``'s) into the node's containerd, under its tag."""
-        self._ctr("images", "import", str(archive), timeout=self.start_timeout)
 
     def _import_images(self) -> None:
         assert self.binaries is not None
@@ -854,6 +894,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         left = _mounts_under(self.dir)
         if left:
             raise NodeError(f"still mounted: {left}")
+
+    def _remove_imported(self) -> None:
+        """containerd's content and snapshots, once it is stopped and nothing is mounted, when a
+        big image was imported: pytest keeps the last runs' temporary directories, and each would
+        keep two copies of it (the tarball stays in the build cache)."""
+        if self._imported and not _mounts_under(self.dir):
+            shutil.rmtree(self.containerd_root / "root", ignore_errors=True)
+            self._imported.clear()
 
     def _remove_cgroups(self) -> None:
         """The kubelet's cgroup trees (cgroupfs driver: ``kubepods`` in every hierarchy), children
