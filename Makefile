@@ -50,7 +50,7 @@ unit: $(STAMP) ## the fast tier: core, hypothesis, recorded responses
 
 include mk/*.mk
 
-test: lint typecheck imports verify chart-lint chart-template rules-test unit integration e2e ## everything CI runs
+test: torch-prefetch lint typecheck imports verify chart-lint chart-template rules-test unit integration e2e ## everything CI runs
 test: UNIT_ARGS = --ignore=tests/unit/test_chart.py  # chart-template has run it, with helm required
 
 clean:

@@ -24,6 +24,9 @@
 #   hack/build-torch-image.sh               build it if missing
 #   hack/build-torch-image.sh --print-env   print KEY=VALUE lines (path, tag), build nothing
 #   hack/build-torch-image.sh --check       exit 1 if it is missing, build nothing
+#   hack/build-torch-image.sh --layer-only  build only the torch layer (network and disk; no base
+#                                           image needed): `make test` starts it in the background
+#                                           first, so the download overlaps the lab's Go builds
 #
 # TORCH_KEEP_WHEELS=1 keeps the downloaded wheels (in $DISPATCH_CACHE/src) for the next rebuild.
 set -euo pipefail
@@ -78,8 +81,8 @@ EOF
 case "${1:-}" in
   --print-env) print_env; exit 0 ;;
   --check) [[ -s "${TORCH_IMAGE}" ]] || { echo "missing: ${TORCH_IMAGE}" >&2; exit 1; }; exit 0 ;;
-  "") ;;
-  *) echo "usage: $0 [--print-env|--check]" >&2; exit 2 ;;
+  --layer-only | "") ;;
+  *) echo "usage: $0 [--print-env|--check|--layer-only]" >&2; exit 2 ;;
 esac
 
 log() { printf '[build-torch-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -121,6 +124,11 @@ build_layer() {
 }
 
 mkdir -p "${WD}"
+if [[ "${1:-}" == --layer-only ]]; then
+  [[ -s "${WD}/torch.tar" ]] || build_layer
+  log "torch layer ready in ${WD} ($((SECONDS - start))s)"
+  exit 0
+fi
 if [[ -s "${WD}/torch.tar" ]]; then
   log "torch layer: cached in ${WD}"
   layer_pid=

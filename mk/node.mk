@@ -14,7 +14,7 @@
 BUILD_NODE := hack/build-node.sh
 BUILD_TORCH := hack/build-torch-image.sh
 
-.PHONY: node-deps torch-image
+.PHONY: node-deps torch-image torch-prefetch
 
 node-deps: ## the real node's parts: Debian's containerd, runc, CNI plugins; kubelet, CoreDNS, pause and test images
 	@bash $(BUILD_NODE)
@@ -24,3 +24,13 @@ e2e: node-deps
 
 torch-image: ## the real node's training image: PyTorch from PyPI on the test image (hack/build-torch-image.sh)
 	@bash $(BUILD_TORCH)
+
+# The training image's torch layer only needs the network and the disk; the lab's Go builds only
+# the CPU. `make test` starts the layer in the background first (its log in $(DISPATCH_CACHE)), so
+# a cold run downloads and unpacks torch while the binaries compile; `torch-image` later waits on
+# the script's lock and finds the layer built. Nothing to do when the image is cached.
+torch-prefetch:
+	@bash $(BUILD_TORCH) --check 2>/dev/null || { \
+	  mkdir -p $(DISPATCH_CACHE); \
+	  echo "torch-prefetch: building the torch layer in the background (log: $(DISPATCH_CACHE)/torch-prefetch.log)"; \
+	  nohup bash $(BUILD_TORCH) --layer-only > $(DISPATCH_CACHE)/torch-prefetch.log 2>&1 & }
