@@ -552,7 +552,7 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
                 "history": (*record.history, _transition(record.state, step.state, n, step.cause, who, now)),
             }
         )
-    return record.model_copy(update={"settled": True})
+    return record.model_copy(update={"settled": True, "settled_at": now})
 
 
 def _resumed(record: Record, step: Resume, now: datetime) -> Record:
@@ -569,6 +569,7 @@ def _resumed(record: Record, step: Resume, now: datetime) -> Record:
         words = f"retried by {step.actor}"
         update["retries"] = step.retry
         update["settled"] = False
+        update["settled_at"] = None
         if step.fresh_budget is not None and step.fresh_budget < len(record.plan.rules):
             rules = list(record.plan.rules)
             renewed = rules[step.fresh_budget]

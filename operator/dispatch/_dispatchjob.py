@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -191,6 +191,9 @@ def options_problem(backend: _registry.BackendInfo[Any], spec: Mapping[str, Any]
 
 SPEC_ASKS: Final = ("cancel", "suspend", "retry")
 """A person's asks: the spec fields that may change after creation (the rest is fixed)."""
+SPEC_MUTABLE: Final = (*SPEC_ASKS, "ttlSecondsAfterSettled")
+"""The spec fields that may change after creation: a person's asks and how long the job is kept
+once settled (as a Job's ``ttlSecondsAfterFinished`` may be changed)."""
 SPEC_EXTRAS: Final = ("backend", *SPEC_ASKS)
 """Spec fields of the DispatchJob that are not fields of the core's JobSpec."""
 
@@ -469,6 +472,64 @@ def _outcome_message(record: Record) -> str:
         spent = rule.firings - rule.renewed  # since a person's retry last renewed it
         return f"failed: cause {what}; rule {index} has used its budget ({spent}/{rule.budget})"
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
+
+
+# ---- a settled job's time to live and its final record ------------------------------------------
+
+
+def settled_time(record: Record) -> datetime | None:
+    """When ``record`` settled; None while it has not. A record written before the settle time was
+    kept counts from its outcome's transition, the write just before the settle."""
+    if not record.settled:
+        return None
+    if record.settled_at is not None:
+        return record.settled_at
+    return record.history[-1].time if record.history else record.submitted_at
+
+
+def expires_at(record: Record, ttl_seconds: int | None) -> datetime | None:
+    """When a job kept ``ttl_seconds`` after it settled is to be deleted; None while it has not
+    settled, or when it is kept (no time to live)."""
+    settled = settled_time(record)
+    if settled is None or ttl_seconds is None:
+        return None
+    return settled + timedelta(seconds=ttl_seconds)
+
+
+def final_summary(record: Record) -> dict[str, Any]:
+    """The final record in brief (JSON): what the job was, how it ended and what recovery cost, for
+    the Event and the log line a time to live's deletion leaves behind."""
+    cause = record.cause
+    cost = recovery_cost(record)
+    settled = settled_time(record)
+    summary: dict[str, Any] = {
+        "job": record.job,
+        "state": record.state.value,
+        "cause": cause_text(cause.kind.value, cause.detail, cause.exit_code, cause.signal),
+        "message": _outcome_message(record),
+        "submissions": len(record.submissions),
+        "submittedBy": str(record.submitted_by),
+        "submittedAt": _stamp(record.submitted_at),
+        "settledAt": _stamp(settled) if settled is not None else None,
+        "failures": cost.failures,
+        "recoverySeconds": round(cost.recovery_seconds, 3),
+        "gpuSeconds": round(cost.gpu_seconds, 3),
+    }
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def expired_note(summary: Mapping[str, Any]) -> str:
+    """The Event's note of a job deleted once its time to live passed."""
+    return (
+        f"deleted once its time to live after settling passed: {summary['message']} "
+        f"(submitted {summary['submittedAt']} by {summary['submittedBy']}, settled "
+        f"{summary.get('settledAt', 'at an unknown time')}, {summary['submissions']} submission(s), "
+        f"{summary['failures']} failure(s))"
+    )
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 REASON_CANCELLING: Final = "Cancelling"

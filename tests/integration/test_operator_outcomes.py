@@ -265,3 +265,37 @@ async def test_a_pytorchjob_deleted_by_a_person_gives_one_record(
     await asyncio.to_thread(
         crds.kubectl, "wait", "-n", namespace, f"pytorchjob/{name}", "--for=delete", "--timeout=60s"
     )
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "across-a-restart"])
+async def test_a_job_whose_ttl_has_passed_since_it_settled_is_exported_then_deleted(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    restart: bool,
+) -> None:
+    op = operator("--log-format=json")
+    manifest = dispatch_job("expiring", nodes=1, extra_spec={"ttlSecondsAfterSettled": 5})
+    await asyncio.to_thread(apply, crds, namespace, manifest)
+    await kubeflow.succeed(namespace, await running_pj(crds, namespace, "expiring", 1, kubeflow))
+    body = await settled(crds, namespace, "expiring")
+    settled_at = body["status"]["settledAt"]  # written with the settle itself
+    if restart:
+        op.kill()  # within the time to live: the next operator counts it from the record
+        assert (await asyncio.to_thread(get_job, crds, namespace, "expiring"))["status"]["settled"]
+        op = operator("--log-format=json")
+    await asyncio.to_thread(
+        crds.kubectl, "wait", "-n", namespace, "dispatchjob/expiring", "--for=delete", "--timeout=90s"
+    )
+    lines = [json.loads(line) for line in op.log().splitlines() if line.startswith("{")]
+    [exported] = [line["record"] for line in lines if "record" in line]
+    assert exported["job"] == f"{namespace}/expiring"
+    assert exported["state"] == "succeeded"
+    assert exported["settledAt"] == settled_at[:19] + "Z"
+    events = json.loads(
+        await asyncio.to_thread(crds.kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json")
+    )["items"]
+    [expired] = [e for e in events if e.get("reason") == "Expired"]
+    assert "succeeded in submission 1" in expired["note"]
+    assert await asyncio.to_thread(pytorchjobs, crds, namespace) == []

@@ -15,7 +15,10 @@ them on every change (the Slurm adapter polls); the workload kit wakes its jobs 
 (:class:`~dispatch._protocols.SelfWaking`), so an idle operator of kit jobs takes no turn at all.
 A job whose rule's backoff runs has one timer in the queue (:meth:`WorkQueue.wake_at`), set from
 the wait's end time in the record, which wakes it urgently when its next submission is due.
-A settled job leaves the queue; a backend that sees every job's objects at once
+A settled job leaves the queue, unless it has a time to live (``spec.ttlSecondsAfterSettled``,
+else the operator's ``--settled-ttl-seconds``): then it waits on one timer for it and is deleted
+once it has passed, its final record exported first (:meth:`SupervisionLoop._expire`). A backend
+that sees every job's objects at once
 (:class:`~dispatch._protocols.Overseeing`) brings it back for one turn when an object of it
 changes, and that turn (the first after a start too) ends what a creator that died left held.
 
@@ -45,6 +48,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
@@ -60,6 +64,7 @@ from .._decide import (
     decide,
     reopening,
 )
+from .._dispatchjob import expired_note, expires_at, final_summary, settled_time
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
 from .._model import Phase, Record
@@ -82,6 +87,12 @@ connections."""
 END_POLL: Final = 0.5
 STARTUP_GC_PAUSE: Final = 300.0
 """The longest the cyclic collector stays paused after a start (:class:`StartupCollector`)."""
+
+
+def _duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class StartupCollector:
@@ -261,8 +272,10 @@ class SupervisionLoop:
         """A backend saw a change of the objects of a job no turn subscribed to: a settled job (or one
         refused) has an object again, as when a creator died between a create that landed after the
         job settled and the end of what it made. One turn looks, if the job is one the watch shows."""
-        if job in self.queue.pending or job in self._forgotten or not self.runtime.store.knows(job):
+        if job in self._forgotten or not self.runtime.store.knows(job):
             return
+        if job in self.queue.pending and job not in self.queue.timers:
+            return  # a job whose time to live runs waits on its timer: it is woken now as well
         self.queue.add(job)
 
     # ------------------------------------------------------------------ discovery
@@ -396,6 +409,42 @@ class SupervisionLoop:
         return Turn.URGENT if recovering else Turn.AGAIN
 
     async def _settled(self, job: str, record: Record, version: str, name: str) -> Turn:
+        """A settled job's turn: delete it once its time to live has passed (:func:`expires_at`),
+        else end an object it still has (:meth:`_oversee`) and, while its time to live runs, wait
+        for it on one timer (set again from the record by every turn, so a restart loses none)."""
+        ttl = record.spec.ttl_seconds_after_settled
+        expiry = expires_at(record, self.runtime.settled_ttl if ttl is None else ttl)
+        if expiry is None:
+            return await self._oversee(job, record, version, name)
+        now = self.runtime.store.clock()
+        if expiry <= now:
+            await self._expire(job, record, version, now)
+            return Turn.DONE
+        turn = await self._oversee(job, record, version, name)
+        if turn is not Turn.DONE:
+            return turn
+        self._let_go(job)  # settled: no wake of its objects' but an overseer's (:meth:`_other`)
+        self.queue.wake_at(job, (expiry - now).total_seconds())
+        return Turn.WAIT
+
+    async def _expire(self, job: str, record: Record, version: str, now: datetime) -> None:
+        """Export the final record (an Event with its summary, a JSON log line a log pipeline keeps),
+        then delete the job at the version decided on: a job changed meanwhile (a retry, a longer
+        time to live) is a VersionConflict, and its next turn decides again. The finalizer then ends
+        whatever it still has, as for any deletion."""
+        summary = final_summary(record)
+        log.info(
+            "job %s expired: %s %s after it settled; deleting it",
+            job,
+            record.state,
+            _duration(now - (settled_time(record) or now)),
+            extra={"job": job, "final_record": summary},
+        )
+        if self.runtime.events is not None:
+            self.runtime.events.expired(job, expired_note(summary))
+        await self.runtime.store.delete(job, version)
+
+    async def _oversee(self, job: str, record: Record, version: str, name: str) -> Turn:
         """End an object a settled job still has (invariant 5's exception: its creator died before
         it could end it), where listing costs no request (:class:`~dispatch._protocols.Overseeing`):
         at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not

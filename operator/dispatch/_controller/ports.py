@@ -74,6 +74,9 @@ class DispatchJobStore(RecordStore, Protocol):
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused."""
 
+    async def delete(self, job: str, expected: str) -> None:
+        """Delete the DispatchJob at version ``expected`` (VersionConflict when stale)."""
+
     def observed(self, job: str) -> dict[str, str]:
         """The observed fields of the last version of ``job`` this store read or wrote."""
 
@@ -106,6 +109,9 @@ class JobEvents(Keeper, Protocol):
 
     def waiting(self, job: str, reason: str, message: str) -> None:
         """Post why the job waits before anything is created (a backend no operator serves yet)."""
+
+    def expired(self, job: str, note: str) -> None:
+        """Post that the job is deleted now that its time to live has passed, with its final record."""
 
     def hold_while(self, held: Callable[[], bool] | None) -> None:
         """Hold Events back while ``held()`` says recoveries wait (None: never)."""
@@ -149,6 +155,10 @@ class Supervising(Configured, Protocol):
 
     @property
     def metrics(self) -> JobMetrics | None: ...
+
+    @property
+    def settled_ttl(self) -> int | None:
+        """Seconds a settled job without a time to live of its own is kept; None: kept until deleted."""
 
     @property
     def final_refusals(self) -> frozenset[str]:

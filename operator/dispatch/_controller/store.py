@@ -385,6 +385,15 @@ class KubeRecordStore:
 
     # -- writing
 
+    async def delete(self, job: str, expected: str) -> None:
+        """Delete the DispatchJob if it is still at version ``expected`` (else VersionConflict): what
+        was decided on that version (its time to live passed) holds for no other. Gone already: done."""
+        namespace, name = split_job(job)
+        try:
+            await self.objects.delete(namespace, name, resource_version=expected)
+        except Conflict:
+            raise VersionConflict(job, expected) from None
+
     async def create(self, record: Record) -> str:
         """Write the first record into the DispatchJob's status (the object must exist)."""
         while True:
