@@ -713,15 +713,42 @@ class StatusRead:
     """The observed fields (:func:`observed_of`)."""
     cancelled_at: datetime | None
     """When ``spec.cancel`` was set, while the record holds no cancel yet (:func:`cancel_time`)."""
+    settled_at: datetime | None = None
+    """When the job settled, while it stays settled: None while it has not, and for a failed job
+    whose retry a person asked for and the record has not taken (it reopens): :func:`settled_status`."""
 
 
 def read_status(body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow) -> StatusRead:
-    """:func:`has_record`, :func:`refusal`, :func:`observed_of` and the cancel time of one body."""
+    """:func:`has_record`, :func:`refusal`, :func:`observed_of`, the cancel time and the settle time
+    (:func:`settled_status`) of one body."""
     recorded = has_record(body)
     cancelled_at: datetime | None = None
     if recorded and (body.get("spec") or {}).get("cancel") and "cancel" not in (body.get("status") or {}):
         cancelled_at = cancel_time(body, clock)
-    return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at)
+    settled_at = settled_status(body) if recorded else None
+    return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at, settled_at)
+
+
+def settled_status(body: Mapping[str, Any]) -> datetime | None:
+    """When the record in ``body`` settled (:func:`settled_time`, read from the status without
+    parsing the record), or None: not settled, or a failed job a person's retry reopens
+    (:func:`~dispatch._decide.reopening`: a retry asked in the spec or the record and not yet taken)."""
+    status = body.get("status") or {}
+    if not status.get("settled"):
+        return None
+    if status.get("state") == State.FAILED.value:
+        asked = max(retry_count(body.get("spec") or {}), int((status.get("retry") or {}).get("n") or 0))
+        if asked > int(status.get("retries") or 0):
+            return None
+    history = status.get("history") or ()
+    last = history[-1].get("time") if history and isinstance(history[-1], Mapping) else None
+    return _time(status.get("settledAt") or last) or submitted_at(body)
+
+
+def ttl_of(spec: Mapping[str, Any]) -> int | None:
+    """``spec.ttlSecondsAfterSettled`` of a DispatchJob's spec, None when unset."""
+    ttl = spec.get("ttlSecondsAfterSettled")
+    return None if ttl is None else int(ttl)
 
 
 def _shown_conditions(

@@ -13,16 +13,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch import JobSpec, MemoryBackend, Record, Shape
+from dispatch import JobSpec, MemoryBackend, Record, Shape, State
 from dispatch._controller.crd import spec_schema
 from dispatch._controller.logs import JsonFormatter
 from dispatch._controller.loop import SupervisionLoop
 from dispatch._controller.runtime import Runtime
+from dispatch._controller.store import JobView, view_of
 from dispatch._controller.webhook import Refused, check
 from dispatch._dispatchjob import expired_note, expires_at, final_summary, settled_time
 from dispatch._errors import VersionConflict
+from dispatch._protocols import Versioned
 from dispatch._supervisor import Turn
 from tests.support.builders import dispatch_job
+from tests.support.records import at
+from tests.support.records import dispatch_job as job_body
 from tests.support.supervised import succeeded
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -75,15 +79,21 @@ _BASE: Record
 
 
 class Store:
-    """The store's part a settled job's turn uses: its clock and a deletion at a version."""
+    """The store's part a settled job's turn uses: its clock, the record read whole, a deletion."""
 
-    def __init__(self, now: datetime, stale: bool = False) -> None:
+    def __init__(self, now: datetime, record: Record, stale: bool = False) -> None:
         self.now = now
+        self.stored = record
         self.stale = stale
+        self.reads = 0
         self.deleted: list[tuple[str, str]] = []
 
     def clock(self) -> datetime:
         return self.now
+
+    async def get(self, job: str) -> Versioned:
+        self.reads += 1
+        return Versioned(self.stored, "7")
 
     async def delete(self, job: str, expected: str) -> None:
         if self.stale:
@@ -116,38 +126,66 @@ def with_ttl(record: Record, ttl: int | None) -> Record:
     )
 
 
+def view(record: Record) -> JobView:
+    """The slim view the store keeps of ``record``'s DispatchJob at version 7, as the watch shows it."""
+    body = at(job_body(record), 7)
+    if record.spec.ttl_seconds_after_settled is not None:
+        body["spec"]["ttlSecondsAfterSettled"] = record.spec.ttl_seconds_after_settled
+    return view_of(body)
+
+
+def test_a_settled_jobs_view_keeps_when_it_settled_and_no_record() -> None:
+    slim = view(with_ttl(_BASE, 60))
+    assert slim.slim
+    assert (slim.settled_at, slim.ttl, slim.state) == (_BASE.settled_at, 60, "succeeded")
+    assert slim.text is None
+    assert not slim.packed_conditions
+    assert not slim.observed
+    assert not slim.uid
+    whole = view_of(at(job_body(_BASE), 7), slim=False)
+    assert not whole.slim
+    assert whole.text is not None
+    assert whole.settled_at == _BASE.settled_at
+    retried = at(job_body(_BASE.model_copy(update={"state": State.FAILED})), 7)
+    retried["spec"]["retry"] = {"count": 1}
+    assert view_of(retried).settled_at is None  # a person's retry reopens it: supervised whole
+
+
 async def test_a_settled_job_whose_ttl_runs_waits_on_one_timer_set_from_the_record() -> None:
     record = with_ttl(_BASE, 60)
     assert record.settled_at is not None
     for elapsed in (0, 45):  # a restarted operator sets the timer from the record: what is left
-        loop, events = loop_of(Store(record.settled_at + timedelta(seconds=elapsed)))
+        store = Store(record.settled_at + timedelta(seconds=elapsed), record)
+        loop, events = loop_of(store)
         loop.queue.pending[record.job] = None
-        assert await loop._settled(record.job, record, "7", "memory") is Turn.WAIT
+        assert await loop._settled(record.job, view(record), "memory") is Turn.WAIT
         timer = loop.queue.timers[record.job]
         left = timer.when() - asyncio.get_running_loop().time()
         assert 60 - elapsed - 1 < left <= 60 - elapsed
         assert not events.expired_notes
+        assert store.reads == 0  # decided from the view
         loop.queue.wake_at(record.job, None)
 
 
 async def test_a_settled_job_without_a_ttl_leaves_the_queue() -> None:
-    store = Store(T0 + timedelta(days=365 * 10))
+    store = Store(T0 + timedelta(days=365 * 10), _BASE)
     loop, _ = loop_of(store)
     loop.queue.pending[_BASE.job] = None
-    assert await loop._settled(_BASE.job, with_ttl(_BASE, None), "7", "memory") is Turn.DONE
+    assert await loop._settled(_BASE.job, view(with_ttl(_BASE, None)), "memory") is Turn.DONE
     assert not loop.queue.timers
     assert not store.deleted
+    assert store.reads == 0
 
 
-async def test_an_expired_job_is_exported_then_deleted_at_the_version_decided_on(
+async def test_an_expired_job_is_exported_then_deleted_at_the_version_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     record = with_ttl(_BASE, 5)
     assert record.settled_at is not None
-    store = Store(record.settled_at + timedelta(seconds=5))
+    store = Store(record.settled_at + timedelta(seconds=5), record)
     loop, events = loop_of(store, settled_ttl=3600)  # the job's own time to live wins
     with caplog.at_level(logging.INFO, logger="dispatch.operator"):
-        assert await loop._settled(record.job, record, "7", "memory") is Turn.DONE
+        assert await loop._settled(record.job, view(record), "memory") is Turn.WAIT
     assert store.deleted == [(record.job, "7")]
     [(job, note)] = events.expired_notes
     assert job == record.job
@@ -163,18 +201,28 @@ async def test_an_expired_job_is_exported_then_deleted_at_the_version_decided_on
 async def test_the_operators_default_ttl_applies_to_a_job_without_one() -> None:
     record = with_ttl(_BASE, None)
     assert record.settled_at is not None
-    store = Store(record.settled_at + timedelta(seconds=31))
+    store = Store(record.settled_at + timedelta(seconds=31), record)
     loop, _ = loop_of(store, settled_ttl=30)
-    assert await loop._settled(record.job, record, "7", "memory") is Turn.DONE
+    assert await loop._settled(record.job, view(record), "memory") is Turn.WAIT
     assert store.deleted == [(record.job, "7")]
+
+
+async def test_a_ttl_made_longer_since_the_view_is_not_deleted_on_the_view() -> None:
+    record = with_ttl(_BASE, 5)
+    assert record.settled_at is not None
+    store = Store(record.settled_at + timedelta(seconds=6), with_ttl(_BASE, 3600))
+    loop, events = loop_of(store)
+    assert await loop._settled(record.job, view(record), "memory") is Turn.AGAIN
+    assert not store.deleted
+    assert not events.expired_notes
 
 
 async def test_a_job_changed_since_its_turn_read_it_is_not_deleted() -> None:
     record = with_ttl(_BASE, 0)
     assert record.settled_at is not None
-    loop, _ = loop_of(Store(record.settled_at, stale=True))
+    loop, _ = loop_of(Store(record.settled_at, record, stale=True))
     with pytest.raises(VersionConflict):  # the queue takes it as AGAIN: the next turn decides anew
-        await loop._settled(record.job, record, "7", "memory")
+        await loop._settled(record.job, view(record), "memory")
 
 
 def test_the_note_says_how_the_job_ended_and_when() -> None:

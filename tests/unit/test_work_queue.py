@@ -291,7 +291,10 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     from dispatch import JobSpec, MemoryBackend, ObjectView, Phase, Shape
     from dispatch._controller.loop import SupervisionLoop
     from dispatch._controller.runtime import Runtime
+    from dispatch._controller.store import view_of
     from dispatch._errors import TransientBackendError
+    from tests.support.records import at
+    from tests.support.records import dispatch_job as job_body
     from tests.support.supervised import succeeded
 
     class Overseen(MemoryBackend):
@@ -317,6 +320,7 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     overseen = Overseen(Shape.SLURM, auto_run=True)
     cluster, job = await succeeded(overseen, JobSpec(name="done", command=("train",)))
     record, version = await cluster.store.get(job)
+    settled = view_of(at(job_body(record), 7))  # the slim view of the job the store keeps
     late = await overseen.create(job, 2, record.spec, record.plan)  # its creator died here
     blind = Blind(Shape.SLURM)
     loop = SupervisionLoop(
@@ -324,15 +328,15 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     )
 
     overseen.failing = True
-    assert await loop._settled(job, record, version, "overseen") is Turn.DONE
+    assert await loop._settled(job, settled, "overseen") is Turn.DONE
     assert {v.id: v.phase for v in await MemoryBackend.list(overseen, job)}[late] is Phase.HELD
     overseen.failing = False
-    assert await loop._settled(job, record, version, "overseen") is Turn.AGAIN
+    assert await loop._settled(job, settled, "overseen") is Turn.AGAIN
     assert all(v.phase is Phase.ENDED for v in await overseen.list(job))
-    assert await loop._settled(job, record, version, "overseen") is Turn.DONE
+    assert await loop._settled(job, settled, "overseen") is Turn.DONE
     assert await cluster.store.get(job) == (record, version)  # nothing written
 
-    assert await loop._settled(job, record, version, "blind") is Turn.DONE
+    assert await loop._settled(job, settled, "blind") is Turn.DONE
     assert blind.lists == 0
     await cluster.aclose()
 

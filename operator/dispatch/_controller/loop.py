@@ -49,7 +49,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
 from .._decide import (
@@ -67,11 +67,14 @@ from .._decide import (
 from .._dispatchjob import expired_note, expires_at, final_summary, settled_time
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
-from .._model import Phase, Record
+from .._model import Phase, State
 from .._protocols import Backend, Overseeing, SelfWaking
 from .._supervisor import Intent, Turn, WorkQueue
 from .observed import ObservingSupervisor
 from .ports import Supervising
+
+if TYPE_CHECKING:  # an annotation only: the loop reads the views the store hands it
+    from .store import JobView
 
 log = logging.getLogger("dispatch.operator")
 
@@ -291,7 +294,8 @@ class SupervisionLoop:
             return
         if self._undecided is None:
             self._listed.add(job)
-        if self.runtime.events is not None:
+        if self.runtime.events is not None and not (body.get("status") or {}).get("settled"):
+            # A settled job's Events are few (an expiry): the recorder reads its uid then.
             uid = (body.get("metadata") or {}).get("uid")
             if uid:
                 with contextlib.suppress(Exception):
@@ -380,12 +384,15 @@ class SupervisionLoop:
             return Turn.URGENT if authorized else Turn.AGAIN
         if backend is None:
             raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
+        if view.settled_at is not None:  # and no retry of a person's reopens it
+            if runtime.metrics is not None:
+                with contextlib.suppress(Exception):
+                    runtime.metrics.observe_state(job, State(view.state))
+            return await self._settled(job, view, name)
         record = store.record(job, view)  # parsed here; prepare's get() finds it parsed
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
-        if record.settled and not reopening(record):  # a person's retry supervises it again
-            return await self._settled(job, record, version, name)
         if job not in self._unsubscribe:
             self._subscribe(job, backend)
         supervisor = self.supervisors[name]
@@ -408,30 +415,37 @@ class SupervisionLoop:
             await supervisor.perform(intent)
         return Turn.URGENT if recovering else Turn.AGAIN
 
-    async def _settled(self, job: str, record: Record, version: str, name: str) -> Turn:
-        """A settled job's turn: delete it once its time to live has passed (:func:`expires_at`),
-        else end an object it still has (:meth:`_oversee`) and, while its time to live runs, wait
-        for it on one timer (set again from the record by every turn, so a restart loses none)."""
-        ttl = record.spec.ttl_seconds_after_settled
-        expiry = expires_at(record, self.runtime.settled_ttl if ttl is None else ttl)
-        if expiry is None:
-            return await self._oversee(job, record, version, name)
+    async def _settled(self, job: str, view: JobView, name: str) -> Turn:
+        """A settled job's turn, decided from its view (no record parsed): delete it once its time
+        to live has passed (:meth:`_expire`), else end an object it still has (:meth:`_oversee`)
+        and, while its time to live runs, wait for it on one timer (set again from the view by every
+        turn, so a restart loses none)."""
+        assert view.settled_at is not None
+        ttl = view.ttl if view.ttl is not None else self.runtime.settled_ttl
+        if ttl is None:
+            return await self._oversee(job, name)
+        expiry = view.settled_at + timedelta(seconds=ttl)
         now = self.runtime.store.clock()
         if expiry <= now:
-            await self._expire(job, record, version, now)
-            return Turn.DONE
-        turn = await self._oversee(job, record, version, name)
+            return await self._expire(job, now)
+        turn = await self._oversee(job, name)
         if turn is not Turn.DONE:
             return turn
         self._let_go(job)  # settled: no wake of its objects' but an overseer's (:meth:`_other`)
         self.queue.wake_at(job, (expiry - now).total_seconds())
         return Turn.WAIT
 
-    async def _expire(self, job: str, record: Record, version: str, now: datetime) -> None:
+    async def _expire(self, job: str, now: datetime) -> Turn:
         """Export the final record (an Event with its summary, a JSON log line a log pipeline keeps),
-        then delete the job at the version decided on: a job changed meanwhile (a retry, a longer
+        then delete the job at the version it was read at: a job changed since (a retry, a longer
         time to live) is a VersionConflict, and its next turn decides again. The finalizer then ends
         whatever it still has, as for any deletion."""
+        store = self.runtime.store
+        record, version = await store.get(job)  # read whole: the view keeps no record
+        ttl = record.spec.ttl_seconds_after_settled
+        expiry = expires_at(record, self.runtime.settled_ttl if ttl is None else ttl)
+        if reopening(record) or expiry is None or expiry > now:
+            return Turn.AGAIN  # changed since the view: decided again from what was read
         summary = final_summary(record)
         log.info(
             "job %s expired: %s %s after it settled; deleting it",
@@ -442,18 +456,28 @@ class SupervisionLoop:
         )
         if self.runtime.events is not None:
             self.runtime.events.expired(job, expired_note(summary))
-        await self.runtime.store.delete(job, version)
+        await store.delete(job, version)
+        # Still supervised: the watch's word of the deletion (maybe already come, while this turn
+        # ran) takes the job to the finalizer (a turn that returned DONE would drop that wake).
+        return Turn.WAIT
 
-    async def _oversee(self, job: str, record: Record, version: str, name: str) -> Turn:
+    async def _oversee(self, job: str, name: str) -> Turn:
         """End an object a settled job still has (invariant 5's exception: its creator died before
         it could end it), where listing costs no request (:class:`~dispatch._protocols.Overseeing`):
         at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not
-        retried: the backend's next word on the job, or the next start, looks again."""
+        retried: the backend's next word on the job, or the next start, looks again. Only a job
+        that has such an object has its record read (then its objects listed again: the record
+        first, as :func:`~dispatch._decide.decide` needs)."""
         if name not in self._overseers:
             return Turn.DONE
         # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
         lister = self.runtime.lister(name)
         try:
+            if not any(o.phase is not Phase.ENDED or o.retained for o in await lister.list(job)):
+                return Turn.DONE
+            record, version = await self.runtime.store.get(job)
+            if not record.settled or reopening(record):
+                return Turn.AGAIN  # changed since the view
             objects = tuple(await lister.list(job))
         except asyncio.CancelledError:
             raise

@@ -123,6 +123,9 @@ class JobMetrics(Keeper, Protocol):
     def observe(self, record: Record) -> None:
         """Count the job in its recorded state (each record read)."""
 
+    def observe_state(self, job: str, state: State) -> None:
+        """Count the job in its recorded state, read without its record (a settled job's view)."""
+
     def decided(self, jobs: int, seconds: float) -> None:
         """Every job of the first list after a start has been decided once."""
 
