@@ -20,7 +20,8 @@ from dispatch._controller.loop import SupervisionLoop
 from dispatch._controller.runtime import Runtime
 from dispatch._controller.store import JobView, view_of
 from dispatch._controller.webhook import Refused, check
-from dispatch._dispatchjob import expired_note, expires_at, final_summary, settled_time
+from dispatch._decide import reopening
+from dispatch._dispatchjob import expired_note, expires_at, final_summary, record_from, settled_time
 from dispatch._errors import VersionConflict
 from dispatch._protocols import Versioned
 from dispatch._supervisor import Turn
@@ -241,3 +242,31 @@ def test_the_ttl_may_change_after_creation_and_the_rest_of_the_spec_may_not() ->
     assert not any("ttlSecondsAfterSettled" in rule for rule in rules)
     assert any("self.nodes == oldSelf.nodes" in rule for rule in rules)
     assert spec_schema()["properties"]["ttlSecondsAfterSettled"]["minimum"] == 0
+
+
+@given(
+    state=st.sampled_from([State.SUCCEEDED, State.FAILED, State.CANCELLED]),
+    is_settled=st.booleans(),
+    kept_time=st.booleans(),
+    asked=st.integers(min_value=0, max_value=2),
+    taken=st.integers(min_value=0, max_value=2),
+)
+def test_the_view_says_settled_exactly_when_the_record_is_settled_and_not_reopened(
+    state: State, is_settled: bool, kept_time: bool, asked: int, taken: int
+) -> None:
+    """What the loop decides from the view without parsing the record agrees with the record."""
+    record = _BASE.model_copy(
+        update={
+            "state": state,
+            "settled": is_settled,
+            "settled_at": _BASE.settled_at if kept_time else None,
+            "retries": taken,
+        }
+    )
+    body = at(job_body(record), 7)
+    if asked:
+        body["spec"]["retry"] = {"count": asked}
+    parsed = record_from(body)
+    expected = settled_time(parsed) if parsed.settled and not reopening(parsed) else None
+    assert view_of(body).settled_at == expected
+    assert view_of(body).slim is (expected is not None)
