@@ -13,8 +13,9 @@ to the victim's next PyTorchJob released (polled every 50 ms). Then the operator
 ``--flood`` DispatchJobs are created in one more namespace (their pods cannot be scheduled: a node
 selector no node has), the operator is started again, and once it has created the flood's first
 PyTorchJob every victim is preempted at once, timed the same way: each recovery competes with the
-flood's backlog. Medians of both trees are printed side by side, with the machine's load. The
-second tree runs with the first one's flood still in the cluster: the order favours the first.
+flood's backlog; with ``--running`` the flood is created while the operator runs instead (16
+clients), and the victims are preempted as soon as its first PyTorchJob exists. Each tree has a lab
+of its own, one after the other. Medians of both trees are printed side by side, with the load.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class Run:
             for ns in victims:
                 self.wait("victim running again", lambda ns=ns: self.running_pod(ns, 2), 300)
             say(f"{name}: quiet recoveries {[round(q, 3) for q in quiet]}")
+            if self.args.running:
+                return self.flooded(ref, name, victims, flood_ns, quiet)
         finally:
             os.killpg(op.pid, signal.SIGTERM)
             op.wait(60)
@@ -179,6 +182,20 @@ class Run:
         say(f"{name}: {self.args.flood} DispatchJobs created in {created:.1f}s, the operator stopped")
         op = self.start_operator(tree, [*victims, flood_ns], log.with_suffix(".2.log"))
         try:
+            return self.flooded(ref, name, victims, flood_ns, quiet, created)
+        finally:
+            os.killpg(op.pid, signal.SIGTERM)
+            op.wait(60)
+
+    def flooded(
+        self, ref: str, name: str, victims: list[str], flood_ns: str, quiet: list[float], created: float = 0.0
+    ) -> dict[str, Any]:
+        """Every victim preempted at once once the operator works on the flood (with ``--running``,
+        the flood is created meanwhile, by 16 clients)."""
+        with ThreadPoolExecutor(1) as creator:
+            t0 = time.monotonic()
+            if self.args.running:
+                posting = creator.submit(self.post_all, self.flood_docs(flood_ns), flood_ns)
             self.wait(
                 "the operator working on the flood",
                 lambda: self.lab.request(
@@ -189,6 +206,9 @@ class Run:
             with ThreadPoolExecutor(len(victims)) as pool:
                 flooded = list(pool.map(lambda ns: self.recovery(ns, 2), victims))
             say(f"{name}: flooded recoveries {[round(f, 3) for f in flooded]}")
+            if self.args.running:
+                posting.result()
+                created = time.monotonic() - t0
             return {
                 "ref": ref,
                 "quiet_s": quiet,
@@ -198,19 +218,19 @@ class Run:
                 "flood_created_s": created,
                 "load": load(),
             }
-        finally:
-            os.killpg(op.pid, signal.SIGTERM)
-            op.wait(60)
 
     def main(self) -> dict[str, Any]:
-        self.setup()
-        try:
-            out = {"flood": self.args.flood, "samples": self.args.samples}
-            out["before"] = self.one_tree("before", self.args.before_ref)
-            out["after"] = self.one_tree("after", "HEAD-worktree")
-            return out
-        finally:
-            self.lab.stop()
+        out: dict[str, Any] = {"flood": self.args.flood, "samples": self.args.samples}
+        for name, ref in (("before", self.args.before_ref), ("after", "HEAD-worktree")):
+            # A lab each: a flood left behind keeps the training operator busy for minutes (it
+            # takes PyTorchJobs in order, whatever their namespace), and the victims' pods with it.
+            self.lab = Lab(self.work / f"lab-{name}", nodes=0, start_timeout=300)
+            self.setup()
+            try:
+                out[name] = self.one_tree(name, ref)
+            finally:
+                self.lab.stop()
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--before-ref", default="main", help="the git ref of the operator measured first")
     p.add_argument("--operator-flags", default="", help="extra flags of both operators")
+    p.add_argument(
+        "--running",
+        action="store_true",
+        help="create the flood while the operator runs, instead of while it is stopped",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the lab on the way out

@@ -131,6 +131,11 @@ async def test_a_restricted_namespace_admits_the_pods_with_a_secret_by_reference
             "spec.job.envValueFrom",
         ),
         ({"envValueFrom": {"T": {}}}, "spec.job.envValueFrom"),
+        ({"runAsUser": 0}, "runAsUser 0 is root"),
+        (
+            {"env": {"T": "1"}, "envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k"}}}},
+            "envValueFrom",
+        ),
         ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "spec.job.volumes[0].hostPath"),
         ({"env": {"DISPATCH_SUBMISSION": "9"}}, "spec.job.env"),
         ({"podLabels": {"dispatch.dev/job": "x"}}, "spec.job.podLabels"),

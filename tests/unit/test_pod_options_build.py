@@ -218,10 +218,10 @@ def test_an_image_that_runs_as_root_is_an_opt_out(backend: str) -> None:
         ({"envValueFrom": {"DISPATCH_JOB": {"secretKeyRef": {"name": "a", "key": "k"}}}}, "reserved"),
         (
             {"env": {"T": "1"}, "envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k"}}}},
-            "envValueFrom['T']",
+            "envValueFrom['T']: a name is in env and in envValueFrom",
         ),
         ({"envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k/x"}}}}, "key"),
-        ({"runAsUser": 0}, "runAsUser: 0 is root"),
+        ({"runAsUser": 0}, "runAsUser: runAsUser 0 is root"),
     ],
 )
 def test_secret_env_and_security_refusals_name_the_field(options: dict[str, Any], field: str) -> None:

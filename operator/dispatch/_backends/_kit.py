@@ -231,6 +231,9 @@ UserEnvSources = Annotated[
 """Environment variables by name, each from a key of a Secret or ConfigMap (dispatch's own names
 refused, as in :data:`UserEnv`)."""
 
+ROOT_USER: Final = "runAsUser 0 is root, which runAsNonRoot (true by default) refuses"
+ENV_TWICE: Final = "a name is in env and in envValueFrom: give it one value"
+
 UserId = Annotated[int, Field(ge=0, le=2147483647)]
 """A Linux user or group id, as a pod's securityContext takes it."""
 
@@ -318,6 +321,23 @@ class PodOptions(OptionsModel):
     default) and add the fields of that kind alone. Nothing here lets a pod do what a pod of its
     namespace could not: see docs/security.md."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.runAsUser) || self.runAsUser != 0"
+                    " || (has(self.runAsNonRoot) && !self.runAsNonRoot)",
+                    "message": ROOT_USER,
+                },
+                {
+                    "rule": "!has(self.envValueFrom) || !has(self.env)"
+                    " || self.envValueFrom.all(k, !(k in self.env))",
+                    "message": ENV_TWICE,
+                },
+            ]
+        }
+    )
+
     image: Image | None = None
     """The training container's image."""
     resources: Resources = Resources()
@@ -401,9 +421,9 @@ class PodOptions(OptionsModel):
     def _env_once(self) -> Self:
         for key in sorted(self.env_value_from):
             if key in self.env:
-                raise ValueError(f"envValueFrom[{key!r}]: {key!r} is in env too")
+                raise ValueError(f"envValueFrom[{key!r}]: {ENV_TWICE}")
         if self.run_as_user == 0 and self.run_as_non_root:
-            raise ValueError("runAsUser: 0 is root, which runAsNonRoot (true by default) refuses")
+            raise ValueError(f"runAsUser: {ROOT_USER}")
         return self
 
     @field_validator("pod_labels", "pod_annotations")
