@@ -230,6 +230,7 @@ async def test_the_charts_operator_runs_as_a_pod_on_a_real_kubelet(
         "resources": {"cpu": "100m", "memory": "128Mi"},
         "nodeSelector": placement["nodeSelector"],
         "tolerations": placement["tolerations"],
+        **RealNode.ROOT_IMAGES,
     }
     unenforceable = [{"on": ["preempted"], "action": "restart", "budget": 2}]
     bad = lab_manifest("job", "restarts", unenforceable, options=options, command=["python3", "-c", "pass"])

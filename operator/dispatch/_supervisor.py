@@ -16,8 +16,8 @@ import enum
 import functools
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -279,12 +279,63 @@ class Turn(enum.Enum):
 Handler = Callable[[str], Awaitable[Turn]]
 
 
+def namespace_of(job: str) -> str:
+    """The namespace of a job's key (``namespace/name``); '' for a key without one."""
+    return job.rpartition("/")[0]
+
+
+class Lane:
+    """One lane of :class:`WorkQueue`: a FIFO per namespace, the namespaces taken in turn, so that
+    a thousand jobs queued in one namespace delay a job of another by one turn each round, not by a
+    thousand turns. With a single namespace it is one FIFO."""
+
+    def __init__(self, jobs: Iterable[str] = ()) -> None:
+        self.fifos: OrderedDict[str, deque[str]] = OrderedDict()
+        """Each namespace's queued jobs; the first namespace gives the next job."""
+        for job in jobs:
+            self.append(job)
+
+    def append(self, job: str) -> None:
+        self._fifo(job, first=False).append(job)
+
+    def appendleft(self, job: str) -> None:
+        """``job`` next of its namespace (a recovery under way), and its namespace next if new."""
+        self._fifo(job, first=True).appendleft(job)
+
+    def _fifo(self, job: str, *, first: bool) -> deque[str]:
+        space = namespace_of(job)
+        fifo = self.fifos.get(space)
+        if fifo is None:
+            fifo = self.fifos[space] = deque()
+            self.fifos.move_to_end(space, last=not first)
+        return fifo
+
+    def popleft(self) -> str:
+        """The next namespace's first job; that namespace goes last."""
+        space, fifo = next(iter(self.fifos.items()))
+        job = fifo.popleft()
+        if fifo:
+            self.fifos.move_to_end(space)
+        else:
+            del self.fifos[space]
+        return job
+
+    def __bool__(self) -> bool:
+        return bool(self.fifos)
+
+    def __iter__(self) -> Iterator[str]:
+        for fifo in self.fifos.values():
+            yield from fifo
+
+
 class WorkQueue:
     """The work queue behind :meth:`Supervisor.run_all` and the operator's supervision loop.
 
     Jobs may be added and removed while it runs. Two lanes: urgent (a job woken by failure evidence,
     a recovery under way) is always taken before routine (a first look, an observe, a poll); a
-    recovery under way (a turn that returned URGENT) goes to the head of the urgent lane. A job
+    recovery under way (a turn that returned URGENT) goes to the head of its namespace in the urgent
+    lane. Within a lane the namespaces take turns (:class:`Lane`): a flood of jobs in one namespace
+    delays another namespace's next job by at most one turn per other namespace. A job
     is never worked on by two workers at once; a wake while it is worked on puts it back once that
     turn is done. ``handle(job)`` does one turn; a lost compare-and-swap is AGAIN; a transient error
     is retried after ``retry_delays``; any other error stops the job (``errors``) unless
@@ -313,7 +364,7 @@ class WorkQueue:
         self.forever = forever
         self.persistent = persistent
         self.pending: dict[str, None] = dict.fromkeys(jobs)  # ordered, unique
-        self.lanes: tuple[deque[str], deque[str]] = (deque(), deque(self.pending))
+        self.lanes: tuple[Lane, Lane] = (Lane(), Lane(self.pending))
         self.queued: set[str] = set(self.pending)
         self.busy: set[str] = set()
         self.dirty: set[str] = set()

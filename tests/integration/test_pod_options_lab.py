@@ -84,9 +84,58 @@ async def test_every_pod_option_and_the_identity_reach_the_pod(
     }
 
 
+def events(cluster: KubeCluster, namespace: str, reason: str) -> list[str]:
+    out = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json"))
+    return [str(e.get("message", "")) for e in out["items"] if e.get("reason") == reason]
+
+
+async def test_a_restricted_namespace_admits_the_pods_with_a_secret_by_reference(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess]
+) -> None:
+    """Pod Security admission at ``restricted`` (the lab's API server runs it, as every cluster
+    does): the pods as built by default are admitted, with a Secret's key as env and no token; the
+    opt-out for an image that runs as root is refused there (so the admission is really on)."""
+    crds.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    crds.apply(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"}, "stringData": {"token": "t"}},
+        namespace=namespace,
+    )
+    operator("--backend", "job")
+    secret = {"envValueFrom": {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "token"}}}}
+    apply(crds, namespace, lab_manifest("job", "restricted", [], options=secret))
+    found: list[dict[str, Any]] = await await_for(
+        "the job's pod", lambda: pods(crds, namespace, "restricted")
+    )
+    (pod,) = found
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert not [v for v in spec.get("volumes", []) if "projected" in v]  # no token volume
+    (main,) = spec["containers"]
+    value_from = {e["name"]: e.get("valueFrom") for e in main["env"]}
+    assert value_from["HF_TOKEN"]["secretKeyRef"] == {"name": "hf", "key": "token", "optional": False}
+    assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    apply(crds, namespace, lab_manifest("job", "root", [], options={"runAsNonRoot": False}))
+    refused = await await_for(
+        "the refusal of the root pod",
+        lambda: [m for m in events(crds, namespace, "FailedCreate") if "violates PodSecurity" in m],
+    )
+    assert "runAsNonRoot" in refused[0]
+    assert pods(crds, namespace, "root") == []
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
+        (
+            {"envValueFrom": {"DISPATCH_JOB": {"secretKeyRef": {"name": "a", "key": "k"}}}},
+            "spec.job.envValueFrom",
+        ),
+        ({"envValueFrom": {"T": {}}}, "spec.job.envValueFrom"),
+        ({"runAsUser": 0}, "runAsUser 0 is root"),
+        (
+            {"env": {"T": "1"}, "envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k"}}}},
+            "envValueFrom",
+        ),
         ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "spec.job.volumes[0].hostPath"),
         ({"env": {"DISPATCH_SUBMISSION": "9"}}, "spec.job.env"),
         ({"podLabels": {"dispatch.dev/job": "x"}}, "spec.job.podLabels"),

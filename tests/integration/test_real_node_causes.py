@@ -47,6 +47,7 @@ def on_real_node(node: RealNode, **options: Any) -> dict[str, Any]:
         "resources": dict(SMALL),
         "nodeSelector": placement["nodeSelector"],
         "tolerations": placement["tolerations"],
+        **RealNode.ROOT_IMAGES,
         **options,
     }
 

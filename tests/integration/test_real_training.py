@@ -80,7 +80,9 @@ class Site:
         return self.node.image if self.node is not None else self.image
 
     def placement(self) -> dict[str, Any]:
-        return self.node.placement() if self.node is not None else {}
+        """The DispatchJob's pod options that place its pods (on the real node here) and let its
+        images, which run as root, start."""
+        return {**(self.node.placement() if self.node is not None else {}), **RealNode.ROOT_IMAGES}
 
     def priority_class(self) -> str:
         if self.node is not None:

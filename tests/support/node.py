@@ -338,6 +338,11 @@ class RealNode:
         assert self.binaries is not None
         return self.binaries.test_tag
 
+    ROOT_IMAGES: Final = {"runAsNonRoot": False}
+    """The pod options a DispatchJob on this node needs beside its placement: the node's images
+    (Debian minbase with python3, the training image on top) run as root, which dispatch's
+    restricted default (``runAsNonRoot: true``) refuses."""
+
     def placement(self) -> dict[str, Any]:
         """The pod spec fields that put a pod on this node (through the scheduler) and only here."""
         return {

@@ -382,7 +382,7 @@ def test_the_webhook_refuses_a_change_the_backend_cannot_make_naming_the_field(
 def test_the_crd_holds_each_backends_change_and_no_core_options() -> None:
     spec = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     change = spec["properties"]["recovery"]["properties"]["rules"]["items"]["properties"]["change"]
-    assert set(change["properties"]) == {"memory", "queue", "workloadPriorityClass", "slurm"}
+    assert set(change["properties"]) == {"memory", "timeLimit", "queue", "workloadPriorityClass", "slurm"}
     assert set(change["properties"]["slurm"]["properties"]) == {"partition"}
     # The API server's OpenAPI v3 takes an exclusive bound as a boolean beside the bound (draft 4).
     factor = change["properties"]["memory"]["properties"]["factor"]

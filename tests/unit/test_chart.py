@@ -666,6 +666,7 @@ def test_deployment_serves_the_webhook_with_the_mounted_certificate(
     pod = _pod(docs)
     container = operator_container(docs)
     assert f"--webhook-port={k8s_names.WEBHOOK_PORT}" in container["args"]
+    assert "--max-jobs=40000" in container["args"]  # the memory bound (docs/operator.md)
     assert {"name": "webhook", "containerPort": k8s_names.WEBHOOK_PORT, "protocol": "TCP"} in container[
         "ports"
     ]

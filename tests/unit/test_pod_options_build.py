@@ -55,7 +55,16 @@ OPTIONS: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
     "podLabels": {"team": "research"},
     "podAnnotations": {"note": "x"},
+    "envValueFrom": {"HF_TOKEN": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    "runAsUser": 1000,
+    "fsGroup": 2000,
 }
+SECRET_ENV = {
+    "name": "HF_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": False}},
+}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}, "runAsNonRoot": True}
 POD_ONLY: dict[str, Any] = {
     "priorityClassName": "training",
     "workingDir": "/w",
@@ -137,7 +146,10 @@ def test_every_option_reaches_every_pod_template(backend: str) -> None:
             {"prefix": "CFG_", "configMapRef": {"name": "cfg", "optional": False}},
         ]
         assert main["workingDir"] == "/w"
-        assert main["env"] == [{"name": "A", "value": "1"}, *identity("team-a", "train", 4)]
+        assert main["env"] == [{"name": "A", "value": "1"}, *identity("team-a", "train", 4), SECRET_ENV]
+        assert main["securityContext"] == {**CONTAINER_SECURITY, "runAsUser": 1000}
+        assert spec["securityContext"] == {**POD_SECURITY, "fsGroup": 2000}
+        assert spec["automountServiceAccountToken"] is True  # a ServiceAccount is named
 
 
 @pytest.mark.parametrize("backend", sorted(KINDS))
@@ -145,10 +157,77 @@ def test_without_options_a_pod_carries_only_dispatchs_labels_and_identity(backen
     build, pods_of = KINDS[backend]
     (pod, *_) = pods_of(build(TARGET, spec_of(backend, {"image": "img:1"}), Plan(job="team-a/train")))
     assert pod["metadata"] == {"labels": DISPATCH_LABELS}
-    assert set(pod["spec"]) <= {"containers", "restartPolicy"}
+    assert set(pod["spec"]) <= {
+        "containers",
+        "restartPolicy",
+        "securityContext",
+        "automountServiceAccountToken",
+    }
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["securityContext"] == POD_SECURITY  # Pod Security "restricted" admits it
     (main,) = pod["spec"]["containers"]
-    assert set(main) == {"name", "image", "command", "env"}
+    assert set(main) == {"name", "image", "command", "env", "securityContext"}
     assert main["env"] == identity("team-a", "train", 4)
+    assert main["securityContext"] == CONTAINER_SECURITY
+
+
+@pytest.mark.parametrize("backend", sorted(KINDS))
+@pytest.mark.parametrize(
+    ("options", "token"),
+    [
+        ({}, False),
+        ({"serviceAccountName": "trainer"}, True),
+        ({"automountServiceAccountToken": True}, True),
+        ({"serviceAccountName": "trainer", "automountServiceAccountToken": False}, False),
+    ],
+)
+def test_the_token_is_mounted_only_when_asked(backend: str, options: dict[str, Any], token: bool) -> None:
+    build, pods_of = KINDS[backend]
+    body = build(TARGET, spec_of(backend, {"image": "img:1", **options}), Plan(job="team-a/train"))
+    assert all(pod["spec"]["automountServiceAccountToken"] is token for pod in pods_of(body))
+
+
+@pytest.mark.parametrize("backend", sorted(KINDS))
+def test_an_image_that_runs_as_root_is_an_opt_out(backend: str) -> None:
+    build, pods_of = KINDS[backend]
+    body = build(
+        TARGET, spec_of(backend, {"image": "img:1", "runAsNonRoot": False}), Plan(job="team-a/train")
+    )
+    for pod in pods_of(body):
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        assert pod["spec"]["containers"][0]["securityContext"] == CONTAINER_SECURITY
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"envValueFrom": {"T": {}}}, "exactly one of secretKeyRef, configMapKeyRef"),
+        (
+            {
+                "envValueFrom": {
+                    "T": {
+                        "secretKeyRef": {"name": "a", "key": "k"},
+                        "configMapKeyRef": {"name": "b", "key": "k"},
+                    }
+                }
+            },
+            "exactly one of secretKeyRef, configMapKeyRef",
+        ),
+        ({"envValueFrom": {"DISPATCH_JOB": {"secretKeyRef": {"name": "a", "key": "k"}}}}, "reserved"),
+        (
+            {"env": {"T": "1"}, "envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k"}}}},
+            "envValueFrom['T']: a name is in env and in envValueFrom",
+        ),
+        ({"envValueFrom": {"T": {"secretKeyRef": {"name": "a", "key": "k/x"}}}}, "key"),
+        ({"runAsUser": 0}, "runAsUser: runAsUser 0 is root"),
+    ],
+)
+def test_secret_env_and_security_refusals_name_the_field(options: dict[str, Any], field: str) -> None:
+    assert field in refusal("job", {"image": "img:1", **options})
+
+
+def test_root_may_be_asked_for_explicitly() -> None:
+    spec_of("job", {"image": "img:1", "runAsUser": 0, "runAsNonRoot": False})
 
 
 def test_a_trainjob_carries_what_its_runtime_patch_takes() -> None:
@@ -156,7 +235,11 @@ def test_a_trainjob_carries_what_its_runtime_patch_takes() -> None:
     del options["envFrom"]  # refused (below)
     body = build_trainjob(TARGET, spec_of("trainjob", options), Plan(job="team-a/train"))
     spec = body["spec"]
-    assert spec["trainer"]["env"] == [{"name": "A", "value": "1"}, *identity("team-a", "train", 4)]
+    assert spec["trainer"]["env"] == [
+        {"name": "A", "value": "1"},
+        *identity("team-a", "train", 4),
+        SECRET_ENV,
+    ]
     (patch,) = spec["runtimePatches"]
     (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert rjob["name"] == "node"
@@ -172,11 +255,21 @@ def test_a_trainjob_carries_what_its_runtime_patch_takes() -> None:
         "affinity": AFFINITY,
         "serviceAccountName": "trainer",
         "imagePullSecrets": [{"name": "registry"}],
-        "containers": [{"name": "node", "volumeMounts": MOUNTS}],
+        "securityContext": {**POD_SECURITY, "fsGroup": 2000},
+        "containers": [
+            {
+                "name": "node",
+                "securityContext": {**CONTAINER_SECURITY, "runAsUser": 1000},
+                "volumeMounts": MOUNTS,
+            }
+        ],
     }
 
 
-@pytest.mark.parametrize(("field", "value"), [*POD_ONLY.items(), ("envFrom", OPTIONS["envFrom"])])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [*POD_ONLY.items(), ("envFrom", OPTIONS["envFrom"]), ("automountServiceAccountToken", False)],
+)
 def test_a_trainjob_refuses_what_its_runtime_patch_cannot_carry(field: str, value: object) -> None:
     message = refusal("trainjob", {"runtime": "torch-distributed", field: value})
     assert message.startswith("spec.trainjob: ")

@@ -35,6 +35,19 @@ def test_a_backend_the_operator_does_not_serve_is_refused_naming_the_field() -> 
     check(body(), None, "CREATE", Admission())  # a webhook without an operator admits every backend
 
 
+def test_a_new_job_over_the_operators_bound_is_refused_naming_it() -> None:
+    held = [2]
+    admission = Admission(max_jobs=3, held=lambda: held[0])
+    check(body(), None, "CREATE", admission)
+    held[0] = 3
+    with pytest.raises(Refused, match=r"holds 3 DispatchJobs.*--max-jobs 3.*maxJobs"):
+        check(body(), None, "CREATE", admission)
+    # A person's ask on a job already held is an UPDATE: never refused for the bound.
+    asked = dict(body(), spec={**body()["spec"], "cancel": True})
+    check(asked, body(), "UPDATE", admission)
+    check(body(), None, "CREATE", Admission(held=lambda: 10**6))  # no bound by default
+
+
 def test_a_dispatchjob_over_half_the_object_limit_is_refused_with_its_size() -> None:
     big = body({"BLOB": "x" * 30_000})
     limit = 2 * size(big) - 2

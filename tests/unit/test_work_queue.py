@@ -43,11 +43,24 @@ async def test_urgent_jobs_are_taken_before_routine_ones_queued_earlier() -> Non
     assert await first_turns(3, prepare) == ["recovery", "routine-a", "routine-b"]
 
 
-async def test_a_recovery_under_way_goes_on_before_recoveries_not_yet_begun() -> None:
-    # Three jobs woken at once by a mass preemption, each needing three steps, one worker: each job
-    # finishes its recovery before the next begins (round-robin would release none until the end).
+@pytest.mark.parametrize("urgent", [True, False])
+async def test_namespaces_take_turns_within_a_lane(urgent: bool) -> None:
+    """A flood of one namespace does not hold another's job behind it: one turn each, in turn."""
+
+    def prepare(queue: WorkQueue) -> None:
+        for i in range(1000):
+            queue.add(f"flood/j{i}", urgent=urgent)
+        queue.add("team-b/recovery", urgent=urgent)
+        queue.add("team-c/x", urgent=urgent)
+
+    order = await first_turns(6, prepare)
+    assert order[:6] == ["flood/j0", "team-b/recovery", "team-c/x", "flood/j1", "flood/j2", "flood/j3"]
+
+
+async def recoveries(steps: dict[str, int]) -> list[str]:
+    """The turns one worker gives jobs woken urgently at once, each needing ``steps[job]`` turns
+    (URGENT until its last)."""
     order: list[str] = []
-    steps = dict.fromkeys(("a", "b", "c"), 3)
     done = asyncio.Event()
 
     async def handle(job: str) -> Turn:
@@ -65,7 +78,18 @@ async def test_a_recovery_under_way_goes_on_before_recoveries_not_yet_begun() ->
         await asyncio.wait_for(done.wait(), 10)
     finally:
         worker.cancel()
-    assert order == ["a", "a", "a", "b", "b", "b", "c", "c", "c"]
+    return order
+
+
+async def test_a_recovery_under_way_leads_its_own_namespace_not_the_others() -> None:
+    assert await recoveries({"a/1": 2, "a/2": 1, "b/1": 1}) == ["a/1", "b/1", "a/1", "a/2"]
+
+
+async def test_a_recovery_under_way_goes_on_before_recoveries_not_yet_begun() -> None:
+    # Three jobs woken at once by a mass preemption, each needing three steps, one worker: each job
+    # finishes its recovery before the next begins (round-robin would release none until the end).
+    order = await recoveries(dict.fromkeys(("ns/a", "ns/b", "ns/c"), 3))
+    assert order == ["ns/a"] * 3 + ["ns/b"] * 3 + ["ns/c"] * 3
 
 
 async def test_jobs_come_and_go_while_it_runs_and_a_removed_job_has_no_turn_after() -> None:

@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 from .._constants import GROUP, LABEL_MANAGED_BY
 from .._model import (
     DEFAULT_GRACE_SECONDS,
+    ENV_NAME_PATTERN,
     NAME_PATTERN,
     Capabilities,
     EnvMap,
@@ -36,6 +37,7 @@ Quantity = Annotated[str, Field(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?([EPT
 """A Kubernetes quantity of bytes (``64Gi``, ``512M``)."""
 Path = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^/")]
 """An absolute path in the container."""
+T = TypeVar("T")
 
 RESERVED_ENV_PREFIX: Final = "DISPATCH_"
 """dispatch's own env names (the submission's identity) start so: a user's env may not."""
@@ -183,6 +185,61 @@ class EnvFromSource(OptionsModel):
         return self
 
 
+class KeyReference(OptionsModel):
+    """One key of a Secret or ConfigMap of the job's namespace."""
+
+    name: ObjectName
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    optional: bool = False
+    """The pod starts without the variable when the object or its key does not exist."""
+
+
+ONE_KEY_SOURCE: Final = "an env value comes from exactly one of secretKeyRef, configMapKeyRef"
+
+
+class EnvValueSource(OptionsModel):
+    """An environment variable's value from one key of a Secret or a ConfigMap (exactly one): the
+    value stays in the Secret, which ``view`` cannot read, instead of in the DispatchJob, which it can."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)", "message": ONE_KEY_SOURCE}
+            ]
+        }
+    )
+
+    secret_key_ref: KeyReference | None = None
+    config_map_key_ref: KeyReference | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError(ONE_KEY_SOURCE)
+        return self
+
+
+UserEnvSources = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)], EnvValueSource],
+    Field(
+        max_length=64,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": f"self.all(k, !k.startsWith('{RESERVED_ENV_PREFIX}'))", "message": RESERVED_ENV}
+            ]
+        },
+    ),
+]
+"""Environment variables by name, each from a key of a Secret or ConfigMap (dispatch's own names
+refused, as in :data:`UserEnv`)."""
+
+ROOT_USER: Final = "runAsUser 0 is root, which runAsNonRoot (true by default) refuses"
+ENV_TWICE: Final = "a name is in env and in envValueFrom: give it one value"
+
+UserId = Annotated[int, Field(ge=0, le=2147483647)]
+"""A Linux user or group id, as a pod's securityContext takes it."""
+
+
 class Toleration(OptionsModel):
     """A taint the pods tolerate (GPU nodes are usually tainted), as in a pod spec."""
 
@@ -267,6 +324,22 @@ class PodOptions(OptionsModel):
     namespace could not: see docs/security.md."""
 
     REPLACED: ClassVar[Mapping[str, str]] = {"terminationGracePeriodSeconds": "spec.stop.gracePeriodSeconds"}
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.runAsUser) || self.runAsUser != 0"
+                    " || (has(self.runAsNonRoot) && !self.runAsNonRoot)",
+                    "message": ROOT_USER,
+                },
+                {
+                    "rule": "!has(self.envValueFrom) || !has(self.env)"
+                    " || self.envValueFrom.all(k, !(k in self.env))",
+                    "message": ENV_TWICE,
+                },
+            ]
+        }
+    )
 
     image: Image | None = None
     """The training container's image."""
@@ -278,6 +351,10 @@ class PodOptions(OptionsModel):
     """A pod unschedulable for longer than this ends the submission with cause no-capacity."""
     env_from: Annotated[list[EnvFromSource], Field(max_length=16)] = Field(default_factory=list)
     """Secrets and ConfigMaps of the job's namespace whose keys become the container's environment."""
+    env_value_from: UserEnvSources = Field(default_factory=dict)
+    """Environment variables whose values are keys of Secrets or ConfigMaps of the job's namespace
+    (``{NAME: {secretKeyRef: {name, key}}}``): a credential stays in its Secret, out of the
+    DispatchJob that everyone with ``view`` on the namespace can read."""
     volumes: Annotated[list[Volume], Field(max_length=32)] = Field(default_factory=list)
     """The pod's volumes: PersistentVolumeClaims, Secrets, ConfigMaps of the job's namespace, and
     emptyDirs."""
@@ -307,6 +384,18 @@ class PodOptions(OptionsModel):
     """Annotations on every pod (not under ``dispatch.dev/``)."""
     working_dir: Path | None = None
     """The training container's working directory (default: the image's)."""
+    automount_service_account_token: bool | None = None
+    """Whether the pods get their ServiceAccount's API token. Default: only with
+    :attr:`service_account_name` (a pod that names no account has no use for the API)."""
+    run_as_non_root: bool = True
+    """The pods refuse to start an image that runs as root (as Pod Security's ``restricted`` level
+    requires). ``false`` for an image that must run as root: the namespace must then allow it
+    (``baseline`` or ``privileged``). An image whose user is root starts with :attr:`run_as_user`."""
+    run_as_user: UserId | None = None
+    """The user id the container runs as (default: the image's user); 0 only without
+    :attr:`run_as_non_root`."""
+    fs_group: UserId | None = None
+    """A group that owns the pods' volumes, so that a non-root user can write a checkpoint there."""
 
     def gpus_per_node(self) -> int:
         return self.resources.gpu
@@ -323,11 +412,20 @@ class PodOptions(OptionsModel):
         memory = bytes_quantity(max(value, self.memory_bytes() or 0))
         return self.model_copy(update={"resources": self.resources.model_copy(update={"memory": memory})})
 
-    @field_validator("env")
+    @field_validator("env", "env_value_from")
     @classmethod
-    def _reserved_env(cls, env: dict[str, str]) -> dict[str, str]:
+    def _reserved_env(cls, env: dict[str, T]) -> dict[str, T]:
         refuse_reserved_env(env)
         return env
+
+    @model_validator(mode="after")
+    def _env_once(self) -> Self:
+        for key in sorted(self.env_value_from):
+            if key in self.env:
+                raise ValueError(f"envValueFrom[{key!r}]: {ENV_TWICE}")
+        if self.run_as_user == 0 and self.run_as_non_root:
+            raise ValueError(f"runAsUser: {ROOT_USER}")
+        return self
 
     @field_validator("pod_labels", "pod_annotations")
     @classmethod
@@ -355,7 +453,7 @@ class PodOptions(OptionsModel):
         return self
 
 
-def refuse_reserved_env(env: Mapping[str, str]) -> None:
+def refuse_reserved_env(env: Mapping[str, object]) -> None:
     """Refuse env names dispatch sets itself (the submission's identity): they would be overwritten."""
     for key in sorted(env):
         if key.startswith(RESERVED_ENV_PREFIX):
@@ -390,10 +488,39 @@ def volume_mounts(options: PodOptions) -> list[dict[str, object]]:
     return out
 
 
+def container_security_context(options: PodOptions) -> dict[str, object]:
+    """The training container's securityContext: no privilege escalation and no capability, as Pod
+    Security's ``restricted`` level requires of every container (with the pod's,
+    :func:`pod_security_context`), and the user the options name."""
+    out: dict[str, object] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if options.run_as_user is not None:
+        out["runAsUser"] = options.run_as_user
+    return out
+
+
+def pod_security_context(options: PodOptions) -> dict[str, object]:
+    """The pod's securityContext: the runtime's default seccomp profile, ``runAsNonRoot`` unless
+    the options turn it off, and their volumes' group."""
+    out: dict[str, object] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if options.run_as_non_root:
+        out["runAsNonRoot"] = True
+    if options.fs_group is not None:
+        out["fsGroup"] = options.fs_group
+    return out
+
+
+def value_from_env(options: PodOptions) -> list[dict[str, object]]:
+    """The container's env entries of :attr:`PodOptions.env_value_from`, by name."""
+    return [
+        {"name": name, "valueFrom": source.model_dump(by_alias=True, exclude_none=True)}
+        for name, source in sorted(options.env_value_from.items())
+    ]
+
+
 def container_fields(options: PodOptions) -> dict[str, object]:
     """What the options add to the training container beside its image, command, env and
-    resources: its mounts, ``envFrom`` and working directory."""
-    out: dict[str, object] = {}
+    resources: its mounts, ``envFrom``, working directory and securityContext."""
+    out: dict[str, object] = {"securityContext": container_security_context(options)}
     mounts = volume_mounts(options)
     if mounts:
         out["volumeMounts"] = mounts
@@ -422,7 +549,17 @@ def pod_spec_fields(options: PodOptions) -> dict[str, object]:
         out["imagePullSecrets"] = [s.model_dump(by_alias=True) for s in options.image_pull_secrets]
     if options.priority_class_name is not None:
         out["priorityClassName"] = options.priority_class_name
+    out["securityContext"] = pod_security_context(options)
     return out
+
+
+def automount_token(options: PodOptions) -> bool:
+    """Whether the pods get their ServiceAccount's token: as the options say, else only when they
+    name a ServiceAccount (the namespace's ``default`` account's token is of no use to a training
+    script, and a credential in every pod of the namespace)."""
+    if options.automount_service_account_token is not None:
+        return options.automount_service_account_token
+    return options.service_account_name is not None
 
 
 def pod_grace(spec: JobSpec) -> int:
@@ -456,10 +593,16 @@ def pod_template(
     spec: dict[str, object] = {}
     if restart_policy is not None:
         spec["restartPolicy"] = restart_policy
-    spec["containers"] = [{**main, **container_fields(options)}]
+    box: dict[str, object] = {**main, **container_fields(options)}
+    keyed = value_from_env(options)
+    if keyed:
+        env = main.get("env")
+        box["env"] = [*(env if isinstance(env, list) else []), *keyed]
+    spec["containers"] = [box]
     spec.update(pod_spec_fields(options))
     if grace_seconds != DEFAULT_GRACE_SECONDS:  # (the kubelet's own default otherwise)
         spec["terminationGracePeriodSeconds"] = grace_seconds
+    spec["automountServiceAccountToken"] = automount_token(options)
     return {"metadata": pod_metadata(options, labels), "spec": spec}
 
 

@@ -660,7 +660,12 @@ async def run(
 
     if args.webhook_port:
         webhook.setup(
-            registry=registry, settings=settings, port=args.webhook_port, runtime=runtime, args=args
+            registry=registry,
+            settings=settings,
+            port=args.webhook_port,
+            runtime=runtime,
+            args=args,
+            held=opened.store.held,
         )
 
     async def supervise() -> None:

@@ -397,6 +397,10 @@ class KubeRecordStore:
             view = self._views[job]
         return view
 
+    def held(self) -> int:
+        """How many DispatchJobs the cache holds (what the operator's memory grows with)."""
+        return len(self._views)
+
     def knows(self, job: str) -> bool:
         """True when the shared watch has shown ``job`` (its view is in the cache: no request)."""
         return bool(self.cache and self._listeners) and job in self._fresh  # _fresh: jobs with a view

@@ -11,7 +11,10 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     backend would create (:class:`~dispatch._protocols.Previewing`) over the API server's object
     size limit (``--max-object-bytes``, etcd's default request limit), or the DispatchJob itself over
     half of it (its record, written into its status, needs room to grow). Each refusal says the
-    size and the limit. An UPDATE that leaves the spec as it was (apart from a person's asks:
+    size and the limit. With ``--max-jobs``, a CREATE is refused while the operator holds that many
+    DispatchJobs in its cache (settled ones included: each costs memory until deleted), so that its
+    memory stays under its limit (docs/operator.md, "Memory, fairness and quotas").
+    An UPDATE that leaves the spec as it was (apart from a person's asks:
     ``cancel``, ``suspend``, ``retry``) is allowed, so the operator can always remove its finalizer;
     a spec change is refused (the CRD's CEL refuses it too), and so is an ask the job cannot take:
     a cancel undone, a retry of a job that has not failed (its recorded state), a retry count
@@ -111,6 +114,10 @@ def _no_preview(backend: str) -> Previewing | None:
     return None
 
 
+def _none_held() -> int:
+    return 0
+
+
 def default_capabilities(backend: str) -> Capabilities | None:
     """Each registered backend's capabilities with its default configuration (its declaration)."""
     info = _registry.get(backend)
@@ -140,9 +147,19 @@ class Admission:
     preview: PreviewOf = _no_preview
     """The backend that shows the object a spec would create, for the size check."""
     max_object_bytes: int = MAX_OBJECT_BYTES
+    max_jobs: int | None = None
+    """The most DispatchJobs the operator holds before a new one is refused (None: no bound)."""
+    held: Callable[[], int] = _none_held
+    """How many DispatchJobs the operator holds now (its watch's cache)."""
 
     @classmethod
-    def of(cls, runtime: Configured, max_object_bytes: int = MAX_OBJECT_BYTES) -> Admission:
+    def of(
+        cls,
+        runtime: Configured,
+        max_object_bytes: int = MAX_OBJECT_BYTES,
+        max_jobs: int | None = None,
+        held: Callable[[], int] = _none_held,
+    ) -> Admission:
         """The checks of the operator's runtime: its backends, their capabilities and previews."""
 
         def preview(backend: str) -> Previewing | None:
@@ -154,6 +171,8 @@ class Admission:
             served=frozenset(runtime.backends),
             preview=preview,
             max_object_bytes=max_object_bytes,
+            max_jobs=max_jobs,
+            held=held,
         )
 
 
@@ -214,6 +233,7 @@ def check(
         return
     if operation not in (None, "CREATE", "UPDATE"):
         return
+    _check_room(admission)
     meta = body.get("metadata") or {}
     job = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
     try:
@@ -239,6 +259,21 @@ def check(
         raise Refused(f"{error} (backend {backend})") from None
     _check_fresh_budget(spec, len(job_spec_.recovery.rules))
     _check_sizes(body, job, job_spec_, plan, admission.preview(backend), admission.max_object_bytes)
+
+
+def _check_room(admission: Admission) -> None:
+    """Refuse a new job while the operator holds ``max_jobs``: past it, its memory would near its
+    limit, and an operator killed for memory supervises nothing."""
+    if admission.max_jobs is None:
+        return
+    held = admission.held()
+    if held >= admission.max_jobs:
+        raise Refused(
+            f"the operator supervising this namespace holds {held} DispatchJobs, its limit "
+            f"(--max-jobs {admission.max_jobs}, the chart's value maxJobs), which keeps its memory "
+            "under its container's limit: delete settled DispatchJobs, or raise maxJobs with the "
+            'memory limit (docs/operator.md, "Memory, fairness and quotas")'
+        )
 
 
 def _size(obj: Mapping[str, Any]) -> int:
@@ -402,6 +437,7 @@ class Options:
     managed: str | None = None
     extra_sans: tuple[str, ...] = field(default_factory=tuple)
     max_object_bytes: int = MAX_OBJECT_BYTES
+    max_jobs: int | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -435,6 +471,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the API server's object size limit (etcd's --max-request-bytes; default {MAX_OBJECT_BYTES}): "
         "a job whose object would exceed it is refused at apply",
     )
+    g.add_argument(
+        "--max-jobs",
+        type=int,
+        default=None,
+        help="refuse a new DispatchJob while the operator holds this many (its memory bound; default: "
+        "no bound)",
+    )
 
 
 def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> Options:
@@ -462,6 +505,7 @@ def options(port: int, args: argparse.Namespace | None = None, **given: Any) -> 
         max_object_bytes=int(
             given.get("max_object_bytes") or getattr(args, "max_object_bytes", None) or MAX_OBJECT_BYTES
         ),
+        max_jobs=given.get("max_jobs") or getattr(args, "max_jobs", None),
     )
 
 
@@ -595,18 +639,23 @@ def setup(
     port: int,
     runtime: Configured | None = None,
     args: argparse.Namespace | None = None,
+    held: Callable[[], int] = _none_held,
     **given: Any,
 ) -> Options:
     """Register the webhooks and configure kopf's webhook server (and managed configurations).
 
     ``runtime`` (the operator's :class:`~dispatch._controller.runtime.Runtime`) supplies the
     backends the webhook admits, their capabilities and previews (:meth:`Admission.of`; without
-    it every registered backend is admitted with its default capabilities); ``args`` the flags of
+    it every registered backend is admitted with its default capabilities); ``held`` how many
+    DispatchJobs the operator holds (for ``max_jobs``); ``args`` the flags of
     :func:`add_arguments`; ``given`` overrides (``addr``, ``host``, ``cert_dir``, ``managed``,
     ``extra_sans``, ``max_object_bytes``).
     """
     opts = options(port, args, **given)
-    register(registry, Admission.of(runtime, opts.max_object_bytes) if runtime is not None else None)
+    admission = (
+        Admission.of(runtime, opts.max_object_bytes, opts.max_jobs, held) if runtime is not None else None
+    )
+    register(registry, admission)
     settings.admission.server = server(opts)
     settings.admission.managed = opts.managed
     log.info(

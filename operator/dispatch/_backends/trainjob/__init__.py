@@ -42,8 +42,9 @@ class TrainJobOptions(PodOptions):
     @model_validator(mode="after")
     def _carried(self) -> Self:
         """Refuse the pod options a TrainJob cannot carry: Trainer v2.2's ``runtimePatches`` patch
-        only a pod's volumes, scheduling, service account, pull secrets, labels and annotations and
-        a container's env and mounts, and ``spec.trainer`` has no ``envFrom`` or working directory;
+        only a pod's volumes, scheduling, service account, pull secrets, security context, labels and
+        annotations and a container's env, mounts and security context (not whether the token is
+        mounted: the runtime's pods decide), and ``spec.trainer`` has no ``envFrom`` or working directory;
         silently dropping them would run a job that is not the one written."""
         for field, value in UNCARRIED.items():
             if getattr(self, field) not in (None, [], {}):
@@ -54,6 +55,7 @@ class TrainJobOptions(PodOptions):
 
 
 UNCARRIED: Final = {
+    "automount_service_account_token": "automountServiceAccountToken",
     "env_from": "envFrom",
     "priority_class_name": "priorityClassName",
     "working_dir": "workingDir",

@@ -19,7 +19,7 @@ The causes come from the pods; the TrainJob's own ``Failed`` condition adds only
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Final
+from typing import Final, cast
 
 from ..._constants import RUNTIME_PATCH_MANAGER
 from ..._errors import BackendError
@@ -42,7 +42,14 @@ from ..._workload import (
     metadata,
     true_condition,
 )
-from .._kit import identity_env, pod_metadata, pod_spec_fields, volume_mounts
+from .._kit import (
+    container_security_context,
+    identity_env,
+    pod_metadata,
+    pod_spec_fields,
+    value_from_env,
+    volume_mounts,
+)
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -66,17 +73,20 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
     trainer: Body = {"numNodes": spec.nodes, "command": main["command"]}
     if options.image:
         trainer["image"] = options.image
-    if "env" in main:
-        trainer["env"] = main["env"]
+    env_list = [*cast(list[Body], main.get("env", [])), *value_from_env(options)]
+    if env_list:
+        trainer["env"] = env_list
     if "resources" in main:
         trainer["resourcesPerNode"] = main["resources"]
     # The pod options a runtime patch carries (Trainer's PodSpecPatch; the options model refuses
     # the others at apply): the pod's fields, and the trainer container's mounts (its env goes
     # through spec.trainer, the only way the Trainer takes the env of its container).
     pod_spec: Body = dict(pod_spec_fields(options))
+    box: Body = {"name": CONTAINER, "securityContext": container_security_context(options)}
     mounts = volume_mounts(options)
     if mounts:
-        pod_spec["containers"] = [{"name": CONTAINER, "volumeMounts": mounts}]
+        box["volumeMounts"] = mounts
+    pod_spec["containers"] = [box]
     pod: Body = {"metadata": pod_metadata(options, labels(target.job_name, target.submission))}
     if pod_spec:
         pod["spec"] = pod_spec
