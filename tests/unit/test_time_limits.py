@@ -581,7 +581,11 @@ def test_nothing_is_authorized_at_or_after_the_deadline(deadline: int, base: int
     assert all(s.authorized_at < limit for s in r.submissions)
     if now >= limit:
         assert r.state is State.FAILED
-        assert r.cause.kind is CauseKind.DEADLINE_EXCEEDED
+        # Failed at the deadline, unless the rule's budget ran out before it (up to 40 ticks of
+        # three immediate resubmissions each can spend 100 firings first).
+        failed_at = r.history[-1].time
+        expected = CauseKind.DEADLINE_EXCEEDED if failed_at >= limit else CauseKind.PREEMPTED
+        assert r.cause.kind is expected, (failed_at, limit, r.cause)
 
 
 def test_a_pods_last_state_says_how_its_stop_went_and_when_it_started() -> None:
