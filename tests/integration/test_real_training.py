@@ -514,9 +514,11 @@ def test_a_preempted_pytorchjob_resumes_from_its_sigterm_checkpoint(
         ("recovering", "succeeded", 2, "none"),
     ]
     step = saved["step"]
-    # The preempted pod's process (the master's: rank 0, its hostname the pod's name) wrote it on
-    # SIGTERM, midway, as submission 1.
-    assert (saved["submission"], saved["rank"], saved["host"]) == (1, 0, master), saved
+    # A process of submission 1 wrote it on SIGTERM, midway: the preempted master's, or its peer's
+    # when dispatch's stop of the PyTorchJob reached the worker first (the first rank's checkpoint
+    # of a step stands; both ranks hold the same model).
+    assert saved["submission"] == 1, saved
+    assert (saved["rank"], saved["host"]) in {(0, master), (1, f"{run.name}-1-worker-0")}, saved
     assert CHECKPOINT_EVERY < step < STEPS, saved
     pods = run.pods(2)
     ran_on_the_site(pods, site)

@@ -14,7 +14,6 @@ from dispatch._cluster import compose
 from dispatch._errors import PlanError
 from dispatch._model import (
     Action,
-    Capabilities,
     CauseKind,
     Enforcer,
     JobSpec,
@@ -225,7 +224,8 @@ async def test_preemption_cancel_mode(slurm: SlurmLab, backend: SlurmBackend) ->
 def test_capabilities_are_empty_and_a_restart_rule_is_refused(backend: SlurmBackend) -> None:
     # Slurm enforces no rule exactly: MaxBatchRequeue (compiled in as 5 in 22.05) is not checked on
     # preemption requeues, and the requeue flag cannot allow node-failure requeues alone.
-    assert backend.capabilities == Capabilities()
+    assert backend.capabilities.native == ()
+    assert not backend.capabilities.queues
     both = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
     for on in (both, (CauseKind.PREEMPTED,), (CauseKind.NODE_LOST,)):
         s = JobSpec(
