@@ -11,7 +11,9 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     backend would create (:class:`~dispatch._protocols.Previewing`) over the API server's object
     size limit (``--max-object-bytes``, etcd's default request limit), or the DispatchJob itself over
     half of it (its record, written into its status, needs room to grow). Each refusal says the
-    size and the limit. An UPDATE that leaves the spec as it was (apart from a person's asks:
+    size and the limit. A job outside what its namespace may run on its backend
+    (:class:`~dispatch._protocols.Admitting`: Slurm's identities) is refused naming the field.
+    An UPDATE that leaves the spec as it was (apart from a person's asks:
     ``cancel``, ``suspend``, ``retry``) is allowed, so the operator can always remove its finalizer;
     a spec change is refused (the CRD's CEL refuses it too), and so is an ask the job cannot take:
     a cancel undone, a retry of a job that has not failed (its recorded state), a retry count
@@ -81,10 +83,10 @@ from .._constants import (
     WEBHOOK_VALIDATE_ID,
 )
 from .._dispatchjob import SPEC_ASKS, SpecError, backend_of, fresh_budget, job_spec, retry_count
-from .._errors import PlanError
+from .._errors import OutsideLimits, PlanError
 from .._model import ActorKind, Capabilities, JobSpec, Plan, State
 from .._plan import make_plan
-from .._protocols import Previewing
+from .._protocols import Admitting, Previewing
 from .._workload import Refused as NotBuildable
 from .ports import Configured
 
@@ -105,9 +107,14 @@ the API server accepts a request body of up to 3 MiB."""
 
 CapabilitiesOf = Callable[[str], Capabilities | None]
 PreviewOf = Callable[[str], Previewing | None]
+AdmitOf = Callable[[str], Admitting | None]
 
 
 def _no_preview(backend: str) -> Previewing | None:
+    return None
+
+
+def _no_limits(backend: str) -> Admitting | None:
     return None
 
 
@@ -140,6 +147,8 @@ class Admission:
     preview: PreviewOf = _no_preview
     """The backend that shows the object a spec would create, for the size check."""
     max_object_bytes: int = MAX_OBJECT_BYTES
+    limits: AdmitOf = _no_limits
+    """The backend that says what a namespace may run (Slurm's identities), for the limits check."""
 
     @classmethod
     def of(cls, runtime: Configured, max_object_bytes: int = MAX_OBJECT_BYTES) -> Admission:
@@ -149,11 +158,16 @@ class Admission:
             configured = runtime.backends.get(backend)
             return configured if isinstance(configured, Previewing) else None
 
+        def limits(backend: str) -> Admitting | None:
+            configured = runtime.backends.get(backend)
+            return configured if isinstance(configured, Admitting) else None
+
         return cls(
             capabilities=runtime_capabilities(runtime),
             served=frozenset(runtime.backends),
             preview=preview,
             max_object_bytes=max_object_bytes,
+            limits=limits,
         )
 
 
@@ -229,6 +243,12 @@ def check(
             f"(it serves {serves}), so nothing would run the job; the chart's value `backends` "
             f"(or `slurm.enabled`) opens it"
         )
+    admitting = admission.limits(backend)
+    if admitting is not None:
+        try:
+            admitting.admit(job, job_spec_)
+        except OutsideLimits as error:
+            raise Refused(str(error)) from None
     caps = admission.capabilities(backend)
     if caps is None:
         raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")
