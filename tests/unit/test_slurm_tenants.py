@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -201,5 +204,46 @@ async def test_a_job_of_another_identity_with_a_copied_tag_is_never_adopted() ->
         fake.last_update += 100
         await asyncio.sleep(0.2)
         assert [v.id for v in await backend.list("team-a/train")] == ["902"]
+    finally:
+        await backend.aclose()
+
+
+async def test_a_rotated_token_file_is_used_without_a_restart(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("SLURM_JWT=old-token\n")
+    tenant = {**TEAM_B, "token": None, "token_file": str(token)}
+    fake = Recording()
+    backend = SlurmBackend(config(tenants=[tenant]), transport=httpx.MockTransport(fake))
+    try:
+        await backend.create("team-b/train", 1, spec(), None)  # type: ignore[arg-type]
+        token.write_text("new-token\n")
+        os.utime(token, (time.time() + 5, time.time() + 5))  # a new mtime even on a coarse clock
+        await backend.create("team-b/train", 2, spec(), None)  # type: ignore[arg-type]
+    finally:
+        await backend.aclose()
+    assert [t for kind, _, t, _ in fake.sent if kind == "submit"] == ["old-token", "new-token"]
+
+
+@pytest.mark.parametrize("identities", [1, 8])
+async def test_one_listing_per_cycle_whatever_the_number_of_identities(identities: int) -> None:
+    tenants = [
+        {"name": f"t{i}", "namespaces": [f"ns{i}"], "user_name": f"u{i}", "token": f"tok{i}"}
+        for i in range(identities)
+    ]
+    fake = Recording()
+    backend = SlurmBackend(config(tenants=tenants, poll_interval=0.05), transport=httpx.MockTransport(fake))
+    try:
+        for i in range(identities):
+            await backend.create(f"ns{i}/train", 1, spec(), None)  # type: ignore[arg-type]
+        cycles = 0
+        while cycles < 5:
+            for i in range(identities):
+                await backend.list(f"ns{i}/train")
+            cycles = backend.rest.requests  # the dialect is given: no probe, every request a listing
+            await asyncio.sleep(0.05)
+        lists = [u for kind, u, _, _ in fake.sent if kind == "list"]
+        assert set(lists) == {"dispatch"}
+        assert len(lists) == backend.rest.requests
+        assert sum(c.requests for c in backend.clients.by_tenant.values()) == identities  # the submits
     finally:
         await backend.aclose()
