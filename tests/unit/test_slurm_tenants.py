@@ -108,6 +108,8 @@ def test_a_namespace_has_one_identity_and_tenants_need_a_token_and_a_url() -> No
         config(tenants=[TEAM_A, {**TEAM_B, "name": "again", "namespaces": ["team-a"]}])
     with pytest.raises(ValidationError, match="exactly one of 'token' and 'token_file'"):
         config(tenants=[{**TEAM_B, "token": None}])
+    with pytest.raises(ValidationError, match="'tenants' need the operator's own 'token'"):
+        config(token=None)
     with pytest.raises(ValidationError, match="'tenants' need 'url'"):
         SlurmConfig(socket="/run/slurmrestd.sock", tenants=[TEAM_B])
 

@@ -155,6 +155,10 @@ class SlurmConfig(BaseModel):
         if self.tenants:
             if self.socket is not None:
                 raise ValueError("'tenants' need 'url': over a socket every job runs as slurmrestd's user")
+            if self.token is None and self.token_file is None:
+                raise ValueError(
+                    "'tenants' need the operator's own 'token' or 'token_file', which lists jobs"
+                )
             seen: dict[str, str] = {}
             for tenant in self.tenants:
                 for ns in tenant.namespaces:
