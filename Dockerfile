@@ -9,7 +9,7 @@
 # (its interpreter is /usr/local/bin/python3.11):
 #
 #   builder   BUILD_IMAGE: a virtual environment at /opt/dispatch with the operator's wheel and its
-#             runtime dependencies (the "kube" and "operator" extras), byte-compiled, without pip,
+#             runtime dependencies from requirements/operator.txt (hashed), byte-compiled, without pip,
 #             setuptools or wheel;
 #   final     RUNTIME_IMAGE: gets only /opt/dispatch (no RUN), runs as the numeric non-root user
 #             65532 (the chart's runAsUser) and writes nothing outside /tmp, so it runs with a
@@ -20,6 +20,9 @@
 # (Debian's python3.11 at /usr/bin/python3.11; the runtime one has no shell, no package manager and
 # no compiler), so it needs no registry. tests/unit/test_dockerfile.py keeps these properties true;
 # e2e/test_image.py runs the built image as the operator.
+#
+# The defaults name the bases by tag; a reproducible build names them by digest, e.g.
+# --build-arg BUILD_IMAGE=python:3.11-slim-bookworm@sha256:<digest> (docs/security.md).
 
 ARG BUILD_IMAGE=python:3.11-slim-bookworm
 ARG RUNTIME_IMAGE=python:3.11-slim-bookworm
@@ -36,18 +39,17 @@ RUN if ! python3.11 -c 'import ensurepip' 2>/dev/null; then \
     fi \
  && "$(command -v python3.11)" -m venv /opt/dispatch
 WORKDIR /src
-# The dependencies first, from pyproject.toml alone: a change to the operator's code rebuilds only
-# the layers below. A host whose TLS is intercepted passes its CA bundle as the secret pip-cert.
-COPY pyproject.toml README.md ./
+# The dependencies first, from the image's hashed lock alone (requirements/operator.txt, made by
+# `make lock` from pyproject.toml: the base, the kube and operator extras, the build backend), so a
+# change to the operator's code rebuilds only the layers below; pip refuses any file whose sha256
+# the lock does not list. A host whose TLS is intercepted passes its CA bundle as the secret pip-cert.
+COPY requirements/operator.txt /src/requirements/operator.txt
 RUN --mount=type=secret,id=pip-cert \
     if [ -s /run/secrets/pip-cert ]; then export PIP_CERT=/run/secrets/pip-cert; fi \
- && /opt/dispatch/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-extras = p["project"]["optional-dependencies"]; own = p["project"]["name"] + "["; \
-print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"] + \
-  [r for r in extras["kube"] + extras["operator"] if not r.startswith(own)]))' \
-    > /tmp/requirements.txt \
- && /opt/dispatch/bin/pip install --no-compile --requirement /tmp/requirements.txt \
+ && /opt/dispatch/bin/pip install --no-compile --require-hashes --no-deps \
+      --requirement /src/requirements/operator.txt \
  && /opt/dispatch/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/dispatch/lib
+COPY pyproject.toml README.md ./
 COPY operator ./operator
 # The wheel is built without network (setuptools is already in the venv), installed, checked, and
 # the installers removed. Every module is byte-compiled with unchecked hashes (the dependencies

@@ -17,14 +17,17 @@ all: test
 help:
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml
+# The dependencies come from the hashed lock only (requirements/dev.txt, hack/lock.py: pip refuses
+# any file whose sha256 is not in it), then dispatch itself, editable, with no dependency resolved.
+$(STAMP): pyproject.toml requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	@# A .venv made when the distribution was named `dispatch` still holds that editable install
 	@# (and operator/ its egg-info, which would still answer to the old name).
 	$(PY) -m pip uninstall --quiet --yes dispatch 2>/dev/null || true
 	rm -rf operator/dispatch.egg-info
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $@
 
 venv: $(STAMP) ## create .venv and install dispatch with its dev tools
@@ -47,7 +50,7 @@ unit: $(STAMP) ## the fast tier: core, hypothesis, recorded responses
 
 include mk/*.mk
 
-test: lint typecheck imports verify chart-lint chart-template rules-test unit integration e2e ## everything CI runs
+test: torch-prefetch lint typecheck imports verify chart-lint chart-template rules-test unit integration e2e ## everything CI runs
 test: UNIT_ARGS = --ignore=tests/unit/test_chart.py  # chart-template has run it, with helm required
 
 clean:
@@ -62,7 +65,7 @@ clean:
 INTEGRATION_TMP ?= $(or $(TMPDIR),/tmp)/dispatch-integration
 KUBE_MARKERS := integration and not slurm and (not kueue or trainer)
 KUEUE_MARKERS := integration and kueue and not trainer
-integration: $(STAMP) bins slurm-deps slurm-chroots node-deps ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, a real kubelet node, training operator, JobSet, Trainer, Kueue) and real Slurm 22.05, 24.11, 26.05, side by side
+integration: $(STAMP) bins slurm-deps slurm-chroots torch-image node-deps ## the real Kubernetes lab (apiserver, scheduler, controller manager, kwok, a real kubelet node, training operator, JobSet, Trainer, Kueue) and real Slurm 22.05, 24.11, 26.05, side by side
 	@mkdir -p $(INTEGRATION_TMP); \
 	$(PYTEST) -m "integration and slurm" tests/integration -p no:cacheprovider \
 	  --basetemp=$(INTEGRATION_TMP)/slurm > $(INTEGRATION_TMP)/slurm.log 2>&1 & slurm=$$!; \
@@ -75,7 +78,7 @@ integration: $(STAMP) bins slurm-deps slurm-chroots node-deps ## the real Kubern
 	echo "integration: kubernetes half exit $$kube, kueue exit $$kueue_status, slurm half exit $$status"; \
 	test $$kube -eq 0 -a $$kueue_status -eq 0 -a $$status -eq 0
 
-integration-kube: $(STAMP) bins node-deps ## the Kubernetes half of the integration tier only (with the Kueue tests)
+integration-kube: $(STAMP) bins torch-image node-deps ## the Kubernetes half of the integration tier only (with the Kueue tests)
 	$(PYTEST) -m "integration and not slurm" tests/integration
 
 integration-kueue: $(STAMP) bins ## the Kueue tests only (a lab with Kueue, JobSet and Trainer)

@@ -10,6 +10,7 @@ Durations are printed (and recorded as junit properties), never asserted.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import signal
@@ -374,3 +375,43 @@ async def test_two_operators_leader_killed_standby_takes_over_without_duplicates
     print(
         f"\nleader election takeover (lease 15 s, renew deadline 10 s, retry 2 s): {yaml.safe_dump(figures)}"
     )
+
+
+# ---- the webhook's certificate across upgrades -------------------------------------------------------
+
+
+def test_webhook_certificate_is_kept_by_an_upgrade_and_renewed_when_due(
+    release: Callable[..., Release], namespace: str
+) -> None:
+    """helm upgrade keeps the generated certificate and caBundle; the first upgrade after the
+    Secret's renew-after makes new ones, with a caBundle that still trusts the old CA (the Pod
+    serves the old certificate until the kubelet updates the mount)."""
+    # failurePolicy Ignore and only this namespace: the lab's API server cannot reach the Service.
+    rel = release(f"watchNamespaces={{{namespace}}}", "webhook.enabled=true", "webhook.failurePolicy=Ignore")
+    cluster = rel.cluster
+    secret_name = f"{rel.name}-webhook-tls"
+
+    def state() -> tuple[dict[str, str], str, str]:
+        secret = kubectl_json(cluster, "get", "secret", secret_name, f"--namespace={rel.namespace}")
+        config = kubectl_json(cluster, "get", "validatingwebhookconfiguration", rel.name)
+        bundle = config["webhooks"][0]["clientConfig"]["caBundle"]
+        return secret["data"], bundle, secret["metadata"]["annotations"]["dispatch.dev/renew-after"]
+
+    data, bundle, renew_after = state()
+    assert int(renew_after) > time.time() + 200 * 86400, "two thirds of the default 365 days"
+    rel.upgrade()
+    assert state() == (data, bundle, renew_after), "an upgrade changed the certificate"
+    cluster.kubectl(
+        "annotate", "secret", secret_name, f"--namespace={rel.namespace}",
+        "dispatch.dev/renew-after=1", "--overwrite",
+    )  # fmt: skip
+    rel.upgrade()
+    renewed, renewed_bundle, renewed_after = state()
+    assert renewed["tls.crt"] != data["tls.crt"]
+    assert renewed["ca.crt"] != data["ca.crt"]
+    assert int(renewed_after) > time.time()
+    pems = base64.b64decode(renewed_bundle).decode()
+    assert base64.b64decode(renewed["ca.crt"]).decode().strip() in pems
+    assert base64.b64decode(data["ca.crt"]).decode().strip() in pems, "the old CA is still trusted"
+    rel.upgrade()
+    assert state()[0] == renewed, "the renewed certificate is kept by the next upgrade"

@@ -9,7 +9,9 @@
 #   make record KIND=job   re-record tests/unit/data/job/ (any kind of hack/record.py) on a lab of its own
 #   make cluster-up    start a bare control plane (etcd + kube-apiserver) in the background
 #   make cluster-down  stop it (by PID)
-#   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker)
+#   make e2e-kind      run the integration and e2e tiers against a kind cluster (needs Docker);
+#                      TRAINING_IMAGE=<an image with torch 2.9 the cluster can pull> runs the
+#                      training tests too (tests/integration/test_real_training.py; else they skip)
 
 DISPATCH_CACHE ?= $(HOME)/.cache/dispatch
 BUILD_BINS := hack/build-bins.sh
@@ -46,6 +48,7 @@ KIND_KEEP ?= 0
 KIND_BIN = $(BINS_DIR)/kind-$(KIND_VERSION)/kind
 KIND_KUBECONFIG = $(DISPATCH_CACHE)/kind-$(KIND_CLUSTER).kubeconfig
 E2E_KIND_MARKERS ?= (integration or e2e) and not slurm
+TRAINING_IMAGE ?=
 
 export DISPATCH_CACHE KUBE_VERSION ETCD_VERSION HELM_VERSION KWOK_VERSION TRAINING_OPERATOR_VERSION
 
@@ -91,6 +94,6 @@ e2e-kind: bins $(STAMP) ## the integration and e2e tiers against a kind cluster 
 	  $(KIND_BIN) create cluster --name '$(KIND_CLUSTER)' $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)') --wait 180s; \
 	fi
 	$(KIND_BIN) get kubeconfig --name '$(KIND_CLUSTER)' > $(KIND_KUBECONFIG)
-	@rc=0; DISPATCH_E2E_KUBECONFIG=$(KIND_KUBECONFIG) $(PYTEST) -m '$(E2E_KIND_MARKERS)' tests e2e || rc=$$?; \
+	@rc=0; DISPATCH_E2E_KUBECONFIG=$(KIND_KUBECONFIG) DISPATCH_E2E_TRAINING_IMAGE='$(TRAINING_IMAGE)' $(PYTEST) -m '$(E2E_KIND_MARKERS)' tests e2e || rc=$$?; \
 	if [ '$(KIND_KEEP)' != 1 ]; then $(KIND_BIN) delete cluster --name '$(KIND_CLUSTER)'; fi; \
 	exit $$rc

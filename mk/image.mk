@@ -6,6 +6,8 @@
 #                      $(DISPATCH_CACHE)/image-base); IMAGE_BASES=public builds on the Dockerfile's
 #                      own defaults (python:3.11-slim-bookworm for both stages)
 #   make image-size    the image's size and what takes the space
+#   make image-sbom    a CycloneDX SBOM of the built image (its Python distributions and the
+#                      Debian packages it holds files of), checked against requirements/operator.txt
 #   make gitops-tools  hack/gitops/: Flux's kstatus verdict and Argo CD's Lua health, built with
 #                      `go build` into $(BINS_DIR)/<tool>-<version>/ (once per version)
 #   make image-test    build the image, then run it as the operator, the chart's Deployment
@@ -32,7 +34,7 @@ ARGOCD_HEALTH_BIN = $(BINS_DIR)/argocd-health-$(GITOPS_VERSION)/argocd-health
 
 export IMAGE KSTATUS_BIN ARGOCD_HEALTH_BIN
 
-.PHONY: image image-size image-deps gitops-tools image-test
+.PHONY: image image-size image-sbom image-deps gitops-tools image-test
 
 image-deps: ## podman, buildah, runc and debootstrap (Debian packages; needs root)
 	@missing=""; for p in podman buildah runc debootstrap; do \
@@ -54,6 +56,11 @@ image: image-deps ## build the operator image $(IMAGE) (multi-stage, non-root, d
 	  --tag $(IMAGE) --file Dockerfile . > $(DISPATCH_CACHE)/image-build.log 2>&1 || { \
 	    tail -n 40 $(DISPATCH_CACHE)/image-build.log; exit 1; }; \
 	echo "image: $(IMAGE) built in $$(( $$(date +%s) - start )) s ($$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE) | awk '{printf "%.1f MB", $$1/1e6}'))"
+
+IMAGE_SBOM ?= $(DISPATCH_CACHE)/image-sbom.cdx.json
+image-sbom: $(STAMP) ## a CycloneDX SBOM of the built $(IMAGE) into $(IMAGE_SBOM); fails if it differs from the lock
+	@set -e; base=""; if [ '$(IMAGE_BASES)' = local ]; then eval "$$(bash hack/image-base.sh)"; base="--base $$BUILD_BASE"; fi; \
+	$(PY) hack/image_sbom.py $(IMAGE) $$base --check-lock -o $(IMAGE_SBOM)
 
 image-size: ## the image's size and its largest parts
 	@$(PODMAN) image inspect --format '{{.Size}}' $(IMAGE) | awk '{printf "$(IMAGE): %.1f MB\n", $$1/1e6}'

@@ -2,13 +2,21 @@
 # Included by the main Makefile (uses its $(PY) and $(STAMP)). hack/gen.py lists the generated
 # files; add new ones there (a list of (path, render function)).
 
-.PHONY: generate verify bench-recoveries bench-operator bench-memory
+.PHONY: generate verify lock lock-sbom bench-recoveries bench-operator bench-memory
 
 generate: $(STAMP) ## regenerate crds/ and docs/api.md from the pydantic models
 	$(PY) hack/gen.py
 
-verify: $(STAMP) ## fail with a diff when a committed generated file is stale
+verify: $(STAMP) ## fail with a diff when a committed generated file, a lock or an SBOM is stale; scan the locks
 	$(PY) hack/gen.py --check
+	$(PY) hack/lock.py --check
+	$(PY) hack/audit.py
+
+lock: $(STAMP) ## resolve the hashed locks again from pyproject.toml (needs PyPI) and write their SBOMs
+	$(PY) hack/lock.py
+
+lock-sbom: $(STAMP) ## write sbom/ from the committed locks (offline)
+	$(PY) hack/lock.py --sbom
 
 bench-recoveries: bins $(STAMP) ## recoveries on the test control plane: latency and API writes per recovery
 	$(PY) bench/operator_bench.py

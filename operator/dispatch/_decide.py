@@ -5,15 +5,16 @@ both call :func:`decide`, they never disagree: between the end of submission 1 a
 of submission 2, status is ``recovering`` with the cause, never ``failed``.
 
 Nothing here does I/O or reads a clock. :func:`apply` turns a write step into the next record,
-with the time passed in. A rule's backoff is a :class:`Wait` with the time it ends, computed from
-the time the end was recorded: :func:`due` (given the time by the supervisor) turns it into the
-authorization it waits for once that time has come.
+with the time passed in. A rule's backoff, a submission's time limit and the job's deadline are each
+a :class:`Wait` with the time it ends, computed from the record and the object's observed start:
+:func:`due` (given the time by the supervisor) turns it into the step it waits for once that time
+has come. So a restarted supervisor waits exactly as long as the one before it would have.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -34,6 +35,8 @@ from ._model import (
     Record,
     State,
     Status,
+    StopKind,
+    StopRequest,
     Submission,
     SubmissionStatus,
     Transition,
@@ -85,6 +88,11 @@ class End:
 
     object_id: str
     orphan: bool
+    stop: CauseKind | None = None
+    """Set when the supervisor stops the canonical (its time limit, the deadline)."""
+    grace_seconds: int | None = field(default=None, compare=False)
+    """SIGTERM to SIGKILL: the job's ``stop.gracePeriodSeconds``, or ``stop.warningSeconds`` for a
+    time limit's stop begun that early (so that the kill comes at the limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,15 @@ class RecordEnd:
     cause: Cause
     started_at: datetime | None = None
     """When the canonical began running, recorded with its end."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordStop:
+    """Write: the supervisor begins to stop ``submission``'s canonical, whose end is then recorded
+    as ``cause`` (``time-limit``, ``deadline-exceeded``), not read as a cancel."""
+
+    submission: int
+    cause: Cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +159,10 @@ class Resume:
 class RecordSettled:
     """Write: the outcome is recorded and every object the job created has ended."""
 
+    stop: StopKind | None = field(default=None, compare=False)
+    """How the stop of a cancelled job's canonical went, now that it has ended: the outcome was
+    recorded before the stop, so the record's cause takes it only here."""
+
 
 @dataclass(frozen=True, slots=True)
 class Wait:
@@ -149,9 +170,10 @@ class Wait:
 
     why: str
     until: datetime | None = None
-    """When the wait ends by itself (a rule's backoff): then ``then`` is the step to take."""
-    then: Authorize | None = None
-    """The authorization the backoff delays (see :func:`due`)."""
+    """When the wait ends by itself (a rule's backoff, a time limit, the deadline): then ``then``
+    is the step to take."""
+    then: Authorize | RecordStop | RecordOutcome | None = None
+    """The step the wait delays (see :func:`due`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +186,7 @@ Write = (
     | RecordEnd
     | RecordCanonical
     | RecordRestarts
+    | RecordStop
     | RecordOutcome
     | RecordSuspend
     | Resume
@@ -179,6 +202,7 @@ WRITES = (
     RecordEnd,
     RecordCanonical,
     RecordRestarts,
+    RecordStop,
     RecordOutcome,
     RecordSuspend,
     Resume,
@@ -194,6 +218,9 @@ class Decision:
     state: State
     """What status shows now."""
     cause: Cause
+    deadline: Wait | None = None
+    """The job's deadline, when it has one and ``step`` moves the job on: once its time has come,
+    its step replaces ``step`` (see :func:`due`), so that nothing is resubmitted past it."""
 
 
 _VANISHED = "the scheduler no longer shows the canonical object"
@@ -215,7 +242,7 @@ def decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
 
     A cancel whose objects are still alive shows ``cancelling``; ``cancelled`` once all have ended.
     """
-    decision = _decide(record, objects)
+    decision = _with_deadline(record, _decide(record, objects))
     if decision.state is State.CANCELLED and not record.settled:
         latest = record.current.n if record.current is not None else 0
         if any((o.phase is not Phase.ENDED or o.terminating) and o.submission <= latest for o in objects):
@@ -241,7 +268,7 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
         # made, or it would outlive the settled job (held, never released, never ended).
         late = next((o for o in objects if o.phase is not Phase.ENDED or o.retained), None)
         if late is not None:
-            return Decision(End(late.id, orphan=not late.retained), record.state, record.cause)
+            return Decision(_end(record, late.id, orphan=not late.retained), record.state, record.cause)
         return Decision(Done(), record.state, record.cause)
     state, cause = record.state, record.cause
     outcome = state.is_outcome
@@ -255,23 +282,23 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
     live: list[ObjectView] = []
     for o in objects:
         if o.retained and not _needed(record, o):
-            return Decision(End(o.id, orphan=False), *_shown(record))
+            return Decision(_end(record, o.id, orphan=False), *_shown(record))
         if o.phase is Phase.ENDED or (o.submission > latest and not outcome):
             continue  # (after an outcome no submission will follow: such an object is an orphan)
         if o.id in canonicals or (choosing and cur is not None and o.submission == cur.n):
             live.append(o)
             continue
-        return Decision(End(o.id, orphan=True), *_shown(record))
+        return Decision(_end(record, o.id, orphan=True), *_shown(record))
 
     if not outcome and record.cancel is not None:
         done = Cause(kind=CauseKind.NONE, detail=f"cancelled by {record.cancel.actor}")
         return Decision(RecordOutcome(State.CANCELLED, done, record.cancel.actor), State.CANCELLED, done)
     if outcome:
         if live:
-            return Decision(End(live[0].id, orphan=False), state, cause)
+            return Decision(_end(record, live[0].id, orphan=False), state, cause)
         if any(o.terminating for o in objects):
             return Decision(Wait("waiting for the job's processes to finish terminating"), state, cause)
-        return Decision(RecordSettled(), state, cause)
+        return Decision(RecordSettled(_cancel_stop(record, objects)), state, cause)
     suspension = _suspension(record, objects, live)
     if suspension is not None:
         return suspension
@@ -300,7 +327,15 @@ def _decide(record: Record, objects: Sequence[ObjectView]) -> Decision:
             submission=cur.n,
             phase=Phase.ENDED,
             cause=Cause(kind=CauseKind.UNKNOWN, detail=_VANISHED),
+            # Gone after the supervisor began to stop it (a restarted operator no longer knows the
+            # deleted object): the stop ended it.
+            cancelled=cur.stop is not None,
         )
+    if cur.stop is not None:
+        stopping = _stop_decision(record, cur.stop, view, waiting)
+        if stopping is not None:
+            return stopping
+        view = _stopped_view(cur.stop, view)
     shown = _view_decision(record, cur.n, view, waiting)
     if view.restarts > cur.restarts:
         # Shown as what follows once they are recorded: an unsupervised job's restarts are recorded
@@ -356,7 +391,7 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
             Wait(f"queued on the scheduler: {why}" if why else "queued on the scheduler"), *waiting
         )
     if view.phase is Phase.RUNNING:
-        return Decision(Wait("running"), State.RUNNING, NO_CAUSE)
+        return Decision(_time_limit_wait(record, n, view), State.RUNNING, NO_CAUSE)
 
     ended = view.cause or Cause(kind=CauseKind.UNKNOWN, detail="the scheduler gave no reason")
     if view.cancelled:
@@ -374,6 +409,99 @@ def _view_decision(record: Record, n: int, view: ObjectView, waiting: tuple[Stat
             return Decision(RecordEnd(n, index, ended, began), State.RECOVERING, ended)
         return Decision(Authorize(n + 1, index, ended, began), State.RECOVERING, ended)
     return Decision(RecordOutcome(State.FAILED, ended, by, began), State.FAILED, ended)
+
+
+def _time_limit_wait(record: Record, n: int, view: ObjectView) -> Wait:
+    """A running canonical's wait: until its time limit's stop begins, where the supervisor
+    enforces the limit (``warningSeconds`` early), counted from when it started running."""
+    limit = record.plan.time_limit
+    if limit is None or limit.enforcer is not Enforcer.SUPERVISOR or view.started_at is None:
+        return Wait("running")
+    warning = record.spec.stop.warning_seconds or 0
+    at = view.started_at + timedelta(seconds=limit.seconds - warning)
+    cause = Cause(kind=CauseKind.TIME_LIMIT, detail=f"ran for its time limit of {limit.seconds} s")
+    early = f" ({warning} s before its time limit)" if warning else " (its time limit)"
+    return Wait(f"running; stopped at {format_time(at)}{early}", until=at, then=RecordStop(n, cause))
+
+
+def _stop_decision(
+    record: Record, stop: StopRequest, view: ObjectView, waiting: tuple[State, Cause]
+) -> Decision | None:
+    """The canonical the supervisor stops: end it, then wait out its grace period (a new
+    submission does not start while the old one may still write its checkpoint); None once it
+    has ended and its processes have stopped."""
+    if view.phase is not Phase.ENDED:
+        return Decision(_end(record, view.id, orphan=False, stop=stop.cause.kind), *waiting)
+    if view.terminating:
+        return Decision(Wait("stopping: the program has its grace period to exit"), *waiting)
+    return None
+
+
+def _cancel_stop(record: Record, objects: Sequence[ObjectView]) -> StopKind | None:
+    """How the stop of a cancelled job's last canonical went, where the scheduler shows it."""
+    cur = record.current
+    if record.state is not State.CANCELLED or cur is None or cur.canonical is None:
+        return None
+    return next((o.stop for o in objects if o.id == cur.canonical), None)
+
+
+def _end(record: Record, object_id: str, *, orphan: bool, stop: CauseKind | None = None) -> End:
+    """End ``object_id`` with the job's grace; a time limit's stop begun ``warningSeconds`` early
+    gives exactly those, so that the program is killed at the limit."""
+    policy = record.spec.stop
+    warned = stop is CauseKind.TIME_LIMIT and policy.warning_seconds is not None
+    grace = policy.warning_seconds if warned else policy.grace_period_seconds
+    return End(object_id, orphan=orphan, stop=stop, grace_seconds=grace)
+
+
+def _stopped_view(stop: StopRequest, view: ObjectView) -> ObjectView:
+    """The ended canonical the supervisor stopped, with the stop's cause: what it ended with when
+    the stop ended it (or when the deadline's stop met any other failure), and how the stop went."""
+    own = view.cause
+    deadline = stop.cause.kind is CauseKind.DEADLINE_EXCEEDED
+    if own is None or view.cancelled or (deadline and own.kind is not CauseKind.NONE):
+        cause = stop.cause.model_copy(update={"stop": view.stop}) if view.stop is not None else stop.cause
+        return view.model_copy(update={"cause": cause, "cancelled": False})
+    return view
+
+
+def deadline(record: Record) -> datetime | None:
+    """When the job's deadline passes (``spec.deadlineSeconds`` from its submission), if it has one."""
+    seconds = record.spec.deadline_seconds
+    return None if seconds is None else record.submitted_at + timedelta(seconds=seconds)
+
+
+_PAST_A_DEADLINE: Final = (Wait, Authorize, Create, RecordCanonical, Release, RecordEnd, RecordRestarts)
+"""The steps the deadline replaces once it has come: those that move the job on (an outcome, a
+stop and the end of an orphan are left to run)."""
+
+
+def _with_deadline(record: Record, decision: Decision) -> Decision:
+    """``decision`` with the job's deadline: a wait ends at the deadline at the latest, and from
+    then on the job's live canonical is stopped, or the job fails with ``deadline-exceeded``."""
+    at = deadline(record)
+    step = decision.step
+    if at is None or not isinstance(step, _PAST_A_DEADLINE):
+        return decision
+    if record.state.is_outcome or record.cancel is not None:
+        return decision
+    cur = record.current
+    cause = Cause(
+        kind=CauseKind.DEADLINE_EXCEEDED,
+        detail=f"the job's deadline of {record.spec.deadline_seconds} s passed",
+    )
+    then: RecordStop | RecordOutcome
+    if cur is not None and cur.canonical is not None and cur.cause is None:
+        if cur.stop is not None and cur.stop.cause.kind is CauseKind.DEADLINE_EXCEEDED:
+            return decision  # stopping at the deadline already
+        then = RecordStop(cur.n, cause)
+    else:
+        then = RecordOutcome(State.FAILED, cause)
+    passed = Wait(f"the job's deadline is {format_time(at)}", until=at, then=then)
+    if not isinstance(step, Wait) or (step.until is not None and step.until <= at):
+        return Decision(step, decision.state, decision.cause, deadline=passed)
+    why = f"{step.why}; the job's deadline is {format_time(at)}"
+    return Decision(Wait(why, until=at, then=then), decision.state, decision.cause, deadline=passed)
 
 
 def backoff_seconds(record: Record, index: int) -> float:
@@ -411,11 +539,17 @@ def format_time(at: datetime) -> str:
 
 
 def due(decision: Decision, now: datetime) -> Decision:
-    """``decision`` at ``now``: a backoff's :class:`Wait` whose time has come is the authorization it
-    waited for. The supervisor passes its clock's time; :func:`decide` itself reads none."""
-    step = decision.step
+    """``decision`` at ``now``: a :class:`Wait` whose time has come is the step it waited for (a
+    backoff's authorization, a time limit's or the deadline's stop, the deadline's failure). The
+    supervisor passes its clock's time; :func:`decide` itself reads none."""
+    step = decision.deadline if decision.deadline is not None else decision.step
+    if not (isinstance(step, Wait) and step.until is not None and now >= step.until):
+        step = decision.step  # (the deadline has not come: the decided step's own wait, if any)
     if isinstance(step, Wait) and step.then is not None and step.until is not None and now >= step.until:
-        return Decision(step.then, decision.state, decision.cause)
+        then = step.then
+        if isinstance(then, RecordOutcome):
+            return Decision(then, then.state, then.cause)
+        return Decision(then, decision.state, decision.cause)
     return decision
 
 
@@ -503,6 +637,13 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
             raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
         subs[i] = _ended(subs[i], step.cause, now, step.started_at)
         return record.model_copy(update={"submissions": tuple(subs)})
+    if isinstance(step, RecordStop):
+        i = step.submission - 1
+        if i != len(subs) - 1 or subs[i].cause is not None:
+            raise ValueError(f"submission {step.submission} is not the current one with its end unrecorded")
+        request = StopRequest(cause=step.cause, actor=actor, time=now)
+        subs[i] = subs[i].model_copy(update={"stop": request})
+        return record.model_copy(update={"submissions": tuple(subs)})
     if isinstance(step, RecordCanonical):
         i = step.submission - 1
         if subs[i].canonical is not None:
@@ -541,7 +682,8 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         return _resumed(record, step, now)
     if isinstance(step, RecordOutcome):
         n = subs[-1].n if subs else None  # cancelled before any submission: it concerns none
-        if subs and step.state is not State.CANCELLED:
+        if subs and step.state is not State.CANCELLED and subs[-1].cause is None:
+            # (a recorded end, whose backoff the deadline cut short, keeps how it ended)
             subs[-1] = _ended(subs[-1], step.cause, now, step.started_at)
         who = step.actor or actor
         return record.model_copy(
@@ -552,6 +694,9 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
                 "history": (*record.history, _transition(record.state, step.state, n, step.cause, who, now)),
             }
         )
+    if step.stop is not None and record.cause.stop is None:
+        cause = record.cause.model_copy(update={"stop": step.stop})
+        return record.model_copy(update={"settled": True, "cause": cause})
     return record.model_copy(update={"settled": True})
 
 
@@ -654,6 +799,11 @@ def describe_step(step: Step) -> str:
     if isinstance(step, Release):
         return f"releasing object {step.object_id} to the scheduler"
     if isinstance(step, End):
+        if step.stop is not None:
+            return (
+                f"stopping object {step.object_id} with cause {step.stop}: SIGTERM, then SIGKILL "
+                "after its grace period"
+            )
         if step.orphan:
             return f"ending object {step.object_id}: it is not the one recorded for its submission"
         return f"ending object {step.object_id}: the job has its outcome"
@@ -662,6 +812,8 @@ def describe_step(step: Step) -> str:
             f"rule {step.rule} fires after cause {step.cause.kind} once its backoff has passed: "
             f"recording the end of submission {step.submission}"
         )
+    if isinstance(step, RecordStop):
+        return f"recording the stop of submission {step.submission} with cause {step.cause.kind}"
     if isinstance(step, RecordRestarts):
         return (
             f"recording that the scheduler restarted submission {step.submission} in place "

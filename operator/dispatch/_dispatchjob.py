@@ -63,7 +63,7 @@ from ._constants import (
 from ._cost import recovery_cost
 from ._errors import JobNotFound
 from ._model import (
-    FAILURE_CAUSES,
+    RULE_CAUSES,
     Actor,
     ActorKind,
     CancelRequest,
@@ -141,7 +141,7 @@ def _message(error: Mapping[str, Any]) -> str:
         if words is not None:
             return f"must be {words}, not {error.get('input')!r}"
     if error["type"] == "enum" and "on" in loc:
-        causes = ", ".join(c.value for c in FAILURE_CAUSES)
+        causes = ", ".join(c.value for c in RULE_CAUSES)
         return f"{error.get('input')!r} is not a cause a rule can name: one of {causes}"
     return msg
 

@@ -8,7 +8,7 @@ Field names are snake_case in Python and camelCase on the wire (the CRD, the CR'
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from fractions import Fraction
@@ -61,6 +61,20 @@ class OptionsModel(_Model):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
+    REPLACED: ClassVar[Mapping[str, str]] = {}
+    """Fields a backend's options once had (their wire names), each with the field of the spec that
+    replaced it: refused at apply with an error naming the new field, in the CRD and here."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_replaced(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for old, new in cls.REPLACED.items():
+                snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in old)
+                if old in data or snake in data:
+                    raise ValueError(f"{old} is replaced by {new}")
+        return data
+
     def gpus_per_node(self) -> int:
         """The GPUs each node of a submission holds, as these options ask for them: what a
         submission that did not succeed cost in GPU-seconds (0 where the options ask for none)."""
@@ -101,11 +115,23 @@ class CauseKind(StrEnum):
     NO_CAPACITY = "no-capacity"
     REQUEUED = "requeued"
     UNKNOWN = "unknown"
+    DEADLINE_EXCEEDED = "deadline-exceeded"
+    """The job's deadline (``spec.deadlineSeconds``) has passed: no rule can cover it."""
     NONE = "none"
     """Success: not a cause a rule can cover."""
 
 
 FAILURE_CAUSES: Final = tuple(c for c in CauseKind if c is not CauseKind.NONE)
+RULE_CAUSES: Final = tuple(c for c in FAILURE_CAUSES if c is not CauseKind.DEADLINE_EXCEEDED)
+"""The causes a rule may cover: every failure but the deadline's, after which nothing is resubmitted."""
+
+
+class StopKind(StrEnum):
+    """How a stop dispatch made went: the program exited within its grace period after SIGTERM
+    (``graceful``), or was killed with SIGKILL at the grace period's end (``forced``)."""
+
+    GRACEFUL = "graceful"
+    FORCED = "forced"
 
 
 class Action(StrEnum):
@@ -189,6 +215,11 @@ SUPERVISOR: Final = Actor(kind=ActorKind.SUPERVISOR, id="supervisor")
 SCHEDULER: Final = Actor(kind=ActorKind.SCHEDULER, id="scheduler")
 
 
+def _is_none(value: object) -> bool:
+    """A field left out of a dump while unset: a plan without backoffs reads as it did before them."""
+    return value is None
+
+
 class Cause(_Model):
     """Why an execution ended: its kind, the scheduler's words, and the exit code when there is one."""
 
@@ -200,6 +231,10 @@ class Cause(_Model):
     signal: int | None = None
     """The signal that killed it, when the scheduler says it died by one (SIGKILL, 9, for an
     out-of-memory kill); a plain exit has none."""
+    stop: Annotated[StopKind | None, Field(exclude_if=_is_none)] = None
+    """Set when the execution ended by a stop (dispatch's at a time limit, a deadline or a cancel;
+    the scheduler's at its own time limit): ``graceful`` when the program exited within its grace
+    period after SIGTERM, ``forced`` when it was killed at the grace period's end."""
 
 
 NO_CAUSE: Final = Cause(kind=CauseKind.NONE)
@@ -453,7 +488,7 @@ class Change(_ByBackend):
 class Rule(_Model):
     """``on`` these causes, take ``action``, at most ``budget`` times."""
 
-    on: Annotated[tuple[CauseKind, ...], Field(min_length=1, max_length=len(FAILURE_CAUSES))]
+    on: Annotated[tuple[CauseKind, ...], Field(min_length=1, max_length=len(RULE_CAUSES))]
     action: Action = Action.RESUBMIT
     budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)]
     backoff: Backoff | None = None
@@ -464,6 +499,10 @@ class Rule(_Model):
     def _causes(cls, on: tuple[CauseKind, ...]) -> tuple[CauseKind, ...]:
         if CauseKind.NONE in on:
             raise ValueError("'none' means success; a rule covers only causes of failure")
+        if CauseKind.DEADLINE_EXCEEDED in on:
+            raise ValueError(
+                "'deadline-exceeded' ends the job for good: no rule can cover it (spec.deadlineSeconds)"
+            )
         if len(set(on)) != len(on):
             raise ValueError("a cause is listed twice")
         return on
@@ -547,6 +586,46 @@ EnvMap = Annotated[
 ]
 
 
+MAX_LIMIT_SECONDS: Final = 366 * 86400
+"""A time limit or deadline beyond a year is refused as absurd."""
+DEFAULT_GRACE_SECONDS: Final = 30
+"""The kubelet's default ``terminationGracePeriodSeconds``: the grace a stop gives by default."""
+
+
+class WarningSignal(StrEnum):
+    """The signal a job asks for before its time limit (Slurm's ``--signal``)."""
+
+    SIGTERM = "SIGTERM"
+    SIGUSR1 = "SIGUSR1"
+    SIGUSR2 = "SIGUSR2"
+    SIGINT = "SIGINT"
+    SIGHUP = "SIGHUP"
+
+    @property
+    def short(self) -> str:
+        """Without ``SIG``, as Slurm's ``--signal`` writes it."""
+        return self.value.removeprefix("SIG")
+
+
+class StopPolicy(_Model):
+    """How dispatch stops the program: SIGTERM, then SIGKILL once ``gracePeriodSeconds`` have passed
+    (every stop: a cancel, an orphan, a time limit, the deadline); and a warning before the time
+    limit, so that the program can write a checkpoint."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    grace_period_seconds: Annotated[int, Field(ge=0, le=86400)] = DEFAULT_GRACE_SECONDS
+    """Seconds between SIGTERM and SIGKILL when dispatch or the scheduler stops the program (on
+    Kubernetes the pods' ``terminationGracePeriodSeconds``, which a preemption or an eviction gives
+    too). Default: the kubelet's 30."""
+    warning_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
+    """Send ``warningSignal`` this many seconds before ``timeLimitSeconds`` (needs it): on Slurm the
+    scheduler's ``--signal``; on Kubernetes dispatch begins the time limit's stop this early, with
+    SIGTERM, and the program is killed at the limit."""
+    warning_signal: WarningSignal = WarningSignal.SIGTERM
+    """The warning's signal (Slurm sends it to the batch script; Kubernetes can send only SIGTERM)."""
+
+
 class JobSpec(_ByBackend):
     """What to run and how to recover it. Fixed once submitted."""
 
@@ -562,6 +641,15 @@ class JobSpec(_ByBackend):
     workload_priority_class: KueueName | None = None
     """Kueue's WorkloadPriorityClass for its submissions (its priority in Kueue's queueing and
     preemption); only with ``queue``."""
+    time_limit_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
+    """How long each submission may run, from when it starts running: past it the submission is
+    stopped with cause ``time-limit``, which a rule may cover like any other cause."""
+    deadline_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
+    """How long the whole job may take, from its submission: every submission, wait and backoff
+    counts. Past it the live submission is stopped, the job fails with cause ``deadline-exceeded``
+    and nothing is resubmitted."""
+    stop: StopPolicy = StopPolicy()
+    """How a stop treats the program: its grace period, and a warning before the time limit."""
     options: dict[str, SerializeAsAny[OptionsModel]] = Field(default_factory=dict)
     """Each backend's options, by backend name, each an instance of the options model its registry
     entry declares (``spec.<backend>`` on the wire). Built by the API codec, which knows the models,
@@ -581,6 +669,9 @@ class JobSpec(_ByBackend):
             recovery: object = None,
             queue: object = None,
             workload_priority_class: object = None,
+            time_limit_seconds: object = None,
+            deadline_seconds: object = None,
+            stop: object = None,
             options: object = None,
             **backend_options: OptionsModel,
         ) -> None: ...
@@ -593,6 +684,21 @@ class JobSpec(_ByBackend):
     def _priority_needs_queue(self) -> JobSpec:
         if self.workload_priority_class is not None and self.queue is None:
             raise ValueError("workloadPriorityClass is Kueue's and needs queue (a LocalQueue) as well")
+        return self
+
+    @model_validator(mode="after")
+    def _warning_within_limit(self) -> JobSpec:
+        warning = self.stop.warning_seconds
+        if warning is not None:
+            if self.time_limit_seconds is None:
+                raise ValueError("stop.warningSeconds warns before timeLimitSeconds, which is not set")
+            if warning >= self.time_limit_seconds:
+                raise ValueError(
+                    f"stop.warningSeconds ({warning}) must be less than timeLimitSeconds "
+                    f"({self.time_limit_seconds})"
+                )
+        if self.stop.warning_signal is not WarningSignal.SIGTERM and warning is None:
+            raise ValueError("stop.warningSignal is the warning's signal and needs stop.warningSeconds")
         return self
 
 
@@ -629,14 +735,18 @@ class Capabilities(_Model):
     """What a backend's scheduler enforces by itself."""
 
     native: tuple[NativeRule, ...] = ()
+    time_limit: str | None = None
+    """How the scheduler itself ends each submission exactly at ``timeLimitSeconds``, in words
+    (batch/v1 Job's ``activeDeadlineSeconds``); None: the supervisor stops it at the limit."""
+    stop_grace: str | None = None
+    """What decides a stop's grace period, in words, where it is not ``spec.stop.gracePeriodSeconds``
+    (None: it is); then only the default grace is allowed."""
+    warning_signal: bool = False
+    """The scheduler sends a chosen signal a chosen time before the time limit (Slurm's
+    ``--signal``); otherwise only SIGTERM, by dispatch's stop, can warn."""
     queues: bool = False
     """Kueue can queue its objects (its kind is one of Kueue's integrations, and the backend releases
     a queued object by Kueue's queue label instead of unsuspending it): ``spec.queue`` is allowed."""
-
-
-def _is_none(value: object) -> bool:
-    """A field left out of a dump while unset: a plan without backoffs reads as it did before them."""
-    return value is None
 
 
 def _is_zero(value: object) -> bool:
@@ -712,6 +822,19 @@ class QueuePlan(_Model):
     their budgets; Kueue's own requeue of an evicted object is stopped by ending that object."""
 
 
+class LimitPlan(_Model):
+    """Who enforces a time limit or the deadline, and how."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    seconds: int
+    """The limit (``spec.timeLimitSeconds``) or the deadline (``spec.deadlineSeconds``)."""
+    enforcer: Enforcer
+    """The scheduler, where it ends each submission exactly at the limit by itself; else the supervisor."""
+    how: str = ""
+    """In words: the scheduler's own mechanism, or the supervisor's stop and when it begins."""
+
+
 class Plan(_Model):
     """dispatch's answer before anything is created."""
 
@@ -723,6 +846,10 @@ class Plan(_Model):
     ``uncovered`` lists ``non-zero-exit`` too); absent when it is covered or uncovered as a whole."""
     queue: QueuePlan | None = None
     """Set when Kueue admits the job's submissions (``spec.queue``)."""
+    time_limit: Annotated[LimitPlan | None, Field(exclude_if=_is_none)] = None
+    """Set with ``spec.timeLimitSeconds``: who ends each submission at its limit."""
+    deadline: Annotated[LimitPlan | None, Field(exclude_if=_is_none)] = None
+    """Set with ``spec.deadlineSeconds``: always the supervisor, which ends the job at it."""
 
 
 class ObjectView(_Model):
@@ -748,13 +875,26 @@ class ObjectView(_Model):
     """Why a live object does not run yet, as its scheduler says (a pod no node can take, and when
     that becomes ``no-capacity``): shown in status, so a job that cannot start says why long
     before it ends."""
+    stop: StopKind | None = None
+    """How the program ended after a stop (dispatch's, or the scheduler's at its time limit),
+    where the scheduler shows it: ``graceful`` (it exited within its grace period) or ``forced``
+    (killed at its end); None when it was not stopped, or has not ended."""
+    started_at: datetime | None = None
+    """When the scheduler says the object's workload began running (the earliest running pod's
+    start, Slurm's start time); None while it has not. A time limit counts from it."""
     retained: bool = False
     """Deleted on the scheduler by someone else, and kept there by dispatch (a Kubernetes finalizer)
     only until the record has what it shows: ``decide`` ends it (which lets it go) once the record no
     longer needs it. So a deletion made while no supervisor runs is read exactly as one seen live."""
-    started_at: datetime | None = None
-    """When the scheduler says the object's workload began running (the earliest running pod's
-    start, Slurm's start time); None while it has not."""
+
+
+class StopRequest(_Model):
+    """A stop of a submission's canonical the supervisor began: why, by whom, when."""
+
+    cause: Cause
+    """What the submission's end is recorded as (``time-limit``, ``deadline-exceeded``)."""
+    actor: Actor
+    time: datetime
 
 
 class Submission(_Model):
@@ -771,6 +911,9 @@ class Submission(_Model):
     restarts: int = 0
     ended_at: datetime | None = None
     """When ``cause`` was recorded: a rule's backoff counts from it."""
+    stop: Annotated[StopRequest | None, Field(exclude_if=_is_none)] = None
+    """The supervisor began to stop the canonical (its time limit, or the job's deadline): recorded
+    before the stop, so that its end is read as this cause, not as a cancel."""
     started_at: datetime | None = None
     """When its canonical object began running, as the scheduler said:
     recorded in the write that records its end, so what it cost outlives the object."""

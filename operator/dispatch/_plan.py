@@ -6,6 +6,7 @@ from . import _registry
 from ._change import describe
 from ._errors import PlanError
 from ._model import (
+    DEFAULT_GRACE_SECONDS,
     FAILURE_CAUSES,
     Action,
     Capabilities,
@@ -13,6 +14,7 @@ from ._model import (
     Change,
     Enforcer,
     JobSpec,
+    LimitPlan,
     MemoryChange,
     Plan,
     PlannedRule,
@@ -51,13 +53,86 @@ def make_plan(job: str, spec: JobSpec, capabilities: Capabilities, *, supervised
     codes = uncovered_codes([r.exit_codes for r in spec.recovery.rules if r.exit_codes is not None])
     if codes is None and any(r.exit_codes is not None for r in spec.recovery.rules):
         covered.add(CauseKind.NON_ZERO_EXIT)  # rules with codes cover every one of them
+    _grace(spec, capabilities)
+    if spec.deadline_seconds is None:
+        covered.add(CauseKind.DEADLINE_EXCEEDED)  # no deadline: not a cause this job can end with
     return Plan(
         job=job,
         rules=planned,
         uncovered=tuple(c for c in FAILURE_CAUSES if c not in covered),
         uncovered_exit_codes=codes,
         queue=_queue(spec, capabilities),
+        time_limit=_time_limit(spec, capabilities, supervised=supervised),
+        deadline=_deadline(spec, supervised=supervised),
     )
+
+
+def _time_limit(spec: JobSpec, capabilities: Capabilities, *, supervised: bool) -> LimitPlan | None:
+    """Who ends each submission at ``spec.timeLimitSeconds``: the scheduler where it does exactly
+    that by itself (and, with a warning, can send it too), else the supervisor, counting from the
+    submission's observed start."""
+    seconds = spec.time_limit_seconds
+    if seconds is None:
+        return None
+    warning = spec.stop.warning_seconds
+    native = capabilities.time_limit
+    if native is not None and (warning is None or capabilities.warning_signal):
+        return LimitPlan(seconds=seconds, enforcer=Enforcer.SCHEDULER, how=native)
+    if (
+        warning is not None
+        and spec.stop.warning_signal.value != "SIGTERM"
+        and not capabilities.warning_signal
+    ):
+        raise PlanError(
+            None,
+            f"this backend's scheduler cannot send {spec.stop.warning_signal} before the time limit: "
+            "dispatch's stop warns with SIGTERM only; set spec.stop.warningSignal to SIGTERM",
+            field="spec.stop.warningSignal",
+        )
+    if not supervised:
+        raise PlanError(
+            None,
+            "the scheduler does not end a submission at its time limit by itself and no supervisor will run",
+            field="spec.timeLimitSeconds",
+        )
+    begins = (
+        f"{warning} s before the limit, SIGKILL at the limit"
+        if warning
+        else (f"at the limit, SIGKILL {spec.stop.grace_period_seconds} s later")
+    )
+    how = f"the supervisor stops it {seconds} s after it started running (SIGTERM {begins})"
+    return LimitPlan(seconds=seconds, enforcer=Enforcer.SUPERVISOR, how=how)
+
+
+def _grace(spec: JobSpec, capabilities: Capabilities) -> None:
+    """A grace period the backend cannot give is refused, not silently replaced by its own."""
+    grace = spec.stop.grace_period_seconds
+    if capabilities.stop_grace is not None and grace != DEFAULT_GRACE_SECONDS:
+        raise PlanError(
+            None,
+            f"this backend's stop cannot give {grace} s: its grace is {capabilities.stop_grace}; "
+            f"leave spec.stop.gracePeriodSeconds at its default ({DEFAULT_GRACE_SECONDS})",
+            field="spec.stop.gracePeriodSeconds",
+        )
+
+
+def _deadline(spec: JobSpec, *, supervised: bool) -> LimitPlan | None:
+    """The job's deadline is always the supervisor's: no scheduler sees the job across submissions."""
+    seconds = spec.deadline_seconds
+    if seconds is None:
+        return None
+    if not supervised:
+        raise PlanError(
+            None,
+            "the job's deadline spans its submissions, which only dispatch's supervisor sees, and no "
+            "supervisor will run",
+            field="spec.deadlineSeconds",
+        )
+    how = (
+        f"the supervisor ends the job {seconds} s after its submission, waits and backoffs included: "
+        "the live submission is stopped, the job fails with cause deadline-exceeded, nothing is resubmitted"
+    )
+    return LimitPlan(seconds=seconds, enforcer=Enforcer.SUPERVISOR, how=how)
 
 
 def _check_change(where: str, change: Change, spec: JobSpec, capabilities: Capabilities) -> None:

@@ -38,8 +38,11 @@ class Backend(Protocol):
 
     async def release(self, object_id: str) -> None: ...
 
-    async def end(self, object_id: str) -> None:
-        """End the object whatever its phase. Ending an ended or vanished object is not an error."""
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        """End the object whatever its phase. Ending an ended or vanished object is not an error.
+
+        ``grace_seconds``: between SIGTERM and SIGKILL, where the scheduler takes it per stop (a
+        pod's deletion); None, or a scheduler that cannot (Slurm's KillWait): its own."""
         ...
 
     async def list(self, job: str) -> Sequence[ObjectView]:

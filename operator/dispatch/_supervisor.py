@@ -210,7 +210,7 @@ class Supervisor:
             elif isinstance(step, Release):
                 await self.backend.release(step.object_id)
             elif isinstance(step, End):
-                await self.backend.end(step.object_id)
+                await self.backend.end(step.object_id, grace_seconds=step.grace_seconds)
             else:
                 return
         except VersionConflict:

@@ -78,3 +78,34 @@ async def test_a_backoff_is_shown_survives_a_sigkill_and_delays_submission_2(
         "factor": 2.0,
         "maxSeconds": 600,
     }
+
+
+async def test_a_supervised_time_limit_is_shown_survives_a_sigkill_and_stops_at_the_limit(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
+) -> None:
+    """A PyTorchJob's time limit is the supervisor's: a timer from the pods' start, computed from
+    the record and the observed start, so an operator SIGKILLed in the wait stops the submission
+    at the same time. Both submissions hit it: the rule answers the first, the second fails."""
+    rules = [{"on": ["time-limit"], "budget": 1}]
+    op = operator("--backend", "kubeflow")
+    manifest = lab_manifest("kubeflow", "limited", rules, timeLimitSeconds=6)
+    await asyncio.to_thread(kubectl_apply, crds, namespace, manifest)
+
+    def running() -> dict[str, Any] | None:
+        status = get_job(crds, namespace, "limited").get("status") or {}
+        note = str(status.get("observedNote") or "")
+        return status if note.startswith("running; stopped at") else None
+
+    status: dict[str, Any] = await await_for("the time limit shown in status", running, interval=0.1)
+    stop_at = when(status["observedNote"].split("stopped at ")[1].split(" ")[0])
+    assert status["plan"]["timeLimit"]["enforcer"] == "supervisor"
+    op.kill()  # in the wait: nothing of it is kept but the record and the pods' start
+    op.start()
+    body = await settled(crds, namespace, "limited")
+    first = body["status"]["submissions"][0]
+    assert first["stop"]["actor"]["kind"] == "supervisor"
+    assert when(first["stop"]["time"]) >= stop_at
+    assert history(body) == [
+        ("pending", "recovering", 2, "time-limit"),
+        ("recovering", "failed", 2, "time-limit"),
+    ]

@@ -35,7 +35,7 @@ def tenants_config(slurm: SlurmLab, namespace: str, directory: Path) -> Path:
             "user_name": TENANT_USER,
             "token_file": str(token),
             "partitions": ["low"],
-            "max_time_limit_minutes": 10,
+            "max_time_limit_seconds": 600,
             "max_nodes": 1,
             "working_directories": [str(slurm.inner_jobs_dir)],
         }
@@ -46,8 +46,10 @@ def tenants_config(slurm: SlurmLab, namespace: str, directory: Path) -> Path:
 
 
 def job(name: str, **slurm: object) -> str:
-    options = {"partition": "low", "timeLimitMinutes": 5, **slurm}
-    return manifest(name, backend="slurm", command=["sleep", "8"], nodes=1, backend_options=options)
+    options = {"partition": "low", **slurm}
+    return manifest(
+        name, backend="slurm", command=["sleep", "8"], nodes=1, backend_options=options, timeLimitSeconds=300
+    )
 
 
 async def test_a_namespace_runs_as_its_identity_and_is_refused_outside_it(

@@ -34,7 +34,6 @@ OPTIONS: dict[str, Any] = {
     "serviceAccountName": "trainer",
     "podLabels": {"team": "research"},
     "podAnnotations": {"note": "x"},
-    "terminationGracePeriodSeconds": 90,
     "workingDir": "/scratch",
 }
 """Every option but the PriorityClass (the lab has none: the Priority admission would refuse the
@@ -56,7 +55,8 @@ async def test_every_pod_option_and_the_identity_reach_the_pod(
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}}, namespace=namespace
     )
     operator("--backend", "job")
-    apply(crds, namespace, lab_manifest("job", "options", [], options=OPTIONS))
+    manifest = lab_manifest("job", "options", [], options=OPTIONS, stop={"gracePeriodSeconds": 90})
+    apply(crds, namespace, manifest)
     found: list[dict[str, Any]] = await await_for("the job's pod", lambda: pods(crds, namespace, "options"))
     (pod,) = found
     meta, spec = pod["metadata"], pod["spec"]

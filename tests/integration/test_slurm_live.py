@@ -25,6 +25,9 @@ from dispatch._model import (
     RecoveryPolicy,
     Rule,
     State,
+    StopKind,
+    StopPolicy,
+    WarningSignal,
 )
 from dispatch._plan import make_plan
 from tests.support.builders import ALICE
@@ -42,8 +45,16 @@ async def backend(slurm: SlurmLab) -> AsyncIterator[SlurmBackend]:
         await b.aclose()
 
 
-def spec(name: str, *command: str, **slurm_opts: object) -> JobSpec:
-    return JobSpec(name=name, command=command, slurm=SlurmOptions.model_validate(slurm_opts))
+def spec(
+    name: str, *command: str, stop: StopPolicy | None = None, limit: int | None = None, **slurm_opts: object
+) -> JobSpec:
+    return JobSpec(
+        name=name,
+        command=command,
+        time_limit_seconds=limit,
+        stop=stop or StopPolicy(),
+        slurm=SlurmOptions.model_validate(slurm_opts),
+    )
 
 
 def plan(name: str) -> Plan:
@@ -137,12 +148,59 @@ async def test_killed_by_signal_is_unknown(backend: SlurmBackend) -> None:
 @pytest.mark.timeout(200)
 async def test_time_limit(slurm: SlurmLab, backend: SlurmBackend) -> None:
     # Slurm's smallest limit is one minute and it checks limits about every 30 s: ~60-90 s.
-    oid = await backend.create("tl", 1, spec("tl", "sleep", "600", time_limit_minutes=1), plan("tl"))
+    oid = await backend.create("tl", 1, spec("tl", "sleep", "600", limit=60), plan("tl"))
     await backend.release(oid)
-    await wait_view(backend, "tl", oid, running, 60, "running")
+    start = await wait_view(backend, "tl", oid, running, 60, "running")
+    assert start.started_at is not None, start
     view = await wait_view(backend, "tl", oid, ended, 170, "time limit")
     assert view.cause is not None, view
     assert view.cause.kind is CauseKind.TIME_LIMIT, view
+    assert view.stop is not None, view
+
+
+TRAPS = "trap 'exit {code}' {signal}; sleep 600 & wait"
+"""A program that exits with ``code`` when ``signal`` reaches it: its exit status says it saw it."""
+
+
+@pytest.mark.timeout(200)
+async def test_the_warning_signal_reaches_the_program_before_the_time_limit(backend: SlurmBackend) -> None:
+    """``--signal=B:USR1@50`` on a one-minute limit: the trap exits 42 long before Slurm's TIMEOUT."""
+    warned = StopPolicy(warning_seconds=50, warning_signal=WarningSignal.SIGUSR1)
+    script = TRAPS.format(code=42, signal="USR1")
+    oid = await backend.create(
+        "warn", 1, spec("warn", "bash", "-c", script, limit=60, stop=warned), plan("warn")
+    )
+    await backend.release(oid)
+    view = await wait_view(backend, "warn", oid, ended, 170, "the warning")
+    assert view.cause is not None, view
+    assert (view.cause.kind, view.cause.exit_code) == (CauseKind.NON_ZERO_EXIT, 42), view
+
+
+async def test_a_stop_gives_sigterm_before_sigkill(backend: SlurmBackend) -> None:
+    """scancel: SIGTERM reaches the program, which exits within KillWait (graceful)."""
+    oid = await backend.create(
+        "term", 1, spec("term", "bash", "-c", TRAPS.format(code=43, signal="TERM")), plan("term")
+    )
+    await backend.release(oid)
+    await wait_view(backend, "term", oid, running, 60, "running")
+    await asyncio.sleep(1)  # (bash sets its trap first)
+    await backend.end(oid)
+    view = await wait_view(backend, "term", oid, ended, 60, "the stop")
+    assert view.cause is not None, view
+    assert view.stop is StopKind.GRACEFUL, view
+    assert view.cause.signal != 9, view
+
+
+async def test_a_program_that_ignores_sigterm_is_killed_and_the_stop_is_forced(backend: SlurmBackend) -> None:
+    oid = await backend.create(
+        "deaf", 1, spec("deaf", "bash", "-c", "trap '' TERM; sleep 600 & wait"), plan("deaf")
+    )
+    await backend.release(oid)
+    await wait_view(backend, "deaf", oid, running, 60, "running")
+    await asyncio.sleep(1)
+    await backend.end(oid)
+    view = await wait_view(backend, "deaf", oid, ended, 90, "the kill")
+    assert view.stop is StopKind.FORCED, view
 
 
 async def start_whole_node_job(b: SlurmBackend, name: str, partition: str, p: Plan | None = None) -> str:

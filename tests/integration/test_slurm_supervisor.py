@@ -111,3 +111,54 @@ async def test_crash_between_submit_and_record_settles_with_one_run(slurm: Slurm
         assert info["JobState"] == "CANCELLED"
         assert info.get("RunTime") == "00:00:00"  # the held orphan never ran
     assert not isinstance(decision.step, Wait | Done)
+
+
+@pytest.mark.timeout(240)
+async def test_a_time_limit_is_hit_and_recovered(slurm: SlurmLab) -> None:
+    """Slurm's own time limit (one minute, ``TIMEOUT``) ends submission 1; the rule on
+    ``time-limit`` resubmits, and submission 2 (which reads its number) succeeds."""
+    backend = open_adapter(slurm.backend_config(poll_interval=0.5))
+    cluster = compose(backend)
+    script = '[ "$DISPATCH_SUBMISSION" = 2 ] && exit 0; sleep 600'
+    spec = JobSpec(
+        name="limited",
+        command=("bash", "-c", script),
+        time_limit_seconds=60,
+        recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.TIME_LIMIT,), budget=1),)),
+    )
+    try:
+        plan = await cluster.operator.submit(spec, ALICE, supervised=True)
+        assert plan.time_limit is not None
+        assert plan.time_limit.enforcer.value == "scheduler"
+        record = await asyncio.wait_for(cluster.supervisor().run("limited"), 220)
+    finally:
+        await cluster.aclose()
+    assert [(t.from_, t.to, t.submission, t.cause.kind) for t in record.history] == [
+        (State.PENDING, State.RECOVERING, 2, CauseKind.TIME_LIMIT),
+        (State.RECOVERING, State.SUCCEEDED, 2, CauseKind.NONE),
+    ]
+
+
+async def test_the_deadline_ends_the_job(slurm: SlurmLab) -> None:
+    """The supervisor's deadline: the running job is cancelled (scancel: SIGTERM, then KillWait),
+    the job fails with ``deadline-exceeded`` and nothing is resubmitted."""
+    backend = open_adapter(slurm.backend_config(poll_interval=0.25))
+    cluster = compose(backend)
+    spec = JobSpec(
+        name="late",
+        command=("bash", "-c", "sleep 600"),
+        deadline_seconds=5,
+        recovery=RecoveryPolicy(rules=(Rule(on=(CauseKind.UNKNOWN, CauseKind.PREEMPTED), budget=3),)),
+    )
+    try:
+        await cluster.operator.submit(spec, ALICE, supervised=True)
+        record = await asyncio.wait_for(cluster.supervisor().run("late"), 120)
+    finally:
+        await cluster.aclose()
+    assert [(t.from_, t.to, t.submission, t.cause.kind) for t in record.history] == [
+        (State.PENDING, State.FAILED, 1, CauseKind.DEADLINE_EXCEEDED),
+    ]
+    (only,) = record.submissions
+    assert only.stop is not None
+    assert record.cause.stop is not None
+    assert slurm.job_state(str(only.canonical)).get("JobState") in ("CANCELLED", None)

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 OTHER_USER = "daemon"
 
 
-def spec(**slurm: object) -> JobSpec:
-    options = SlurmOptions.model_validate({"time_limit_minutes": 5, **slurm})
-    return JobSpec(name="train", command=("sleep", "30"), slurm=options)
+def spec(limit: int = 300, **slurm: object) -> JobSpec:
+    options = SlurmOptions.model_validate(slurm)
+    return JobSpec(name="train", command=("sleep", "30"), slurm=options, time_limit_seconds=limit)
 
 
 async def test_each_namespace_runs_as_its_own_slurm_user(slurm: SlurmLab) -> None:
@@ -40,7 +40,7 @@ async def test_each_namespace_runs_as_its_own_slurm_user(slurm: SlurmLab) -> Non
             "user_name": JOB_USER,
             "token": slurm.mint_token(JOB_USER),
             "partitions": ["low"],
-            "max_time_limit_minutes": 10,
+            "max_time_limit_seconds": 600,
             "max_nodes": 1,
             "working_directories": [jobs],
         },
@@ -66,8 +66,8 @@ async def test_each_namespace_runs_as_its_own_slurm_user(slurm: SlurmLab) -> Non
         assert planted is not None
         with pytest.raises(OutsideLimits, match=r"^spec\.slurm\.partition: 'high' is not a partition"):
             backend.admit("team-a/train", spec(partition="high"))
-        with pytest.raises(OutsideLimits, match=r"^spec\.slurm\.timeLimitMinutes: 11 is over the 10"):
-            backend.admit("team-a/train", spec(time_limit_minutes=11))
+        with pytest.raises(OutsideLimits, match=r"^spec\.timeLimitSeconds: 660 is over the 600"):
+            backend.admit("team-a/train", spec(limit=660))
         before = set(slurm.job_ids())
         refused = await backend.create("team-a/big", 1, spec(partition="high"), plan)
         assert refused.startswith("refused-")

@@ -78,6 +78,33 @@ def test_what_the_crd_cannot_check_is_refused(
     assert "spec.kubeflow is set but spec.backend is slurm" in info.value.stderr
 
 
+def test_a_replaced_field_is_refused_naming_the_field_that_replaced_it(
+    kube_cluster: KubeCluster, namespace: str, admission: WebhookOperator
+) -> None:
+    """By the CRD itself (CEL): the API server would otherwise drop or refuse it as unknown."""
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("old-limit", slurm={"timeLimitMinutes": 5}), namespace)
+    assert "spec.slurm.timeLimitMinutes is replaced by spec.timeLimitSeconds" in info.value.stderr
+
+
+def test_a_grace_slurm_cannot_give_is_refused_naming_the_field(
+    kube_cluster: KubeCluster, namespace: str, admission: WebhookOperator
+) -> None:
+    with pytest.raises(KubectlError) as info:
+        apply_as(kube_cluster, job("grace", stop={"gracePeriodSeconds": 90}), namespace)
+    assert "spec.stop.gracePeriodSeconds" in info.value.stderr
+    assert "KillWait" in info.value.stderr
+    # A time limit and a deadline are accepted, and no rule may cover the deadline.
+    apply_as(kube_cluster, job("limits", timeLimitSeconds=600, deadlineSeconds=3600), namespace)
+    with pytest.raises(KubectlError) as info:
+        apply_as(
+            kube_cluster,
+            job("cover", recovery={"rules": [{"on": ["deadline-exceeded"], "budget": 1}]}),
+            namespace,
+        )
+    assert "deadline-exceeded" in info.value.stderr
+
+
 @pytest.mark.parametrize(
     ("change", "field", "why"),
     [

@@ -328,3 +328,60 @@ async def test_sigkill_mid_protocol_never_two_released_objects(run: Run, point: 
     assert run.monitor.max_live.get("crash", 0) <= 1
     canonicals = {s["canonical"].split("/", 1)[1] for s in body["status"]["submissions"]}
     assert run.monitor.released.get("crash", set()) <= canonicals
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_time_limit_is_hit_recovered_by_its_rule_and_then_fails_the_job(run: Run) -> None:
+    """``timeLimitSeconds``: the Job controller's activeDeadlineSeconds on a Job, the supervisor's
+    stop (counted from the pods' start) on the others. Each submission hits it: the rule answers
+    the first, and the second, with the budget spent, fails the job with the same cause."""
+    run.operator("--backend", run.kind.backend)
+    await run.submit("limited", [{"on": ["time-limit"], "budget": 1}], timeLimitSeconds=4)
+    first = await run.released("limited", 1)
+    if run.kind is JOB:
+        assert first["spec"]["activeDeadlineSeconds"] == 4
+    else:
+        assert "activeDeadlineSeconds" not in first["spec"]
+    body = await run.settled("limited")
+    status = body["status"]
+    assert history(body) == [
+        ("pending", "recovering", 2, "time-limit"),
+        ("recovering", "failed", 2, "time-limit"),
+    ]
+    assert status["plan"]["timeLimit"]["enforcer"] == ("scheduler" if run.kind is JOB else "supervisor")
+    if run.kind is not JOB:
+        # Recorded before the stop, by the supervisor: the end is read as the time limit.
+        assert status["submissions"][0]["stop"]["actor"]["kind"] == "supervisor"
+    run.monitor.assert_held()
+    assert run.monitor.max_live.get("limited", 0) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_deadline_ends_the_job_and_nothing_is_resubmitted(run: Run) -> None:
+    run.operator("--backend", run.kind.backend)
+    # (a TrainJob cannot carry a grace: its plan refuses one but the default)
+    stop = {} if run.kind is TRAINJOB else {"stop": {"gracePeriodSeconds": 7}}
+    await run.submit("late", PREEMPTED_ONCE, deadlineSeconds=4, **stop)
+    obj = await run.released("late", 1)
+    if run.kind is JOB:
+        assert obj["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 7
+    body = await run.settled("late")
+    status = body["status"]
+    assert history(body) == [("pending", "failed", 1, "deadline-exceeded")]
+    assert "deadline-exceeded" in status["plan"]["uncovered"]
+    assert status["submissions"][0]["stop"]["cause"]["kind"] == "deadline-exceeded"
+    assert [s["n"] for s in status["submissions"]] == [1]
+    # The lab's kubelet ends a deleted pod's containers as SIGTERM does (exit 143), within the grace.
+    assert status["cause"]["stop"] == "graceful", status
+    run.monitor.assert_held()
+
+
+@pytest.mark.parametrize("kind", [pytest.param(JOB, id="job")])
+async def test_a_stop_the_program_does_not_heed_is_recorded_forced(run: Run) -> None:
+    """The lab's kubelet kills the containers with exit code 137 (SIGKILL at the grace's end)."""
+    run.operator("--backend", run.kind.backend)
+    deaf = {"podAnnotations": {"lab.dispatch.io/termination-exit-code": "137"}}
+    manifest = lab_manifest(run.kind.backend, "deaf", [], options=deaf, deadlineSeconds=4)
+    await asyncio.to_thread(apply, run.crds, run.namespace, manifest)
+    status = (await run.settled("deaf"))["status"]
+    assert (status["cause"]["kind"], status["cause"]["stop"]) == ("deadline-exceeded", "forced"), status

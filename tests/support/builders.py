@@ -184,3 +184,38 @@ def without_identity(body: Any) -> Any:
         else:
             del out["env"]
     return out
+
+
+def host_path_claim(namespace: str, claim: str, path: Path, *, size: str = "1Gi") -> list[dict[str, Any]]:
+    """A PersistentVolume on the host directory ``path`` (hostPath: made by the cluster's
+    administrator, which a DispatchJob's own volumes cannot be) pre-bound to the claim ``claim`` of
+    ``namespace``, and that PersistentVolumeClaim: how a DispatchJob's pods reach a directory that
+    outlives them (checkpoints). The volume is named ``<namespace>-<claim>`` and kept when the
+    claim goes (Retain): the caller deletes it."""
+    volume = f"{namespace}-{claim}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    ]

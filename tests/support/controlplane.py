@@ -358,11 +358,17 @@ class ControlPlane:
         binaries: Binaries | None = None,
         start_timeout: float = 60.0,
         extra_apiserver_args: Sequence[str] = (),
+        service_accounts: bool = False,
     ) -> None:
         self.dir = Path(workdir).resolve()
         self.binaries = binaries
         self.start_timeout = start_timeout
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.service_accounts = service_accounts
+        """The ServiceAccount admission plugin on: pods get their ServiceAccount's token mounted
+        (what an in-cluster client needs), and a pod whose ServiceAccount does not exist yet is
+        refused. Off by default: no kubelet mounts anything on kwok's nodes, and controllers'
+        pods in a namespace made a moment ago would be refused until its ``default`` exists."""
         self.pki = self.dir / "pki"
         self.kubeconfig = self.dir / "kubeconfig"
         self.state_file = self.dir / "state.json"
@@ -668,7 +674,7 @@ class ControlPlane:
                 f"--secure-port={api_port}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
+                *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
                 "--authorization-mode=RBAC",
                 f"--service-account-issuer={self.server}/",
                 f"--service-account-key-file={pki / 'sa.pub'}",

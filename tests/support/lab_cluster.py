@@ -58,6 +58,7 @@ from tests.support.lab_setup import (
     expand_extras,
     kueue_config,
     node_manifest,
+    pytorch_init_container_flags,
     resolve_lab_binaries,
     wait_established,
 )
@@ -74,6 +75,8 @@ class Lab(LabFailures):
         start_timeout: float = 120.0,
         training_operator: bool = True,
         extras: Sequence[str] = (),
+        apiserver_args: Sequence[str] = (),
+        service_accounts: bool = False,
     ) -> None:
         self.dir = Path(workdir).resolve()
         self.start_timeout = start_timeout
@@ -91,7 +94,9 @@ class Lab(LabFailures):
                 "--audit-log-maxsize=1024",
                 "--audit-log-format=json",
                 *APISERVER_TOLERATION_FLAGS,
+                *apiserver_args,
             ],
+            service_accounts=service_accounts,
         )
         self.bins: LabBinaries | None = None
         self.start_seconds = 0.0
@@ -319,6 +324,7 @@ class Lab(LabFailures):
                     "--webhook-host=127.0.0.1",
                     f"--webhook-server-port={webhook}",
                     f"--webhook-cert-dir={self.dir / 'training-operator' / 'certs'}",
+                    *pytorch_init_container_flags(self.dir / "training-operator"),
                 ],
                 detach=detach,
                 env={"MY_POD_NAMESPACE": TRAINING_OPERATOR_NAMESPACE, "KUBECONFIG": str(self._to_kubeconfig)},

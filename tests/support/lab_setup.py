@@ -6,6 +6,7 @@ Kueue's configuration). Imported by :mod:`tests.support.lab`, which holds the la
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,61 @@ APISERVER_TOLERATION_FLAGS: Final = (
     "--default-not-ready-toleration-seconds=5",
     "--default-unreachable-toleration-seconds=5",
 )
+
+NODE_BUILD_SCRIPT: Final = HERE.parents[1] / "hack" / "build-node.sh"
+PYTORCH_INIT_CONTAINER: Final = """\
+# The training operator's init container of a PyTorchJob's workers: waits until the master's
+# Service name resolves, MaxTries times 2 s at most. Upstream's runs `nslookup` in alpine:3.10,
+# which the lab's real node cannot pull (no registry); this one runs Python in the node's test image.
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits: {cpu: 100m, memory: 64Mi}
+    requests: {cpu: 50m, memory: 32Mi}
+  command:
+  - python3
+  - -c
+  - |
+    import socket, sys, time
+    for _ in range(int(sys.argv[2])):
+        try:
+            socket.getaddrinfo(sys.argv[1], None)
+            sys.exit(0)
+        except OSError:
+            print("waiting for master", sys.argv[1], flush=True)
+            time.sleep(2)
+    sys.exit(1)
+  - {{.MasterAddr}}
+  - '{{.MaxTries}}'
+"""
+"""A text/template of the training operator (``--pytorch-init-container-template-file``)."""
+
+
+def pytorch_init_container_flags(directory: Path) -> list[str]:
+    """The training operator's flags for :data:`PYTORCH_INIT_CONTAINER` in the real node's test
+    image (``DISPATCH_NODE_TEST_TAG``, else what ``hack/build-node.sh --print-env`` names; no flags,
+    upstream's default, when neither says)."""
+    tag = os.environ.get("DISPATCH_NODE_TEST_TAG", "")
+    if not tag and NODE_BUILD_SCRIPT.exists():
+        out = subprocess.run(
+            ["bash", str(NODE_BUILD_SCRIPT), "--print-env"], capture_output=True, text=True, check=False
+        ).stdout
+        tag = next(
+            (
+                line.split("=", 1)[1]
+                for line in out.splitlines()
+                if line.startswith("DISPATCH_NODE_TEST_TAG=")
+            ),
+            "",
+        )
+    if not tag:
+        return []
+    template = directory / "pytorch-init-container.yaml"
+    template.parent.mkdir(parents=True, exist_ok=True)
+    template.write_text(PYTORCH_INIT_CONTAINER)
+    return [f"--pytorch-init-container-image={tag}", f"--pytorch-init-container-template-file={template}"]
+
 
 AUDIT_POLICY: Final = {
     "apiVersion": "audit.k8s.io/v1",

@@ -38,14 +38,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
+import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,10 +59,11 @@ from typing import IO, Any, Final
 
 import yaml
 
-from tests.support.controlplane import REPO_ROOT
+from tests.support.controlplane import REPO_ROOT, SERVICE_CLUSTER_IP_RANGE
 from tests.support.lab import Lab
 
 BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-node.sh"
+TORCH_BUILD_SCRIPT: Final = REPO_ROOT / "hack" / "build-torch-image.sh"
 NODE_NAME: Final = "dispatch-real-node"
 REAL_NODE_KEY: Final = "lab.dispatch.io/real-node"
 """The real node's label and the key of its NoSchedule taint (value ``"true"``)."""
@@ -78,6 +83,10 @@ HOST_SYSCTLS: Final = (
     "kernel/keys/root_maxbytes",
     "net/ipv4/ip_forward",
 )
+API_SERVICE_IP: Final = str(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE)[1])
+"""The ``kubernetes`` Service's ClusterIP (the range's first address), which the kubelet gives
+pods as ``KUBERNETES_SERVICE_HOST`` (with port 443); the API server's certificate names it."""
+API_SERVICE_PORT: Final = 443
 COREDNS_USER: Final = "dispatch-lab:coredns"
 STOP_GRACE_SECONDS: Final = 15.0
 SOCKET_PATH_MAX: Final = 100
@@ -154,6 +163,31 @@ def resolve_node_binaries() -> NodeBinaries:
     )
 
 
+@dataclass(frozen=True)
+class NodeImage:
+    """An image tarball for the node and the tag it carries."""
+
+    tar: Path
+    tag: str
+
+
+def resolve_torch_image() -> NodeImage:
+    """The training image of ``hack/build-torch-image.sh`` (PyTorch on the test image): the
+    environment's ``DISPATCH_NODE_TORCH_IMAGE``/``_TAG`` first, then what the script prints;
+    fails naming the command that builds it."""
+    found = {k: os.environ.get(k, "") for k in ("DISPATCH_NODE_TORCH_IMAGE", "DISPATCH_NODE_TORCH_TAG")}
+    if not all(found.values()):
+        out = subprocess.run(
+            ["bash", str(TORCH_BUILD_SCRIPT), "--print-env"], check=True, capture_output=True, text=True
+        ).stdout
+        script = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        found = {k: v or script.get(k, "") for k, v in found.items()}
+    tar = Path(found["DISPATCH_NODE_TORCH_IMAGE"])
+    if not tar.is_file():
+        raise NodeError(f"the training image {tar} is missing (run `make torch-image`)")
+    return NodeImage(tar, found["DISPATCH_NODE_TORCH_TAG"])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,6 +220,66 @@ def _mounts_under(root: Path) -> list[str]:
     return sorted(set(points), key=lambda p: (p.count("/"), p), reverse=True)
 
 
+class _Forwarder:
+    """TCP from ``listen`` to ``target``, one thread per connection: what kube-proxy makes of the
+    ``kubernetes`` Service for pods (its ClusterIP and port, to the API server on loopback)."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self._target = target
+        self._server = socket.create_server(listen)
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="node-api-forwarder", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self._target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open.update((client, upstream))
+            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
+
+    def _relay(self, a: socket.socket, b: socket.socket) -> None:
+        with selectors.DefaultSelector() as sel, a, b:
+            sel.register(a, selectors.EVENT_READ, b)
+            sel.register(b, selectors.EVENT_READ, a)
+            live = 2
+            while live:
+                for key, _ in sel.select():
+                    src, dst = key.fileobj, key.data
+                    assert isinstance(src, socket.socket)
+                    try:
+                        data = src.recv(65536)
+                        if data:
+                            dst.sendall(data)
+                            continue
+                    except OSError:
+                        return
+                    sel.unregister(src)  # this direction is done: pass the end on
+                    live -= 1
+                    with contextlib.suppress(OSError):
+                        dst.shutdown(socket.SHUT_WR)
+        with self._lock:
+            self._open.difference_update((a, b))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self._server.close()
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+
 @dataclass
 class _Daemon:
     name: str
@@ -208,8 +302,14 @@ class RealNode:
         name: str = NODE_NAME,
         binaries: NodeBinaries | None = None,
         start_timeout: float = 120.0,
+        api_for_pods: bool = False,
     ) -> None:
         self.lab = lab
+        self.api_for_pods = api_for_pods
+        """Pods reach the lab's API server at the ``kubernetes`` Service (``API_SERVICE_IP``:443),
+        as in-cluster clients do: the address on the bridge, a route to it in every pod, and a
+        forwarder to the API server (no kube-proxy runs here)."""
+        self._forwarder: _Forwarder | None = None
         self.dir = Path(workdir).resolve()
         self.name = name
         self.binaries = binaries
@@ -230,6 +330,8 @@ class RealNode:
         self._lock: IO[bytes] | None = None
         self._stop_lock = threading.Lock()
         self._started = False
+        self._imported: dict[str, float] = {}
+        """The images imported besides the two of every start: tag -> seconds the import took."""
 
     @property
     def image(self) -> str:
@@ -288,6 +390,20 @@ class RealNode:
                 lines.append(parts[3] if len(parts) == 4 else line)
         return "\n".join(lines)
 
+    def import_image(self, image: NodeImage | Path) -> float:
+        """Import ``image`` (a docker-archive tarball, ``podman save``'s, under the tag it carries)
+        into the node's containerd, once per node; the seconds it took. For the images only some
+        tests use (the training image is 6.6 GiB: ``ctr`` writes its blobs and unpacks its
+        snapshot, minutes under load; the operator's image), so a session pays for it only when
+        one of them runs."""
+        if isinstance(image, Path):
+            image = NodeImage(image, str(image))
+        if image.tag not in self._imported:
+            t0 = time.monotonic()
+            self._ctr("images", "import", str(image.tar), timeout=1800)
+            self._imported[image.tag] = time.monotonic() - t0
+        return self._imported[image.tag]
+
     # ---- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -308,6 +424,11 @@ class RealNode:
         self._netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
         self._write_configs()
         self._bridge_up()
+        if self.api_for_pods:
+            server = urllib.parse.urlsplit(self.lab.control_plane.server)
+            assert server.hostname is not None
+            assert server.port is not None
+            self._forwarder = _Forwarder((API_SERVICE_IP, API_SERVICE_PORT), (server.hostname, server.port))
         self._start_containerd()
         # The import (a few seconds) runs while the API objects and CoreDNS are set up.
         with ThreadPoolExecutor(1, thread_name_prefix="node-image-import") as pool:
@@ -339,7 +460,9 @@ class RealNode:
                 lambda: self._stop_daemon("coredns"),
                 self._remove_netns,
                 self._unmount,
+                self._remove_imported,
                 self._remove_cgroups,
+                self._stop_forwarder,
                 self._bridge_down,
                 self._remove_fixed_paths,
                 self._restore_sysctls,
@@ -441,6 +564,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                                 }
                             ]
                         ],
+                        # The API server's Service address only, through the node (api_for_pods).
+                        "routes": [{"dst": f"{API_SERVICE_IP}/32", "gw": NODE_IP}]
+                        if self.api_for_pods
+                        else [],
                     },
                 }
             ],
@@ -454,6 +581,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             _run("ip", "link", "del", BRIDGE)  # a crashed run's (the lock says none is live)
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
         _run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
+        if self.api_for_pods:
+            _run("ip", "addr", "add", f"{API_SERVICE_IP}/32", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Daemon:
@@ -631,6 +760,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "nodefs.available": "5%",
                 "imagefs.available": "5%",
             },
+            # Volume usage (an emptyDir's sizeLimit, which the eviction manager enforces) is measured
+            # every 10 s instead of every minute.
+            "volumeStatsAggPeriod": "10s",
             "syncFrequency": "10s",
             "nodeStatusUpdateFrequency": "5s",
             # Renewed every 2.5 s: well inside the lab's node-monitor grace period (12 s).
@@ -763,6 +895,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if left:
             raise NodeError(f"still mounted: {left}")
 
+    def _remove_imported(self) -> None:
+        """containerd's content and snapshots, once it is stopped and nothing is mounted, when a
+        big image was imported: pytest keeps the last runs' temporary directories, and each would
+        keep two copies of it (the tarball stays in the build cache)."""
+        if self._imported and not _mounts_under(self.dir):
+            shutil.rmtree(self.containerd_root / "root", ignore_errors=True)
+            self._imported.clear()
+
     def _remove_cgroups(self) -> None:
         """The kubelet's cgroup trees (cgroupfs driver: ``kubepods`` in every hierarchy), children
         first; a cgroup with a process left in it stays (and is reported)."""
@@ -781,6 +921,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 stuck.append(str(top))
         if stuck:
             raise NodeError(f"cgroups left: {stuck}")
+
+    def _stop_forwarder(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.close()
+            self._forwarder = None
 
     def _bridge_down(self) -> None:
         if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:

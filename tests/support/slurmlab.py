@@ -306,7 +306,9 @@ class SlurmLab:
         munge_key = self.root / "munge" / "munge.key"
         munge_key.write_bytes(os.urandom(1024))
         os.chmod(munge_key, 0o400)
-        os.chmod(self.root / "munge", 0o700)
+        # Open to all, as /run/munge on a real node: a job's srun authenticates through the socket
+        # as the job's user (the key stays the owner's alone).
+        os.chmod(self.root / "munge", 0o755)
         jwt_key = self.root / "etc" / "jwt_hs256.key"
         jwt_key.write_bytes(os.urandom(32))
         os.chmod(jwt_key, 0o600)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from collections import Counter
 from typing import Any
@@ -31,8 +32,12 @@ MODES = ("pass", "garbage", "empty", "truncate", "5xx", "slow", "echo", "stale")
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, *, slow_seconds: float = 3.0) -> None:
+    def __init__(
+        self, upstream: str, *, slow_seconds: float = 3.0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.tls = tls
+        """The proxy's server context: slurmrestd behind a TLS-terminating proxy, as a site runs it."""
         self.slow_seconds = slow_seconds
         self.mode = "pass"
         self.served: Counter[str] = Counter()
@@ -46,7 +51,7 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> FaultProxy:
         self._thread.start()
@@ -65,7 +70,7 @@ class FaultProxy:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
 

@@ -190,7 +190,7 @@ def test_the_kth_firing_waits_longer_up_to_the_cap() -> None:
         wait = decide(r, ended(n)).step
         assert isinstance(wait, Wait)
         assert wait.until is not None
-        assert wait.then is not None
+        assert isinstance(wait.then, Authorize)
         waits.append((wait.until - at(clock)).total_seconds())
         clock = (wait.until - T0).total_seconds()
         r = write(r, wait.then, clock)

@@ -10,6 +10,7 @@ import importlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -677,7 +678,7 @@ def test_generated_certificate_serves_the_service_and_the_ca_bundle_is_its_ca(
     spki = (Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
     assert key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
     validity = cert.not_valid_after_utc - cert.not_valid_before_utc
-    assert validity.days >= 3649
+    assert validity.days >= 364, "webhook.certValidityDays"
     _handshake(cert_pem, key_pem, ca_pem, host, tmp_path)
 
 
@@ -918,3 +919,94 @@ def test_the_dashboard_config_map_holds_the_dashboard(helm: str) -> None:
     assert json.loads(cm["data"]["dispatch-operator.json"]) == dashboard
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["namespace"] == "grafana"
+
+
+def test_metrics_address_is_explicit_and_the_network_policy_admits_only_its_scrapers(helm: str) -> None:
+    docs = render(helm)
+    assert "--metrics-addr=0.0.0.0" in deployment_args(docs), "the binary's default is loopback"
+    assert not by_kind(docs, "NetworkPolicy")
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    docs = render(
+        helm,
+        "--set=networkPolicy.enabled=true",
+        "--set-json=networkPolicy.metricsFrom=" + json.dumps([scraper]),
+    )
+    policy = one(docs, "NetworkPolicy")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {"webhook": None, "health": None, "metrics": [scraper]}
+    ports = {p["name"] for p in operator_container(docs)["ports"]}
+    assert set(rules) <= ports, "each rule names a port the container declares"
+    # No scraper named: the metrics port is closed to every peer.
+    closed = one(render(helm, "--set=networkPolicy.enabled=true"), "NetworkPolicy")
+    assert "metrics" not in {r["ports"][0]["port"] for r in closed["spec"]["ingress"]}
+
+
+def test_slurm_ca_config_map_is_mounted_and_named_in_the_config(helm: str) -> None:
+    docs = render(
+        helm,
+        "--set=slurm.enabled=true",
+        "--set=slurm.url=https://slurmrestd.site:6820",
+        "--set=slurm.caConfigMap.name=site-ca",
+    )
+    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["slurm.yaml"])
+    mounts = {m["name"]: m["mountPath"] for m in operator_container(docs)["volumeMounts"]}
+    assert config["ca_file"] == f"{mounts['slurm-ca']}/ca.crt"
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["slurm-ca"]["configMap"] == {
+        "name": "site-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    plain = render(helm, "--set=slurm.enabled=true", "--set=slurm.url=https://slurmrestd.site:6820")
+    assert "ca_file" not in yaml.safe_load(one(plain, "ConfigMap")["data"]["slurm.yaml"])
+
+
+def test_metrics_auth_kubernetes_grants_the_reviews_and_scrapes_over_https(helm: str) -> None:
+    docs = render(helm, "--set=metrics.auth=kubernetes", "--set=metrics.serviceMonitor.enabled=true")
+    assert "--metrics-auth=kubernetes" in deployment_args(docs)
+    auth = one(docs, "ClusterRole", f"{RELEASE}-dispatch-operator-metrics-auth")
+    assert _grants(auth["rules"]) == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    }
+    binding = one(docs, "ClusterRoleBinding", f"{RELEASE}-dispatch-operator-metrics-auth")
+    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"][0]["name"] == sa
+    reader = one(docs, "ClusterRole", f"{RELEASE}-dispatch-operator-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    endpoint = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    plain = render(helm)
+    assert "--metrics-auth=kubernetes" not in deployment_args(plain)
+    assert not [d for d in by_kind(plain, "ClusterRole") if "metrics" in d["metadata"]["name"]]
+
+
+def test_cert_manager_issues_the_webhook_secret_and_injects_the_ca(helm: str) -> None:
+    docs = render(helm, "--set=webhook.certManager.enabled=true")
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["secretName"] == WEBHOOK_SECRET
+    assert cert["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    assert cert["spec"]["issuerRef"]["name"] == one(docs, "Issuer")["metadata"]["name"]
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == WEBHOOK_SECRET]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        config = one(docs, kind)
+        annotation = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert annotation == f"{NAMESPACE}/{cert['metadata']['name']}"
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    site = render(
+        helm,
+        "--set=webhook.certManager.enabled=true",
+        "--set=webhook.certManager.issuerRef.name=site-ca",
+        "--set=webhook.certManager.issuerRef.kind=ClusterIssuer",
+    )
+    assert not by_kind(site, "Issuer")
+    assert one(site, "Certificate")["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+
+
+def test_generated_webhook_secret_says_when_an_upgrade_renews_it(helm: str) -> None:
+    secret = one(render(helm), "Secret", WEBHOOK_SECRET)
+    renew_after = int(secret["metadata"]["annotations"]["dispatch.dev/renew-after"])
+    assert 0 < renew_after - time.time() <= 365 * 86400 * 2 / 3 + 60

@@ -18,7 +18,7 @@ from dispatch import _dispatchjob
 from dispatch._cli import _render as render
 from dispatch._cli._manifest import ManifestError, parse
 from dispatch._cli.main import main
-from dispatch._model import FAILURE_CAUSES, Record
+from dispatch._model import RULE_CAUSES, Record
 from tests.support import builders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -559,7 +559,7 @@ def test_an_unknown_cause_lists_only_the_causes_a_rule_can_name(tmp_path: Path) 
     words = "spec.recovery.rules[0].on[0]: 'bogus' is not a cause a rule can name: one of "
     assert words in err
     listed = err.split(words)[1].split(";")[0].strip().split(", ")
-    assert listed == [c.value for c in FAILURE_CAUSES]
+    assert listed == [c.value for c in RULE_CAUSES]
     assert "none" not in listed
     assert "at least 1 item" not in err  # the list's own complaint repeats the item's
 

@@ -48,7 +48,7 @@ from dispatch._decide import (
     due,
 )
 from dispatch._dispatchjob import cost_of, record_write, transitions
-from dispatch._model import FAILURE_CAUSES, SUPERVISOR
+from dispatch._model import FAILURE_CAUSES, RULE_CAUSES, SUPERVISOR
 from dispatch._plan import make_plan
 from dispatch._workload import classify, project_pod
 from dispatch._workload._classify import pods_started
@@ -73,12 +73,12 @@ runs = st.builds(
     Run,
     wait=st.one_of(st.none(), st.integers(0, 5000)),
     ran=st.integers(0, 100_000),
-    cause=st.sampled_from(FAILURE_CAUSES),
+    cause=st.sampled_from(RULE_CAUSES),
 )
 
 
 def spec(nodes: int, gpus: int, budget: int) -> JobSpec:
-    rule = Rule(on=FAILURE_CAUSES, budget=budget)
+    rule = Rule(on=RULE_CAUSES, budget=budget)
     options = KubeflowOptions(image="example.invalid/train:1", resources={"gpu": gpus})
     return JobSpec(
         name="train",
@@ -200,7 +200,7 @@ def test_the_cost_is_what_the_scheduler_did(script: list[Run], nodes: int, gpus:
 
 
 @settings(max_examples=150, deadline=None)
-@given(script=st.lists(runs, min_size=1, max_size=8), last=st.sampled_from([*FAILURE_CAUSES, CauseKind.NONE]))
+@given(script=st.lists(runs, min_size=1, max_size=8), last=st.sampled_from([*RULE_CAUSES, CauseKind.NONE]))
 def test_the_cost_outlives_the_objects(script: list[Run], last: CauseKind) -> None:
     """The start goes into the write that records the end, so a settled job's cost is the same once
     the scheduler has forgotten every object (deleted pods, Slurm's MinJobAge)."""

@@ -1,7 +1,8 @@
 """Classification of batch/v1 Jobs on Job and Pod JSON recorded from the real stack, table-style.
 
 Each file in tests/unit/data/job/ (recorded by hack/record.py job from the lab: the real
-kube-apiserver, kube-scheduler, kube-controller-manager with its Job controller, and kwok) holds the
+kube-apiserver, kube-scheduler, kube-controller-manager with its Job controller, and kwok; the
+``real-*`` ones watched on the lab's real node instead of kwok, see EXPECTED) holds the
 watch events of one Job and its pods, in arrival order, and the events Kubernetes wrote. The `job`
 backend's own watch handlers are fed those events, and its ``list()`` must give the cause the table
 says: in the recorded order, with either watch lagging the other, and in a process that starts only
@@ -10,6 +11,7 @@ after it all happened (the final objects, and reads answered from the same recor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,13 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
     "preempt-native": (Phase.ENDED, CauseKind.PREEMPTED, None, "Preempt", 0),
     "unschedulable": (Phase.ENDED, CauseKind.NO_CAPACITY, None, "Insufficient nvidia.com/gpu", 0),
     "image-pull": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "ErrImagePull", 0),
+    # From the lab's real node (kubelet, containerd, runc), watched while
+    # tests/integration/test_real_node_causes.py ran (each file says which test).
+    "real-preempt-exit0": (Phase.ENDED, CauseKind.PREEMPTED, None, "PreemptionByScheduler", 0),
+    "real-segv": (Phase.ENDED, CauseKind.NON_ZERO_EXIT, 139, "exited with code 139", 0),
+    "real-unpullable": (Phase.ENDED, CauseKind.LAUNCH_FAILED, None, "no such host", 0),
+    "real-start-error": (Phase.ENDED, CauseKind.LAUNCH_FAILED, 128, "/no/such/program", 0),
+    "real-evicted": (Phase.ENDED, CauseKind.UNKNOWN, None, "exceeds the limit", 0),
 }
 
 
@@ -147,3 +156,17 @@ async def test_the_failure_past_the_budget_ends_the_job_before_its_controller_sa
     verdict = await backend.verdicts.cached(view.id, backend.cache.current(view.id) or {})
     assert verdict.stop == view.cause
     assert verdict.stop_after_grace
+
+
+def test_a_pod_done_before_its_disruption_leaves_the_jobs_success() -> None:
+    """real-preempt-exit0 (the real node): the program exited 0 on its preemption's SIGTERM, so
+    its pod is Succeeded with a DisruptionTarget set before it ended, and the Job is Complete:
+    preempted. The same pod finished before the condition was set (a finished pod deleted
+    afterwards) leaves the Job's success."""
+    data = load(DATA, "real-preempt-exit0")
+    job = final(data, "jobs")[0]
+    (pod,) = final(data, "pods")
+    earlier = json.loads(json.dumps(pod))
+    earlier["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = "2000-01-01T00:00:00Z"
+    causes = [classify(JOB, job, [p], now=late_clock(data)).view.cause for p in (pod, earlier)]
+    assert [c.kind if c else None for c in causes] == [CauseKind.PREEMPTED, CauseKind.NONE]

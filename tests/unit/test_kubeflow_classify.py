@@ -43,6 +43,8 @@ EXPECTED: dict[str, tuple[Phase, CauseKind, int | None, str, int]] = {
     "notready-deleted": (Phase.ENDED, CauseKind.NODE_LOST, None, "node is lost", 0),
     "node-shutdown": (Phase.ENDED, CauseKind.NODE_LOST, None, "TerminationByKubelet", 0),
     "deadline": (Phase.ENDED, CauseKind.TIME_LIMIT, None, "DeadlineExceeded", 0),
+    # Watched on the lab's real node while tests/integration/test_real_node_causes.py ran.
+    "real-crashloop": (Phase.ENDED, CauseKind.NONE, None, "successfully completed", 2),
 }
 LATE_START_ONLY = {"env-refused"}
 """Only an API read can explain these (the cache never holds the training operator's events)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.error
 import urllib.request
 
 import pytest
@@ -273,3 +274,57 @@ async def test_instrument_counts_every_request_of_a_client() -> None:
     assert value("dispatch_api_requests_total", {"verb": "get", "resource": "pods", "code": "none"}) == 1
     assert value("dispatch_api_requests_total", {"verb": "get", "resource": "pods", "code": "404"}) == 1
     assert value("dispatch_api_errors_total", {"verb": "get", "resource": "pods"}) == 1
+
+
+def test_the_endpoint_listens_on_loopback_unless_told_otherwise() -> None:
+    """The answers carry no authentication: by default nothing beyond the host (the Pod) reads them."""
+    server = Metrics().serve(0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_authorizer_decides_every_scrape_and_sees_its_header() -> None:
+    """What the authorizer answers is what the scraper gets; only 200 carries the metrics."""
+    seen: list[str | None] = []
+
+    def authorize(header: str | None) -> int:
+        seen.append(header)
+        return {"Bearer good": 200, "Bearer other": 403}.get(header or "", 401)
+
+    server = Metrics().serve(0, authorize=authorize)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+
+    def get(header: str | None) -> tuple[int, str, str | None]:
+        req = urllib.request.Request(url, headers={"Authorization": header} if header else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return response.status, response.read().decode(), None
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(), error.headers.get("WWW-Authenticate")
+
+    try:
+        assert get(None)[0::2] == (401, 'Bearer realm="dispatch-operator metrics"')
+        code, body, _ = get("Bearer other")
+        assert (code, "dispatch_" in body) == (403, False)
+        code, body, _ = get("Bearer good")
+        assert (code, "dispatch_build_info" in body) == (200, True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [None, "Bearer other", "Bearer good"]
+
+
+def test_a_kubernetes_authorizer_refuses_a_request_without_a_bearer_token_unasked() -> None:
+    from dispatch._controller.metrics_auth import UNAUTHENTICATED, KubernetesAuthorizer
+
+    loop = asyncio.new_event_loop()
+    try:
+        authorizer = KubernetesAuthorizer(api=None, loop=loop)  # type: ignore[arg-type]  # never called
+        assert authorizer(None) == UNAUTHENTICATED
+        assert authorizer("Basic dXNlcjpwdw==") == UNAUTHENTICATED
+        assert authorizer("Bearer ") == UNAUTHENTICATED
+    finally:
+        loop.close()

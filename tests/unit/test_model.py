@@ -25,7 +25,7 @@ from dispatch import (
     make_plan,
 )
 from dispatch._decide import Authorize, RecordCanonical, RecordOutcome, apply
-from dispatch._model import MAX_BUDGET, MAX_NAME_LENGTH, NO_CAUSE, Cause
+from dispatch._model import MAX_BUDGET, MAX_NAME_LENGTH, NO_CAUSE, RULE_CAUSES, Cause
 
 ADA = Actor(kind=ActorKind.HUMAN, id="ada")
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -158,7 +158,7 @@ def test_rule_for_finds_the_one_rule() -> None:
 
 
 def test_too_many_rules_are_refused() -> None:
-    causes = list(CauseKind)[:9]
+    causes = list(RULE_CAUSES)[:9]
     rules = [{"on": [c.value], "budget": 1} for c in causes] * 2
     with pytest.raises(ValidationError) as caught:
         spec(recovery={"rules": rules})
@@ -287,6 +287,7 @@ def test_cause_and_actor_words_are_the_seed_words() -> None:
         "no-capacity",
         "requeued",
         "unknown",
+        "deadline-exceeded",
         "none",
     ]
     assert str(ADA) == "human:ada"

@@ -21,7 +21,7 @@ from dispatch import (
     make_plan,
 )
 from dispatch._backends.memory._adapter import CAPABILITIES
-from dispatch._model import FAILURE_CAUSES, MAX_BUDGET
+from dispatch._model import MAX_BUDGET, RULE_CAUSES
 
 SHAPES = [Shape.SLURM, Shape.KUBEFLOW]
 SLURM_REQUEUE_LIMIT = 5
@@ -53,7 +53,7 @@ def natively_exact(shape: Shape, rule: Rule) -> bool:
     return frozenset(rule.on) == frozenset(KUBEFLOW_NATIVE)
 
 
-CAUSE_SETS = [(c,) for c in FAILURE_CAUSES] + [
+CAUSE_SETS = [(c,) for c in RULE_CAUSES] + [
     SLURM_REQUEUE,
     KUBEFLOW_NATIVE,
     tuple(reversed(SLURM_REQUEUE)),
@@ -104,7 +104,7 @@ def test_the_plan_of_one_rule(
     )
     assert planned.left == budget
     assert plan.job == "finetune"
-    assert plan.uncovered == tuple(c for c in FAILURE_CAUSES if c not in on)
+    assert plan.uncovered == tuple(c for c in RULE_CAUSES if c not in on)
 
 
 def test_the_seed_plan() -> None:
@@ -132,8 +132,8 @@ def test_the_seed_refusal_without_a_supervisor() -> None:
     )
 
 
-def test_slurm_enforces_nothing_natively() -> None:
-    assert CAPABILITIES[Shape.SLURM] == Capabilities()
+def test_slurm_enforces_no_rule_natively() -> None:
+    assert CAPABILITIES[Shape.SLURM].native == ()
 
 
 @pytest.mark.parametrize("budget", range(0, 11))
@@ -168,7 +168,7 @@ def test_slurm_rules_all_go_to_the_supervisor(budget: int) -> None:
 def test_no_rules_means_everything_is_uncovered() -> None:
     plan = make_plan("finetune", job(), CAPABILITIES[Shape.KUBEFLOW], supervised=False)
     assert plan.rules == ()
-    assert plan.uncovered == FAILURE_CAUSES
+    assert plan.uncovered == RULE_CAUSES
     assert CauseKind.NONE not in plan.uncovered
 
 
@@ -207,7 +207,7 @@ def test_a_mixed_plan() -> None:
 
 @st.composite
 def policies(draw: st.DrawFn) -> tuple[Rule, ...]:
-    causes = draw(st.permutations(FAILURE_CAUSES))
+    causes = draw(st.permutations(RULE_CAUSES))
     cut = sorted(draw(st.lists(st.integers(0, len(causes)), max_size=5)))
     groups = [causes[a:b] for a, b in itertools.pairwise([0, *cut, len(causes)]) if b > a]
     keep = draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
@@ -251,5 +251,5 @@ def test_the_plan_law(rules: tuple[Rule, ...], capabilities: Capabilities, super
     # Canonical order: the order of CauseKind's members; exactly the complement of what is covered.
     order = list(CauseKind)
     assert list(plan.uncovered) == sorted(plan.uncovered, key=order.index)
-    assert set(plan.uncovered) == set(FAILURE_CAUSES) - covered
+    assert set(plan.uncovered) == set(RULE_CAUSES) - covered
     assert CauseKind.NONE not in plan.uncovered

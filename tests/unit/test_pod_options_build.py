@@ -58,7 +58,6 @@ OPTIONS: dict[str, Any] = {
 }
 POD_ONLY: dict[str, Any] = {
     "priorityClassName": "training",
-    "terminationGracePeriodSeconds": 120,
     "workingDir": "/w",
 }
 """The options a TrainJob cannot carry (the other kinds do)."""
@@ -131,7 +130,6 @@ def test_every_option_reaches_every_pod_template(backend: str) -> None:
         assert spec["serviceAccountName"] == "trainer"
         assert spec["imagePullSecrets"] == [{"name": "registry"}]
         assert spec["priorityClassName"] == "training"
-        assert spec["terminationGracePeriodSeconds"] == 120
         (main,) = spec["containers"]
         assert main["volumeMounts"] == MOUNTS
         assert main["envFrom"] == [

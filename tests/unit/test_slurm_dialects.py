@@ -37,7 +37,6 @@ from dispatch._backends.slurm._rest import AuthenticationError
 from dispatch._errors import PlanError, TransientBackendError
 from dispatch._model import (
     Action,
-    Capabilities,
     CauseKind,
     Enforcer,
     ExitCodeOperator,
@@ -223,7 +222,8 @@ def test_job_states_listing(slurm: str, api: str) -> None:
 SPEC = JobSpec(
     name="train",
     command=("python", "train.py", "--lr", "0.1 x"),
-    slurm=SlurmOptions(partition="low", time_limit_minutes=5, cpus_per_task=2, environment={"A": "1"}),
+    time_limit_seconds=241,  # Slurm's whole minutes, rounded up: 5
+    slurm=SlurmOptions(partition="low", cpus_per_task=2, environment={"A": "1"}),
 )
 
 
@@ -292,9 +292,9 @@ async def test_multi_node_uses_srun_and_bulk_cancel() -> None:
     assert json.loads(replay.requests[1].content) == {"jobs": ["3", "4"]}
 
 
-def test_never_requeueable_and_capabilities_are_empty() -> None:
+def test_never_requeueable_and_no_native_rule() -> None:
     b = open_adapter({"url": "http://slurm.test"})
-    assert b.capabilities == Capabilities()
+    assert b.capabilities.native == ()
     assert b.capabilities is CAPABILITIES
     rules = RecoveryPolicy(rules=(Rule(on=(CauseKind.PREEMPTED, CauseKind.NODE_LOST), budget=5),))
     spec = SPEC.model_copy(update={"recovery": rules})

@@ -33,7 +33,7 @@ TEAM_A: dict[str, Any] = {
     "account": "acct-a",
     "qos": "normal",
     "partitions": ["low", "lowcxl"],
-    "max_time_limit_minutes": 60,
+    "max_time_limit_seconds": 3600,
     "max_nodes": 2,
     "working_directories": ["/scratch/team-a"],
 }
@@ -53,10 +53,16 @@ def config(**extra: Any) -> SlurmConfig:
     )
 
 
-def spec(nodes: int = 1, rules: tuple[Rule, ...] = (), **slurm: Any) -> JobSpec:
-    options = SlurmOptions(**{"time_limit_minutes": 30, **slurm})
+def spec(
+    nodes: int = 1, rules: tuple[Rule, ...] = (), time_limit_seconds: int | None = 1800, **slurm: Any
+) -> JobSpec:
     return JobSpec(
-        name="train", command=("true",), nodes=nodes, slurm=options, recovery=RecoveryPolicy(rules=rules)
+        name="train",
+        command=("true",),
+        nodes=nodes,
+        slurm=SlurmOptions(**slurm),
+        recovery=RecoveryPolicy(rules=rules),
+        time_limit_seconds=time_limit_seconds,
     )
 
 
@@ -75,8 +81,8 @@ def spec(nodes: int = 1, rules: tuple[Rule, ...] = (), **slurm: Any) -> JobSpec:
             r"spec.recovery.rules\[0\].change.slurm.partition",
             "'high' is not a partition",
         ),
-        (spec(time_limit_minutes=61), "spec.slurm.timeLimitMinutes", "61 is over the 60"),
-        (spec(time_limit_minutes=None), "spec.slurm.timeLimitMinutes", "required by"),
+        (spec(time_limit_seconds=3601), "spec.timeLimitSeconds", "3601 is over the 3600"),
+        (spec(time_limit_seconds=None), "spec.timeLimitSeconds", "required by"),
         (spec(nodes=3), "spec.nodes", "3 is over the 2"),
         (spec(working_directory="/scratch/team-b"), "spec.slurm.workingDirectory", "not under"),
         (spec(working_directory="/scratch/team-a/../team-b"), "spec.slurm.workingDirectory", "not under"),
@@ -117,8 +123,10 @@ def test_a_namespace_has_one_identity_and_tenants_need_a_token_and_a_url() -> No
 def test_the_webhook_refuses_a_job_outside_its_namespaces_identity_at_apply() -> None:
     backend = SlurmBackend(config())
     admission = Admission(limits=lambda name: backend if name == "slurm" else None)
-    slurm = {"partition": "high", "timeLimitMinutes": 30}
-    job = dispatch_job("train", backend="slurm", namespace="team-a", backend_options=slurm)
+    slurm = {"partition": "high"}
+    job = dispatch_job(
+        "train", backend="slurm", namespace="team-a", backend_options=slurm, timeLimitSeconds=1800
+    )
     with pytest.raises(Refused, match=r"^spec\.slurm\.partition: 'high' is not a partition"):
         check(job, None, "CREATE", admission)
     other = dispatch_job("train", backend="slurm", namespace="team-c", backend_options=slurm)

@@ -87,6 +87,7 @@ from dispatch._decide import (
     Wait,
     _suspension,
 )
+from dispatch._model import RULE_CAUSES
 from dispatch._supervisor import Intent
 
 T = TypeVar("T")
@@ -148,7 +149,7 @@ class Job:
     the one exception invariant 5 allows (semantics.md), while they stay held and never released."""
 
 
-RESUBMITTABLE = [c for c in CauseKind if c is not CauseKind.NONE]
+RESUBMITTABLE = list(RULE_CAUSES)
 SLURM_REQUEUE = (CauseKind.PREEMPTED, CauseKind.NODE_LOST)
 """What Slurm's own requeue covers; Slurm enforces no rule exactly, so the supervisor resubmits on it."""
 KUBEFLOW_NATIVE = (CauseKind.NON_ZERO_EXIT, CauseKind.OUT_OF_MEMORY)

@@ -13,9 +13,11 @@ from pydantic.fields import FieldInfo
 
 from .._constants import GROUP, LABEL_MANAGED_BY
 from .._model import (
+    DEFAULT_GRACE_SECONDS,
     NAME_PATTERN,
     Capabilities,
     EnvMap,
+    JobSpec,
     OptionsModel,
     Resources,
     bytes_quantity,
@@ -264,6 +266,8 @@ class PodOptions(OptionsModel):
     default) and add the fields of that kind alone. Nothing here lets a pod do what a pod of its
     namespace could not: see docs/security.md."""
 
+    REPLACED: ClassVar[Mapping[str, str]] = {"terminationGracePeriodSeconds": "spec.stop.gracePeriodSeconds"}
+
     image: Image | None = None
     """The training container's image."""
     resources: Resources = Resources()
@@ -301,8 +305,6 @@ class PodOptions(OptionsModel):
     """Labels on every pod (not under ``dispatch.dev/``: dispatch's own labels are how it finds them)."""
     pod_annotations: PodAnnotations = Field(default_factory=dict)
     """Annotations on every pod (not under ``dispatch.dev/``)."""
-    termination_grace_period_seconds: Annotated[int, Field(ge=0, le=86400)] | None = None
-    """How long a stopped pod has between SIGTERM and SIGKILL (default: Kubernetes' 30)."""
     working_dir: Path | None = None
     """The training container's working directory (default: the image's)."""
 
@@ -420,9 +422,14 @@ def pod_spec_fields(options: PodOptions) -> dict[str, object]:
         out["imagePullSecrets"] = [s.model_dump(by_alias=True) for s in options.image_pull_secrets]
     if options.priority_class_name is not None:
         out["priorityClassName"] = options.priority_class_name
-    if options.termination_grace_period_seconds is not None:
-        out["terminationGracePeriodSeconds"] = options.termination_grace_period_seconds
     return out
+
+
+def pod_grace(spec: JobSpec) -> int:
+    """The pods' ``terminationGracePeriodSeconds``: the job's grace, or its warning when longer, so
+    that a time limit's stop begun ``warningSeconds`` early may last until the limit; dispatch's
+    other stops give the grace by their deletion (which may shorten a pod's own)."""
+    return max(spec.stop.grace_period_seconds, spec.stop.warning_seconds or 0)
 
 
 def pod_metadata(options: PodOptions, labels: Mapping[str, str]) -> dict[str, object]:
@@ -440,14 +447,19 @@ def pod_template(
     labels: Mapping[str, str],
     *,
     restart_policy: str | None = None,
+    grace_seconds: int = DEFAULT_GRACE_SECONDS,
 ) -> dict[str, object]:
     """A kind's pod template: the training container ``main`` (the kit's ``container()``) with the
-    options' container fields, the options' pod fields, dispatch's ``labels`` and the options'."""
+    options' container fields, the options' pod fields, dispatch's ``labels`` and the options'.
+    ``grace_seconds`` is the job's ``spec.stop.gracePeriodSeconds``: the kubelet's SIGTERM-to-SIGKILL
+    time on every stop of a pod (dispatch's, a preemption's, an eviction's)."""
     spec: dict[str, object] = {}
     if restart_policy is not None:
         spec["restartPolicy"] = restart_policy
     spec["containers"] = [{**main, **container_fields(options)}]
     spec.update(pod_spec_fields(options))
+    if grace_seconds != DEFAULT_GRACE_SECONDS:  # (the kubelet's own default otherwise)
+        spec["terminationGracePeriodSeconds"] = grace_seconds
     return {"metadata": pod_metadata(options, labels), "spec": spec}
 
 

@@ -61,7 +61,16 @@ def plan_lines(plan: Plan) -> list[str]:
         for line in (f"rule {rule.index} is enforced by the {rule.enforcer}", *rule_lines(rule))
     ]
     lines.append("uncovered: [" + " ".join(c.value for c in plan.uncovered) + "]")
-    return lines + uncovered_code_lines(plan) + queue_lines(plan)
+    return lines + uncovered_code_lines(plan) + queue_lines(plan) + limit_lines(plan)
+
+
+def limit_lines(plan: Plan) -> list[str]:
+    """Who ends each submission at its time limit, and the job at its deadline."""
+    lines: list[str] = []
+    for what, limit in (("time limit", plan.time_limit), ("deadline", plan.deadline)):
+        if limit is not None:
+            lines += [f"{what} {limit.seconds} s is enforced by the {limit.enforcer}", f"  {limit.how}"]
+    return lines
 
 
 def uncovered_code_lines(plan: Plan) -> list[str]:
@@ -241,7 +250,8 @@ def _cause(value: object) -> dict[str, Any] | None:
 def _cause_text(cause: Mapping[str, Any] | None) -> str:
     if not cause:
         return "-"
-    return cause_text(str(cause["kind"]), cause.get("detail"), cause.get("exitCode"), cause.get("signal"))
+    text = cause_text(str(cause["kind"]), cause.get("detail"), cause.get("exitCode"), cause.get("signal"))
+    return f"{text} (stop {cause['stop']})" if cause.get("stop") else text
 
 
 def transition_data(t: Transition) -> dict[str, Any]:
@@ -494,7 +504,7 @@ def describe_text(data: Mapping[str, Any]) -> str:
             out.extend(wrap(line, 4, first="  "))
             out.extend(f"  {line}" for line in rule_lines(rule))
         out.extend(wrap("uncovered: [" + " ".join(c.value for c in p.uncovered) + "]", 4, first="  "))
-        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p))
+        out.extend(f"  {line}" for line in uncovered_code_lines(p) + queue_lines(p) + limit_lines(p))
         out.append("Submissions:")
         rows = [
             [s["n"], s["authorizedAt"], _same_day(s["authorizedAt"], s["endedAt"]), s["by"], s["outcome"]]

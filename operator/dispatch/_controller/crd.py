@@ -20,6 +20,7 @@ import inspect
 import itertools
 import sys
 import textwrap
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Final
 
@@ -43,9 +44,9 @@ from .._constants import (
 from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS, STATUS_COST
 from .._model import (
     ENV_NAME_PATTERN,
-    FAILURE_CAUSES,
     MAX_NAME_LENGTH,
     MAX_RULES,
+    RULE_CAUSES,
     CauseKind,
     Cost,
     JobSpec,
@@ -126,6 +127,20 @@ SPEC_DESCRIPTION: Final = (
     "`suspend` and `retry`. "
     "The job's name is metadata.name (at most 48 characters)."
 )
+
+
+def _refuse_replaced(backend: str, schema: Schema, replaced: Mapping[str, str]) -> None:
+    """A field a backend's options once had is kept in the schema only to be refused with the field
+    that replaced it (without it, the API server would prune it silently or call it unknown)."""
+    for old, new in sorted(replaced.items()):
+        # Typed as the old field was (both were integers): CEL sees no field without a type.
+        schema.setdefault("properties", {})[old] = {
+            "type": "integer",
+            "description": f"Replaced by `{new}`: refused.",
+        }
+        schema.setdefault("x-kubernetes-validations", []).append(
+            {"rule": f"!has(self.{old})", "message": f"spec.{backend}.{old} is replaced by {new}"}
+        )
 
 
 def backend_description() -> str:
@@ -312,6 +327,7 @@ def spec_schema() -> Schema:
         if info.options is not None and info.in_spec:
             props[name] = _schema_of(info.options, keep_defaults=True)
             props[name]["description"] = f"How to run on backend `{name}`: {info.summary}."
+            _refuse_replaced(name, props[name], info.options.REPLACED)
     schema["required"] = [r for r in schema.get("required", []) if r != "name"]
     props["backend"] = {
         "type": "string",
@@ -350,10 +366,10 @@ def spec_schema() -> Schema:
 
     # A rule covers only causes of failure ('none' is success), each cause at most once.
     on = props["recovery"]["properties"]["rules"]["items"]["properties"]["on"]
-    on["items"]["enum"] = [c.value for c in FAILURE_CAUSES]
+    on["items"]["enum"] = [c.value for c in RULE_CAUSES]
     on["x-kubernetes-list-type"] = "set"
     rules = props["recovery"]["properties"]["rules"]
-    causes = ", ".join(f"'{c.value}'" for c in FAILURE_CAUSES)
+    causes = ", ".join(f"'{c.value}'" for c in RULE_CAUSES)
     rules["x-kubernetes-validations"] = [
         {
             "rule": f"[{causes}].all(c, self.filter(r, c in r.on).size() <= 1)",

@@ -74,6 +74,7 @@ from .._decide import (
     RecordOutcome,
     RecordRestarts,
     RecordSettled,
+    RecordStop,
     RecordSuspend,
     Release,
     Resume,
@@ -209,6 +210,12 @@ def describe(step: Step, before: Record, after: Record | None) -> tuple[str, str
         message = f"retried by {step.actor}: the failed job reopened, submission {n} authorized{fresh}"
         return EVENT_NORMAL, REASON_RETRIED, "Retry", message
     if isinstance(step, End):
+        if step.stop is not None:
+            message = (
+                f"stopping object {step.object_id} with cause {step.stop}: SIGTERM, then SIGKILL "
+                f"after {step.grace_seconds} s"
+            )
+            return EVENT_NORMAL, REASON_OBJECT_ENDED, "StopObject", message
         if step.orphan:
             message = (
                 f"ended object {step.object_id}: it is not the object recorded for its submission "
@@ -231,6 +238,7 @@ _ACTIONS: Final[dict[type, str]] = {
     RecordCanonical: "ChooseObject",
     Release: "ReleaseObject",
     End: "EndObject",
+    RecordStop: "StopObject",
     RecordRestarts: "CountRestarts",
     RecordOutcome: "Conclude",
     RecordSettled: "Settle",

@@ -55,6 +55,7 @@ from .._decide import (
     End,
     RecordCanonical,
     RecordEnd,
+    RecordStop,
     Release,
     Wait,
     decide,
@@ -70,7 +71,7 @@ from .ports import Supervising
 
 log = logging.getLogger("dispatch.operator")
 
-RECOVERY_STEPS: Final = (RecordEnd, Authorize, Create, RecordCanonical, Release)
+RECOVERY_STEPS: Final = (RecordEnd, RecordStop, Authorize, Create, RecordCanonical, Release)
 """Steps of a recovery (a new submission on its way): urgent, for the queue and the write limit."""
 RETRY_DELAYS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DEFAULT_WORKERS: Final = 64

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,8 +77,13 @@ log = logging.getLogger("dispatch.operator")
 
 
 ANY_ADDRESS: Final = "0.0.0.0"
+LOOPBACK: Final = "127.0.0.1"
+"""The metrics server's default address: its answers are unauthenticated, so nothing beyond the
+pod reads them unless ``--metrics-addr`` opens them (the chart does, behind its NetworkPolicy)."""
 
 WRITE_QPS_AUTO: Final = "auto"
+METRICS_AUTH_NONE: Final = "none"
+METRICS_AUTH_KUBERNETES: Final = "kubernetes"
 
 
 def _write_qps(text: str) -> float | str:
@@ -158,7 +164,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
-    p.add_argument("--metrics-addr", help=f"the metrics server's listen address (default {ANY_ADDRESS})")
+    p.add_argument(
+        "--metrics-addr",
+        help=f"the metrics server's listen address (default {LOOPBACK}: it has no authentication)",
+    )
+    p.add_argument(
+        "--metrics-auth",
+        choices=(METRICS_AUTH_NONE, METRICS_AUTH_KUBERNETES),
+        default=METRICS_AUTH_NONE,
+        help="who may scrape: anyone who reaches the address (none), or a bearer token the API "
+        "server authenticates and authorizes for get on /metrics, over HTTPS (kubernetes)",
+    )
+    p.add_argument(
+        "--metrics-cert-dir",
+        type=Path,
+        help="tls.crt and tls.key of the metrics server with --metrics-auth=kubernetes "
+        "(default: a certificate generated at start)",
+    )
     p.add_argument(
         "--webhook-port", type=int, default=0, help="serve the admission webhooks on this port (0: off)"
     )
@@ -398,6 +420,21 @@ def read_slurm_config(path: Path) -> dict[str, Any]:
     return config
 
 
+def serve_metrics(metrics: Metrics, api: Client, args: argparse.Namespace) -> WSGIServer:
+    """The metrics server, behind the API server's TokenReview and SubjectAccessReview over TLS
+    with ``--metrics-auth=kubernetes`` (the reviews go through ``api``)."""
+    addr = getattr(args, "metrics_addr", None) or LOOPBACK
+    if getattr(args, "metrics_auth", METRICS_AUTH_NONE) == METRICS_AUTH_NONE:
+        return metrics.serve(args.metrics_port, addr)
+    from .metrics_auth import KubernetesAuthorizer, server_tls
+
+    names = sorted({"localhost", "127.0.0.1", socket.gethostname()} | ({addr} - {ANY_ADDRESS, "::"}))
+    tls = server_tls(getattr(args, "metrics_cert_dir", None), names)
+    return metrics.serve(
+        args.metrics_port, addr, authorize=KubernetesAuthorizer(api, asyncio.get_running_loop()), tls=tls
+    )
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, a value that would crash the operator later or leave
     something half-made behind (a webhook configuration the API server refuses)."""
@@ -495,11 +532,10 @@ async def open_process(
         from . import metrics as metrics_module
 
         metrics = metrics_module.Metrics()
-        server = metrics_module.serve(
-            metrics, args.metrics_port, getattr(args, "metrics_addr", None) or ANY_ADDRESS
-        )
     connection = await load_configuration(args.kubeconfig, context=args.context)
     api = client_for(connection)
+    if metrics is not None:
+        server = serve_metrics(metrics, api, args)
     if metrics is not None:
         metrics.instrument(api)  # every request of the store, the adapters, events and the elector
     qps = await choose_write_limit(api, args.write_qps)

@@ -48,14 +48,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any, Final
 from urllib.parse import urlsplit
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from .. import _registry
 from .._cost import failures
@@ -103,7 +106,7 @@ _NOTHING_COUNTED: Final = (0, 0)
 STEPS: Final = frozenset(
     {"Authorize", "Create", "RecordCanonical", "Release", "End", "RecordRestarts", "RecordOutcome"}
     | {"RecordSettled"}
-    | {"RecordEnd"}
+    | {"RecordEnd", "RecordStop"}
 )
 
 
@@ -406,18 +409,73 @@ class Metrics:
 
     # ------------------------------------------------------------------ endpoint
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
-        """Serve the registry over HTTP (any path, conventionally ``/metrics``) in a daemon thread.
+    def serve(
+        self,
+        port: int,
+        addr: str = "127.0.0.1",
+        *,
+        authorize: Callable[[str | None], int] | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> WSGIServer:
+        """Serve the registry over HTTP (any path, conventionally ``/metrics``) in daemon threads.
 
+        Without ``authorize`` the answers are unauthenticated: the default address is the loopback
+        one, and another is for a network only the scrapers reach (the chart's NetworkPolicy).
+        ``authorize`` gets each request's ``Authorization`` header and returns the HTTP status to
+        answer (200 serves the metrics; :mod:`.metrics_auth`); ``tls`` makes it HTTPS.
         ``port`` 0 picks a free port (``server.server_port``). Stop with ``server.shutdown()``.
         """
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        app = make_wsgi_app(self.registry)
+        if authorize is not None:
+            app = _guarded(app, authorize)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+        server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+        if tls is not None:
+            # The handshake runs in the request's thread: a slow client holds no other scrape up.
+            server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return server
 
 
-def serve(metrics: Metrics, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per scrape (prometheus-client's own server does the same)."""
+
+    daemon_threads = True
+
+
+_REASONS: Final = {401: "Unauthorized", 403: "Forbidden", 503: "Service Unavailable"}
+
+
+def _guarded(app: Any, authorize: Callable[[str | None], int]) -> Any:
+    """The metrics app behind ``authorize``: any status but 200 is answered without the metrics."""
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        status = authorize(environ.get("HTTP_AUTHORIZATION"))
+        if status == 200:
+            return app(environ, start_response)
+        reason = _REASONS.get(status, "Error")
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if status == 401:
+            headers.append(("WWW-Authenticate", 'Bearer realm="dispatch-operator metrics"'))
+        start_response(f"{status} {reason}", headers)
+        return [f"{reason}\n".encode()]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve(metrics: Metrics, port: int, addr: str = "127.0.0.1", **kwargs: Any) -> WSGIServer:
     """Module-level shorthand for :meth:`Metrics.serve`."""
-    return metrics.serve(port, addr)
+    return metrics.serve(port, addr, **kwargs)
 
 
 class _ObservedBackend:
@@ -445,8 +503,8 @@ class _ObservedBackend:
     async def release(self, object_id: str) -> None:
         await self._inner.release(object_id)
 
-    async def end(self, object_id: str) -> None:
-        await self._inner.end(object_id)
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        await self._inner.end(object_id, grace_seconds=grace_seconds)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
         objects = await self._inner.list(job)

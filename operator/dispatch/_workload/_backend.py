@@ -219,7 +219,7 @@ class WorkloadBackend:
     async def release(self, object_id: str) -> None:
         await self.releaser.release(object_id)
 
-    async def end(self, object_id: str) -> None:
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
         namespace, name = split_id(object_id, "object")
         tracked = self.cache.tracked.get(object_id)
         stop = tracked.stop if tracked is not None else None
@@ -239,7 +239,7 @@ class WorkloadBackend:
             self.cache.index(object_id, owner[0])
         if stop is not None:
             stop.landed = True  # deleted: nothing of it can run any more
-        await self.objects.delete_pods(namespace, name, body)
+        await self.objects.delete_pods(namespace, name, body, grace_seconds=grace_seconds)
         self.wakes.wake(owner[0] if owner is not None else None)
 
     async def confirm(self, job: str, object_id: str) -> Sequence[ObjectView]:

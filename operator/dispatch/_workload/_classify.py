@@ -23,7 +23,7 @@ from .._constants import (
     REPORTING_COMPONENT,
 )
 from .._model import Cause, CauseKind, ObjectView, Phase
-from ._evidence import Evidence, best, kind_evidence, waiting_note
+from ._evidence import DISRUPTIONS, Evidence, best, kind_evidence, waiting_note
 from ._fields import detail, no_capacity_after, object_id, owner_of, parse_time, restart_budget
 from ._kind import Kind
 from ._kueue import WorkloadView, queued_verdict
@@ -253,7 +253,10 @@ def _ended(
         return Verdict(view(Phase.ENDED, cause, cancelled=cause.kind is CauseKind.NONE))
     outcome = kind.outcome(body, restart_cause)
     if outcome is not None:
-        cause = evidence.cause if outcome.failed and evidence is not None else outcome.cause
+        # A pod stopped by a disruption whose program exited 0 on its SIGTERM counts as succeeded
+        # for its controller: the object says done, the pod says why it stopped before it was.
+        stopped = evidence is not None and evidence.cause.kind in DISRUPTIONS
+        cause = evidence.cause if evidence is not None and (outcome.failed or stopped) else outcome.cause
         return Verdict(view(Phase.ENDED, cause))
     if meta.get("deletionTimestamp"):
         cause = evidence.cause if evidence is not None else Cause(kind=CauseKind.NONE, detail="deleted")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .._model import Cause, CauseKind
+from .._model import Cause, CauseKind, StopKind
 from ._fields import detail, no_capacity_after, parse_time, status_conditions
 from ._kind import Kind
 from ._mask import Body
@@ -43,6 +43,8 @@ LAUNCH_ERRORS: Final = frozenset(
 )
 LAUNCH_TERMINATIONS: Final = frozenset({"ContainerCannotRun", "StartError"})
 POD_NODE_LOST_REASONS: Final = frozenset({"NodeLost", "NodeShutdown", "Shutdown", "Terminated"})
+DISRUPTIONS: Final = frozenset({CauseKind.PREEMPTED, CauseKind.NODE_LOST})
+"""Causes that stop a pod from outside: its program may still exit 0 on the SIGTERM they give."""
 
 POD_EVENTS: Final = (
     ("Pod", "Preempted"),
@@ -63,6 +65,9 @@ _REFUSED_POD_MARKS: Final = ("is invalid", "is forbidden: violates", "denied the
 """FailedCreatePod messages that will never change (quota or a missing ServiceAccount might)."""
 
 
+KILL_SIGNAL: Final = 9
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     cause: Cause
@@ -76,6 +81,18 @@ def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         if status.get("name") == name:
             return dict(status)
     return dict(statuses[0]) if statuses else {}
+
+
+def stopped_how(pod: Mapping[str, Any]) -> StopKind | None:
+    """How a stop ended a pod, once its containers have terminated: killed by SIGKILL at its grace
+    period's end (``forced``: exit code 137 or signal 9), or exited within it (``graceful``)."""
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    ended = [t for t in ((s.get("state") or {}).get("terminated") for s in statuses) if t]
+    if not ended:
+        return None
+    if any(t.get("signal") == KILL_SIGNAL or t.get("exitCode") == KILL_SIGNAL + 128 for t in ended):
+        return StopKind.FORCED
+    return StopKind.GRACEFUL
 
 
 def container_restarts(pod: Mapping[str, Any], container: str = "") -> int:
@@ -162,7 +179,7 @@ def pod_evidence(
     code = ((status_of.get("state") or {}).get("terminated") or {}).get("exitCode")
     exit_code = code if isinstance(code, int) else None
     found = (
-        _disrupted(pod, name, exit_code, gone_nodes)
+        _disrupted(pod, name, status_of, exit_code, gone_nodes)
         or _pod_reason(pod, name, exit_code)
         or _container_ended(pod, name, status_of, restarts_in_place=restarts_in_place)
         or _not_launched(pod, name, status_of, exit_code)
@@ -181,12 +198,20 @@ def pod_evidence(
 
 
 def _disrupted(
-    pod: Mapping[str, Any], name: str, exit_code: int | None, gone_nodes: Container[str]
+    pod: Mapping[str, Any],
+    name: str,
+    status_of: Mapping[str, Any],
+    exit_code: int | None,
+    gone_nodes: Container[str],
 ) -> Evidence | None:
     """Kubernetes took the pod away: its ``DisruptionTarget`` condition, or its node is lost."""
     node = pod.get("spec", {}).get("nodeName") or ""
     disruption = status_conditions(pod).get("DisruptionTarget")
-    if disruption is not None and disruption.get("status") == "True":
+    if (
+        disruption is not None
+        and disruption.get("status") == "True"
+        and not _done_before(pod, status_of, disruption)
+    ):
         reason = disruption.get("reason") or ""
         message = disruption.get("message") or ""
         if reason in NODE_LOSS_REASONS:
@@ -204,6 +229,31 @@ def _disrupted(
     return None
 
 
+def _done_before(pod: Mapping[str, Any], status_of: Mapping[str, Any], disruption: Mapping[str, Any]) -> bool:
+    """A pod that succeeded before the disruption came (a finished pod deleted afterwards). One
+    that succeeded after it was stopped by it: a kubelet gives a deleted pod SIGTERM, and a
+    program that exits 0 on it (the training contract: write a checkpoint and exit) makes the pod
+    ``Succeeded``, which its controller counts as done although the work was not."""
+    if pod.get("status", {}).get("phase") != "Succeeded":
+        return False
+    finished = parse_time(((status_of.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+    since = parse_time(disruption.get("lastTransitionTime"))
+    return finished is not None and since is not None and finished < since
+
+
+OWN_LIMIT_MARKS: Final = ("exceeds the limit", "exceeds the total limit", "exceeded its local ephemeral")
+"""The kubelet's words for an eviction of a pod over its own limit (an emptyDir's ``sizeLimit``,
+its containers' ephemeral storage), under the same reason, ``Evicted``, as a node-pressure
+eviction."""
+
+
+def evicted_cause(message: str) -> CauseKind:
+    """An ``Evicted`` pod's cause: ``preempted`` when the node needed the room, ``unknown`` when the
+    pod outgrew its own limit. That one the job does to itself and would do again in the next
+    submission, so a rule on ``preempted`` must not resubmit it."""
+    return CauseKind.UNKNOWN if any(m in message for m in OWN_LIMIT_MARKS) else CauseKind.PREEMPTED
+
+
 def _pod_reason(pod: Mapping[str, Any], name: str, exit_code: int | None) -> Evidence | None:
     """The pod's own reason ends it (:data:`_POD_REASONS`)."""
     status = pod.get("status", {})
@@ -211,6 +261,8 @@ def _pod_reason(pod: Mapping[str, Any], name: str, exit_code: int | None) -> Evi
     kind = _POD_REASONS.get(pod_reason)
     if kind is None:
         return None
+    if pod_reason == "Evicted":
+        kind = evicted_cause(status.get("message") or "")
     text = detail(f"pod {name}", pod_reason, status.get("message") or "")
     return Evidence(Cause(kind=kind, detail=text, exit_code=exit_code), True)
 
@@ -385,7 +437,7 @@ def event_evidence(
             elif reason == "TaintManagerEviction" and message.startswith("Marking for deletion"):
                 cause = CauseKind.NODE_LOST
             elif reason == "Evicted":
-                cause = CauseKind.PREEMPTED
+                cause = evicted_cause(message)
             else:
                 continue
             text = detail(f"pod {target}", reason, message, "from its event")

@@ -37,6 +37,7 @@ part named in :data:`POD`. ``uid``: what Kueue's Workloads name as their owner."
 _TERMINATED: Final[Mask] = {
     "reason": SHARED,
     "exitCode": True,
+    "signal": True,
     "message": Clip(MAX_DETAIL),
     "startedAt": True,
 }

@@ -152,8 +152,12 @@ class ObjectApi:
             if error.status != 404:
                 raise explain(error, f"delete pod {namespace}/{name}") from None
 
-    async def delete_pods(self, namespace: str, name: str, body: Body | None) -> None:
-        """Delete the pods of an object by its labels (job and submission), the object gone or not."""
+    async def delete_pods(
+        self, namespace: str, name: str, body: Body | None, *, grace_seconds: int | None = None
+    ) -> None:
+        """Delete the pods of an object by its labels (job and submission), the object gone or not;
+        with ``grace_seconds``, that grace instead of the pods' own (a deletion may shorten a grace
+        the garbage collector's deletion of the object's pods began)."""
         owner = owner_of(body) if body is not None else None
         if owner is not None:
             job_name, n = owner[0].split("/", 1)[1], owner[1]
@@ -163,10 +167,11 @@ class ObjectApi:
                 return
             n = int(tail)
         selector = f"{LABEL_JOB}={job_name},{LABEL_SUBMISSION}={n}"
+        query = {"labelSelector": selector}
+        if grace_seconds is not None:
+            query["gracePeriodSeconds"] = str(grace_seconds)
         try:
-            await request(
-                self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector}
-            )
+            await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods", query=query)
         except KubeError as error:
             if error.status != 404:
                 raise explain(error, f"delete the pods of {self.noun} {namespace}/{name}") from None

@@ -15,10 +15,10 @@ from typing import Any
 
 from .._errors import TransientBackendError
 from .._kubeclient import Client, Informer, KubeError, Packed, key_of
-from .._model import CauseKind
+from .._model import CauseKind, StopKind
 from ._cache import Cache
 from ._classify import vanished
-from ._evidence import best, kind_evidence
+from ._evidence import best, kind_evidence, stopped_how
 from ._fields import owner_of
 from ._kept import POD
 from ._kind import Kind, object_name
@@ -186,6 +186,7 @@ class Watches:
         oid = f"{namespace}/{object_name(job_name, n)}"
         pod_key = key_of(body)
         current = self.cache.current(oid)
+        self._stopped(oid, body)
         if new is None:
             tracked = self.cache.tracked.get(oid)
             if tracked is not None:
@@ -207,6 +208,15 @@ class Watches:
         if current is not None:
             self.stopper.check(oid)
         self.wakes.wake(job)
+
+    def _stopped(self, oid: str, pod: Body) -> None:
+        """A pod of an object dispatch deleted has terminated: its tombstone says how the stop went
+        (forced once any pod was killed at its grace period's end)."""
+        last = self.cache.tombstones.get(oid)
+        how = stopped_how(pod) if last is not None and last.cancelled else None
+        if last is None or how is None or last.stop is StopKind.FORCED or last.stop is how:
+            return
+        self.cache.tombstones[oid] = last.model_copy(update={"stop": how})
 
     def _retain(self, oid: str, body: Body, pod: Body) -> None:
         """Keep what a pod said about the end of its object, for when the pod is gone, and how often

@@ -46,7 +46,12 @@ CAPABILITIES: Final = Capabilities(
                 " (job_controller.go: DefaultJobPodFailureBackOff, MaxJobPodFailureBackOff)"
             ),
         ),
-    )
+    ),
+    time_limit=(
+        "the Job controller fails the Job at activeDeadlineSeconds (condition reason DeadlineExceeded),"
+        " counted from its startTime, which a release from suspend sets: pending pods count too;"
+        " its pods get their terminationGracePeriodSeconds"
+    ),
 )
 """The Job controller restarts (replaces) failed pods, exactly [non-zero-exit out-of-memory], up
 to ``backoffLimit`` (budget 0..100)."""

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from typing import Final
 
 from ..._errors import BackendError
-from ..._model import Capabilities, Cause, CauseKind, JobSpec, Plan
+from ..._model import Capabilities, Cause, CauseKind, Enforcer, JobSpec, Plan
 from ..._workload import (
     SPEC_SUSPEND,
     Body,
@@ -49,7 +49,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from .._kit import identity_env, pod_template
+from .._kit import identity_env, pod_grace, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -80,10 +80,15 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             container(CONTAINER, options.image, spec, env, options.resources),
             labels(target.job_name, target.submission),
             restart_policy="Never",
+            grace_seconds=pod_grace(spec),
         ),
     }
     if spec.nodes > 1:
         job_spec["completionMode"] = "Indexed"
+    if plan.time_limit is not None and plan.time_limit.enforcer is Enforcer.SCHEDULER:
+        # The Job controller's own deadline, counted from the release (startTime), which fails
+        # the Job with reason DeadlineExceeded: classified time-limit.
+        job_spec["activeDeadlineSeconds"] = plan.time_limit.seconds
     if budget:
         job_spec["podFailurePolicy"] = {
             "rules": [

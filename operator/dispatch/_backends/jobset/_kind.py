@@ -50,7 +50,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from .._kit import identity_env, pod_template
+from .._kit import identity_env, pod_grace, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -113,6 +113,7 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
             container(CONTAINER, options.image, spec, env, options.resources),
             pod_labels,
             restart_policy="Never",
+            grace_seconds=pod_grace(spec),
         ),
     }
     body: Body = {

@@ -55,7 +55,7 @@ from ..._workload import (
     restart_budget,
     true_condition,
 )
-from .._kit import identity_env, pod_template
+from .._kit import identity_env, pod_grace, pod_template
 from . import BACKEND
 from . import RESOURCE as DECLARED
 
@@ -90,7 +90,10 @@ def build(target: Target, spec: JobSpec, plan: Plan) -> Body:
     tags = labels(target.job_name, target.submission)
     env = {**options.env, **identity_env(target.namespace, target.job_name, target.submission)}
     template = pod_template(
-        options, container(PYTORCH_CONTAINER, options.image, spec, env, options.resources), tags
+        options,
+        container(PYTORCH_CONTAINER, options.image, spec, env, options.resources),
+        tags,
+        grace_seconds=pod_grace(spec),
     )
 
     def replica(count: int) -> Body:

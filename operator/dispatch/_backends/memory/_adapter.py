@@ -30,6 +30,7 @@ from ..._model import (
     ObjectView,
     Phase,
     Plan,
+    StopKind,
 )
 from ..._protocols import Subscribers, Unsubscribe, Wake
 from .. import kubeflow, slurm
@@ -59,14 +60,23 @@ def _imitation(name: str) -> tuple[str, Shape, Capabilities]:
     """The backend imitated, its object naming (Slurm's numbers or Kubernetes' chosen names) and its
     capabilities: another backend's come from its registry entry, never a copy."""
     if name in {s.value for s in Shape}:
-        return name, Shape(name), CAPABILITIES[Shape(name)]
+        return name, Shape(name), _in_memory(CAPABILITIES[Shape(name)])
     info = _registry.get(name)
     if info is None or not info.in_spec:
         raise ValueError(f"shape must be one of {', '.join(shapes())}, not {name!r}")
     naming = Shape.SLURM if info.where is _registry.Where.EXTERNAL else Shape.KUBEFLOW
-    # No Kueue in memory: a job with spec.queue is refused by the plan, not run unqueued.
-    caps = info.capabilities
-    return name, naming, caps.model_copy(update={"queues": False}) if caps.queues else caps
+    return name, naming, _in_memory(info.capabilities)
+
+
+def _in_memory(caps: Capabilities) -> Capabilities:
+    """What the memory scheduler does of ``caps``: no Kueue (a job with spec.queue is refused by the
+    plan, not run unqueued) and no clock of its own (the supervisor enforces a time limit; a test
+    ends an object at the scheduler's limit with :meth:`Env.time_limit`)."""
+    if not (caps.queues or caps.time_limit or caps.warning_signal or caps.stop_grace):
+        return caps
+    return caps.model_copy(
+        update={"queues": False, "time_limit": None, "warning_signal": False, "stop_grace": None}
+    )
 
 
 # Causes are immutable: one instance each, shared by every object that ends that way.
@@ -79,6 +89,11 @@ _TIME_LIMIT: Final = Cause(kind=CauseKind.TIME_LIMIT, detail="time limit reached
 _LAUNCH_FAILED: Final = Cause(kind=CauseKind.LAUNCH_FAILED, detail="could not start the program")
 _NO_CAPACITY: Final = Cause(kind=CauseKind.NO_CAPACITY, detail="no nodes can ever fit it")
 _REQUEUED: Final = Cause(kind=CauseKind.REQUEUED, detail="handed back by the scheduler")
+_KILLED: Final = {StopKind.FORCED: 9}
+_STOPPED: Final = {
+    kind: Cause(kind=CauseKind.NONE, detail="cancelled", stop=kind, signal=_KILLED.get(kind))
+    for kind in StopKind
+}
 _VIEW_FIELDS: Final = {"id", "job", "submission", "phase", "cause", "cancelled", "restarts", "started_at"}
 """Shared by every snapshot (pydantic copies it before changing it), so a view costs no set of its own."""
 
@@ -94,6 +109,8 @@ class _Entry:
     restarts: int = 0
     ever_released: bool = False
     started_at: datetime | None = None
+    traps_sigterm: bool = True
+    """The program exits within its grace period on SIGTERM (False: a stop kills it at the end)."""
     native: tuple[tuple[frozenset[CauseKind], int], ...] = ()
     spec: JobSpec | None = field(default=None, repr=False)
     """The spec it was created from: its submission's (a rule's change included)."""
@@ -112,6 +129,8 @@ class _Entry:
                 restarts=self.restarts,
                 started_at=self.started_at,
             )
+            if self.cause is not None and self.cause.stop is not None:
+                self.view = self.view.model_copy(update={"stop": self.cause.stop})
         return self.view
 
 
@@ -184,13 +203,16 @@ class MemoryBackend:
             self.peak_released[entry.job] = released
         self._changed(entry)
 
-    async def end(self, object_id: str) -> None:
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
         entry = self._entries.get(object_id)
         if entry is None or entry.phase is Phase.ENDED:
             return
+        stop = None
+        if entry.phase is Phase.RUNNING:  # the program ran: SIGTERM, then SIGKILL after its grace
+            stop = StopKind.GRACEFUL if entry.traps_sigterm else StopKind.FORCED
         entry.phase = Phase.ENDED
         entry.cancelled = True
-        entry.cause = _CANCELLED
+        entry.cause = _CANCELLED if stop is None else _STOPPED[stop]
         self._changed(entry)
 
     async def list(self, job: str) -> Sequence[ObjectView]:
@@ -242,6 +264,10 @@ class Env:
         self._backend._running(entry)
         self._backend._changed(entry)
 
+    def ignore_sigterm(self, object_id: str) -> None:
+        """The program does not exit on SIGTERM: a stop kills it when its grace period ends."""
+        self._backend._entry(object_id).traps_sigterm = False
+
     def complete(self, object_id: str) -> None:
         self._end(object_id, _COMPLETED, Phase.RUNNING)
 
@@ -255,7 +281,10 @@ class Env:
         self._end(object_id, _OUT_OF_MEMORY)
 
     def time_limit(self, object_id: str) -> None:
-        self._end(object_id, _TIME_LIMIT)
+        """The scheduler's own time limit stopped it (SIGTERM, then SIGKILL after the grace)."""
+        entry = self._backend._entry(object_id)
+        stop = StopKind.GRACEFUL if entry.traps_sigterm else StopKind.FORCED
+        self._end(object_id, _TIME_LIMIT.model_copy(update={"stop": stop}))
 
     def exit(self, object_id: str, code: int) -> None:
         """The program ended by itself with ``code``; 0 is success."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ..._model import Capabilities, OptionsChange, OptionsModel
+from ..._model import MAX_LIMIT_SECONDS, Capabilities, OptionsChange, OptionsModel
 from ..._registry import BackendInfo, Where
 from .._kit import UserEnv, refuse_reserved_env
 
@@ -14,7 +15,17 @@ Partition = Annotated[str, Field(min_length=1, max_length=64)]
 MIB: Final = 1 << 20
 """Slurm's unit of memory (its "MB" is a mebibyte)."""
 
-CAPABILITIES: Final = Capabilities()
+CAPABILITIES: Final = Capabilities(
+    time_limit=(
+        "Slurm's time limit, in whole minutes (rounded up): at it Slurm sends SIGTERM, then SIGKILL"
+        " after the cluster's KillWait, and the job ends TIMEOUT"
+    ),
+    warning_signal=True,
+    stop_grace=(
+        "the cluster's KillWait: scancel sends SIGTERM, then SIGKILL after KillWait, as Slurm's own"
+        " time limit and preemption do"
+    ),
+)
 """Slurm enforces no recovery rule exactly: its MaxBatchRequeue limit is checked on launch-failure
 and node-failure requeues but not on preemption requeues (PreemptMode=REQUEUE raises restart_cnt
 unchecked), so a budget is not exact for preemption; and a job's requeue flag allows node-failure
@@ -26,9 +37,10 @@ rule goes to the supervisor, and a restart rule is refused by the plan; jobs are
 class SlurmOptions(OptionsModel):
     """How to run on Slurm: partition, limits, environment and working directory."""
 
+    REPLACED: ClassVar[Mapping[str, str]] = {"timeLimitMinutes": "spec.timeLimitSeconds"}
+
     partition: Partition | None = None
     """The partition (default: the configuration's, else Slurm's default partition)."""
-    time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
     memory_per_node_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
     environment: UserEnv = Field(default_factory=dict)
@@ -89,8 +101,8 @@ class SlurmTenant(BaseModel):
     """The QoS every job of the identity runs with (None: the account's default)."""
     partitions: tuple[Partition, ...] = ()
     """The partitions it may name (the first is its default); empty: any."""
-    max_time_limit_minutes: Annotated[int, Field(ge=1, le=525600)] | None = None
-    """The longest ``spec.slurm.timeLimitMinutes`` it may ask; a job must then name one."""
+    max_time_limit_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
+    """The longest ``spec.timeLimitSeconds`` it may ask; a job must then name one."""
     max_nodes: Annotated[int, Field(ge=1)] | None = None
     working_directories: tuple[Prefix, ...] = ()
     """Directory prefixes a ``spec.slurm.workingDirectory`` must lie under (the first is its
@@ -109,7 +121,12 @@ class SlurmConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str | None = None
-    """e.g. ``http://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``."""
+    """e.g. ``https://slurmrestd.example:6820``. Exactly one of ``url`` and ``socket``. The token
+    travels in a header: over ``http://`` anyone on the path reads it, so use ``https://`` (a TLS
+    proxy in front of slurmrestd, or slurmrestd's own TLS) anywhere but a trusted host."""
+    ca_file: str | None = None
+    """A PEM file of the CA certificates that sign slurmrestd's (a site's private CA, a mounted
+    Secret or ConfigMap); only with an ``https://`` url. Default: the system's trust store."""
     socket: str | None = None
     """A unix socket path (rest_auth/local: no token needed)."""
     user_name: str | None = None
@@ -152,6 +169,10 @@ class SlurmConfig(BaseModel):
             raise ValueError("give exactly one of 'url' and 'socket'")
         if self.token is not None and self.token_file is not None:
             raise ValueError("give at most one of 'token' and 'token_file'")
+        if self.ca_file is not None and not (self.url or "").startswith("https://"):
+            raise ValueError(
+                "'ca_file' is for an https:// url: slurmrestd's certificate is checked against it"
+            )
         if self.tenants:
             if self.socket is not None:
                 raise ValueError("'tenants' need 'url': over a socket every job runs as slurmrestd's user")

@@ -62,6 +62,7 @@ class SlurmBackend:
             token=TokenSource(config.token, config.token_file),
             timeout=config.request_timeout,
             transport=transport,
+            ca_file=config.ca_file,
         )
         self._transport = transport
         self.clients = Clients(config, self.rest, self._tenant_client)
@@ -135,6 +136,7 @@ class SlurmBackend:
             token=TokenSource(tenant.token, tenant.token_file),
             timeout=self.config.request_timeout,
             transport=self._transport,
+            ca_file=self.config.ca_file,
         )
 
     def _client_of(self, job_id: int) -> RestClient:
@@ -210,7 +212,9 @@ class SlurmBackend:
         env.update(identity_env(namespace, name, submission))
         cwd = (opts.working_directory if opts is not None else None) or self.config.working_directory
         command = shlex.join(spec.command)
-        launcher = "srun " if spec.nodes > 1 else ""
+        # A warning goes to the job's steps (slurmrestd cannot address the batch shell): the
+        # program runs as one when it asks for a warning, as on more than one node.
+        launcher = "srun " if spec.nodes > 1 or spec.stop.warning_seconds is not None else ""
         script = f"#!/bin/bash\nexec {launcher}{command}\n"
         return SubmitRequest(
             script=script,
@@ -219,7 +223,12 @@ class SlurmBackend:
             environment=env,
             hold=True,
             partition=(opts.partition if opts is not None else None) or self.config.partition,
-            time_limit_minutes=opts.time_limit_minutes if opts is not None else None,
+            time_limit_minutes=-(-spec.time_limit_seconds // 60) if spec.time_limit_seconds else None,
+            warning=(
+                (spec.stop.warning_signal.short, spec.stop.warning_seconds)
+                if spec.stop.warning_seconds is not None
+                else None
+            ),
             cpus_per_task=opts.cpus_per_task if opts is not None else None,
             memory_per_node_mb=opts.memory_per_node_mb if opts is not None else None,
             nodes=spec.nodes,
@@ -275,7 +284,8 @@ class SlurmBackend:
         assert self._dialect is not None
         return self._dialect
 
-    async def end(self, object_id: str) -> None:
+    async def end(self, object_id: str, *, grace_seconds: int | None = None) -> None:
+        # (the grace is the cluster's KillWait: see docs/slurm.md, "Time limits, the warning and the stop")
         if object_id.startswith(REFUSED_PREFIX):
             return
         d = await self.dialect()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass
 
-from ..._model import Cause, CauseKind, Phase
+from ..._model import Cause, CauseKind, Phase, StopKind
 from ._dialects import SlurmJob
 
 LAUNCH_FAILED_SIGNAL = 53
@@ -36,6 +36,16 @@ class Classified:
     """Ended for dispatch, but Slurm still holds the job (it will never run): the adapter cancels it."""
     waiting: str = ""
     """Why a released job still waits, as Slurm says (squeue's REASON): :attr:`ObjectView.waiting`."""
+    stop: StopKind | None = None
+    """A running job Slurm stopped (scancel, its time limit): killed by SIGKILL at KillWait's end
+    (forced), or ended within it (graceful)."""
+
+
+def _stop(job: SlurmJob) -> StopKind | None:
+    """How a stop of a job that ran went: SIGKILL is KillWait's end; any other end came within it."""
+    if job.started() is None:
+        return None  # (cancelled before it ran: nothing was stopped)
+    return StopKind.FORCED if job.signal == _signal.SIGKILL else StopKind.GRACEFUL
 
 
 def _signame(sig: int) -> str:
@@ -72,15 +82,23 @@ A death by a signal has no exit status: its ``signal`` is kept on every cause.""
 
 
 def _ended(
-    job: SlurmJob, kind: CauseKind, text: str, *, cancelled: bool = False, stuck: bool = False
+    job: SlurmJob,
+    kind: CauseKind,
+    text: str,
+    *,
+    cancelled: bool = False,
+    stuck: bool = False,
+    stop: StopKind | None = None,
 ) -> Classified:
     exit_code = job.exit_status if kind in _WITH_EXIT_CODE else None
+    signal = job.signal or None
     return Classified(
         phase=Phase.ENDED,
-        cause=Cause(kind=kind, detail=_detail(job, text), exit_code=exit_code, signal=job.signal or None),
+        cause=Cause(kind=kind, detail=_detail(job, text), exit_code=exit_code, signal=signal, stop=stop),
         cancelled=cancelled,
         restarts=job.restart_cnt,
         stuck=stuck,
+        stop=stop,
     )
 
 
@@ -101,9 +119,9 @@ def classify(job: SlurmJob) -> Classified:
     if state == "COMPLETED":
         return _ended(job, CauseKind.NONE, "succeeded")
     if state == "CANCELLED":
-        return _ended(job, CauseKind.UNKNOWN, "cancelled", cancelled=True)
+        return _ended(job, CauseKind.UNKNOWN, "cancelled", cancelled=True, stop=_stop(job))
     if state == "TIMEOUT":
-        return _ended(job, CauseKind.TIME_LIMIT, "reached its time limit")
+        return _ended(job, CauseKind.TIME_LIMIT, "reached its time limit", stop=_stop(job))
     if state == "DEADLINE":
         return _ended(job, CauseKind.TIME_LIMIT, "reached its deadline")
     if state == "PREEMPTED":

@@ -9,6 +9,7 @@ v0.0.42-45 from 26.05 (Debian unstable).
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,6 +85,10 @@ class SubmitRequest:
     hold: bool = True
     partition: str | None = None
     time_limit_minutes: int | None = None
+    warning: tuple[str, int] | None = None
+    """``--signal``: this signal (``USR1``), so many seconds before the time limit, to the job's
+    steps: the script runs the program as one (``srun``), since slurmrestd cannot ask for the
+    batch shell (``B:`` is parsed by sbatch alone)."""
     cpus_per_task: int | None = None
     memory_per_node_mb: int | None = None
     nodes: int = 1
@@ -231,6 +236,9 @@ class V0038(Dialect):
             job["partition"] = req.partition
         if req.time_limit_minutes is not None:
             job["time_limit"] = req.time_limit_minutes
+        if req.warning is not None:
+            number = signal.Signals[f"SIG{req.warning[0]}"].value
+            job["signal"] = f"{number}@{req.warning[1]}"
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:
@@ -288,6 +296,9 @@ class V0040(Dialect):
             job["partition"] = req.partition
         if req.time_limit_minutes is not None:
             job["time_limit"] = {"set": True, "infinite": False, "number": req.time_limit_minutes}
+        if req.warning is not None:
+            job["kill_warning_signal"] = req.warning[0]
+            job["kill_warning_delay"] = {"set": True, "infinite": False, "number": req.warning[1]}
         if req.cpus_per_task is not None:
             job["cpus_per_task"] = req.cpus_per_task
         if req.memory_per_node_mb is not None:

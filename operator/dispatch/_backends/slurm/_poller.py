@@ -387,6 +387,7 @@ class Poller:
             cancelled=c.cancelled,
             restarts=c.restarts,
             waiting=c.waiting,
+            stop=c.stop,
             started_at=_at(sj.started()),
         )
         if c.stuck:

@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import re
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,15 +168,23 @@ class RestClient:
         token: TokenSource | None = None,
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if transport is None and socket is not None:
             transport = httpx.AsyncHTTPTransport(uds=socket)
+        # https:// checks slurmrestd's certificate and name: against ca_file when given (a site's
+        # private CA), else the system's trust store. No setting turns the check off.
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         base = url if url is not None else "http://slurmrestd"
         # httpx logs every request at INFO: one line per poll, per job, in the operator's log. This
         # client logs each at DEBUG itself (``dispatch.slurm.rest``), so INFO says what changed.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self._client = httpx.AsyncClient(
-            base_url=base, transport=transport, timeout=httpx.Timeout(timeout), follow_redirects=False
+            base_url=base,
+            transport=transport,
+            timeout=httpx.Timeout(timeout),
+            follow_redirects=False,
+            verify=verify,
         )
         self.user_name = user_name
         self.token = token or TokenSource()

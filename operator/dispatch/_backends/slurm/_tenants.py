@@ -70,13 +70,13 @@ def tenant_for(config: SlurmConfig, job: str, spec: JobSpec) -> SlurmTenant | No
                     f"{field}: {partition!r} is not a partition {who} may use "
                     f"({', '.join(tenant.partitions)})"
                 )
-    opts: SlurmOptions | None = BACKEND.options_of(spec)
-    limit = tenant.max_time_limit_minutes
-    asked = opts.time_limit_minutes if opts is not None else None
+    limit = tenant.max_time_limit_seconds
+    asked = spec.time_limit_seconds
     if limit is not None and asked is None:
-        raise OutsideLimits(f"spec.slurm.timeLimitMinutes: required by {who}: at most {limit}")
+        raise OutsideLimits(f"spec.timeLimitSeconds: required by {who}: at most {limit}")
     if limit is not None and asked is not None and asked > limit:
-        raise OutsideLimits(f"spec.slurm.timeLimitMinutes: {asked} is over the {limit} {who} may use")
+        raise OutsideLimits(f"spec.timeLimitSeconds: {asked} is over the {limit} {who} may use")
+    opts: SlurmOptions | None = BACKEND.options_of(spec)
     if tenant.max_nodes is not None and spec.nodes > tenant.max_nodes:
         raise OutsideLimits(f"spec.nodes: {spec.nodes} is over the {tenant.max_nodes} {who} may use")
     cwd = opts.working_directory if opts is not None else None

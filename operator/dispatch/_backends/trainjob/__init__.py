@@ -56,13 +56,17 @@ class TrainJobOptions(PodOptions):
 UNCARRIED: Final = {
     "env_from": "envFrom",
     "priority_class_name": "priorityClassName",
-    "termination_grace_period_seconds": "terminationGracePeriodSeconds",
     "working_dir": "workingDir",
 }
 """The pod options (attribute: wire name) a TrainJob refuses."""
 
 
-CAPABILITIES: Final = Capabilities()
+CAPABILITIES: Final = Capabilities(
+    stop_grace=(
+        "the runtime's pod template's terminationGracePeriodSeconds (a TrainJob's runtimePatches cannot"
+        " set it)"
+    )
+)
 
 BACKEND: Final = workload_backend(
     name="trainjob",
