@@ -108,6 +108,7 @@ from ._model import (
     Submission,
     SubmissionStatus,
     SuspendRequest,
+    TimeLimitChange,
     Transition,
     WarningSignal,
 )
@@ -210,6 +211,7 @@ __all__ = [
     "Subscribers",
     "Supervisor",
     "SuspendRequest",
+    "TimeLimitChange",
     "Toleration",
     "TransientBackendError",
     "Transition",

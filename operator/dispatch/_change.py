@@ -24,6 +24,7 @@ from ._model import (
     MemoryChange,
     OptionsModel,
     Record,
+    TimeLimitChange,
     quantity_bytes,
 )
 
@@ -35,6 +36,12 @@ def more_memory(now: int, memory: MemoryChange) -> int:
     return max(now, min(quantity_bytes(memory.max), grown))
 
 
+def longer_limit(now: int, limit: TimeLimitChange) -> int:
+    """The time limit (seconds) one firing gives a submission whose predecessor had ``now``."""
+    grown = math.floor(now * Fraction(str(limit.factor)))
+    return max(now, min(limit.max_seconds, grown))
+
+
 def changed(spec: JobSpec, change: Change) -> JobSpec:
     """``spec`` changed once by ``change``: the spec of the submission a firing authorizes, given
     the spec of the one before it."""
@@ -43,6 +50,10 @@ def changed(spec: JobSpec, change: Change) -> JobSpec:
         update["queue"] = change.queue
     if change.workload_priority_class is not None:
         update["workload_priority_class"] = change.workload_priority_class
+    if change.time_limit is not None and spec.time_limit_seconds is not None:
+        longer = longer_limit(spec.time_limit_seconds, change.time_limit)
+        if longer != spec.time_limit_seconds:
+            update["time_limit_seconds"] = longer
     options: dict[str, OptionsModel] = dict(spec.options)
     if change.memory is not None:
         for name, held in spec.options.items():
@@ -129,6 +140,9 @@ def describe(change: Change) -> str:
     parts: list[str] = []
     if change.memory is not None:
         parts.append(f"memory x{change.memory.factor:g} per firing, at most {change.memory.max}")
+    if change.time_limit is not None:
+        limit = change.time_limit
+        parts.append(f"timeLimitSeconds x{limit.factor:g} per firing, at most {limit.max_seconds}")
     if change.queue is not None:
         parts.append(f"queue {change.queue}")
     if change.workload_priority_class is not None:

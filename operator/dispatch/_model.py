@@ -395,6 +395,8 @@ MEMORY_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE])?$"
 """A Kubernetes quantity of memory (``16Gi``, ``512M``)."""
 MemoryQuantity = Annotated[str, Field(max_length=32, pattern=MEMORY_PATTERN)]
 MAX_MEMORY_FACTOR: Final = 16
+MAX_LIMIT_SECONDS: Final = 366 * 86400
+"""A time limit or deadline beyond a year is refused as absurd."""
 _BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL: Final = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
@@ -441,6 +443,19 @@ class MemoryChange(_Model):
     """The most memory of each node any submission gets: the cap of the growing memory."""
 
 
+class TimeLimitChange(_Model):
+    """A longer time limit for each next submission: the previous submission's
+    ``spec.timeLimitSeconds`` times ``factor`` (rounded down to a second), never more than
+    ``maxSeconds``, never less than before, as :class:`MemoryChange` grows the memory."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    factor: Annotated[float, Field(gt=1, le=MAX_MEMORY_FACTOR)]
+    """What each firing multiplies the time limit by."""
+    max_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)]
+    """The longest time limit any submission gets."""
+
+
 class Change(_ByBackend):
     """What a rule's firing changes in the submission it authorizes; later submissions keep it.
 
@@ -452,6 +467,9 @@ class Change(_ByBackend):
 
     memory: MemoryChange | None = None
     """More memory for each node (needs the memory in the backend's options)."""
+    time_limit: TimeLimitChange | None = None
+    """A longer time limit (needs ``spec.timeLimitSeconds``): after ``time-limit``, so a job that
+    did not finish in time gets more."""
     queue: KueueName | None = None
     """Another Kueue LocalQueue (needs ``spec.queue``: the job is Kueue's from its first submission)."""
     workload_priority_class: KueueName | None = None
@@ -469,6 +487,7 @@ class Change(_ByBackend):
             self,
             *,
             memory: object = None,
+            time_limit: object = None,
             queue: object = None,
             workload_priority_class: object = None,
             options: object = None,
@@ -586,8 +605,6 @@ EnvMap = Annotated[
 ]
 
 
-MAX_LIMIT_SECONDS: Final = 366 * 86400
-"""A time limit or deadline beyond a year is refused as absurd."""
 DEFAULT_GRACE_SECONDS: Final = 30
 """The kubelet's default ``terminationGracePeriodSeconds``: the grace a stop gives by default."""
 

@@ -151,6 +151,16 @@ def _check_change(where: str, change: Change, spec: JobSpec, capabilities: Capab
             raise PlanError(None, why, field=f"{where}.{field}")
     if change.memory is not None:
         _check_memory(f"{where}.memory", change.memory, spec)
+    if change.time_limit is not None:
+        if spec.time_limit_seconds is None:
+            why = "no time limit is set to lengthen (set spec.timeLimitSeconds)"
+            raise PlanError(None, why, field=f"{where}.timeLimit")
+        if change.time_limit.max_seconds < spec.time_limit_seconds:
+            why = (
+                f"maxSeconds {change.time_limit.max_seconds} is less than spec.timeLimitSeconds "
+                f"({spec.time_limit_seconds}): the time limit would never grow"
+            )
+            raise PlanError(None, why, field=f"{where}.timeLimit.maxSeconds")
 
 
 def _check_memory(where: str, memory: MemoryChange, spec: JobSpec) -> None:

@@ -26,7 +26,9 @@ from dispatch import (
     Shape,
     SlurmChange,
     SlurmOptions,
+    TimeLimitChange,
     compose,
+    simulate,
     spec_for,
 )
 from dispatch._backends.job import CAPABILITIES as JOB
@@ -45,7 +47,7 @@ from dispatch._controller import crd, events
 from dispatch._controller.webhook import Refused, check
 from dispatch._decide import Authorize, apply, decide
 from dispatch._dispatchjob import SpecError, job_spec, record_status
-from dispatch._model import OptionsModel, Plan, Record, Resources, quantity_bytes
+from dispatch._model import FieldChange, OptionsModel, Plan, Record, Resources, quantity_bytes
 from dispatch._plan import make_plan
 from dispatch._workload import Target
 from tests.support.builders import ALICE, dispatch_job, workload_options
@@ -481,3 +483,69 @@ def test_the_recovering_event_says_what_the_submission_runs_with() -> None:
 def test_a_change_that_names_nothing_is_refused(given: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="names at least one field"):
         Change(**given)
+
+
+# ---- a longer time limit ----------------------------------------------------------------------------
+
+
+def timed(limit: int | None, change: TimeLimitChange) -> JobSpec:
+    rule = Rule(on=(CauseKind.TIME_LIMIT,), budget=3, change=Change(time_limit=change))
+    return JobSpec(
+        name="train",
+        command=("t",),
+        time_limit_seconds=limit,
+        recovery=RecoveryPolicy(rules=(rule,)),
+        options={"slurm": SlurmOptions()},
+    )
+
+
+@given(
+    base=st.integers(1, 100_000),
+    factor=st.sampled_from([1.5, 2.0, 3.0]),
+    cap=st.integers(1, 400_000),
+    firings=st.integers(0, 6),
+)
+def test_each_firing_lengthens_the_time_limit_up_to_its_max(
+    base: int, factor: float, cap: int, firings: int
+) -> None:
+    spec = timed(base, TimeLimitChange(factor=factor, max_seconds=max(cap, base)))
+    got = effective_spec(spec, [0] * firings).time_limit_seconds
+    want = base
+    for _ in range(firings):
+        want = max(want, min(max(cap, base), int(want * factor)))
+    assert got == want
+
+
+def test_a_time_limit_change_is_recorded_and_simulated() -> None:
+    spec = timed(600, TimeLimitChange(factor=2, max_seconds=1800))
+    assert [effective_spec(spec, [0] * k).time_limit_seconds for k in range(4)] == [600, 1200, 1800, 1800]
+    assert field_changes(
+        spec, changed(spec, Change(time_limit=TimeLimitChange(factor=2, max_seconds=1800)))
+    ) == (FieldChange(field="spec.timeLimitSeconds", from_="600", to="1200"),)
+    assert describe(Change(time_limit=TimeLimitChange(factor=2, max_seconds=1800))) == (
+        "timeLimitSeconds x2 per firing, at most 1800"
+    )
+    plan = make_plan("train", spec, MemoryBackend(Shape.SLURM).capabilities, supervised=True)
+    sim = simulate(spec, plan, ["time-limit", "time-limit"])
+    assert [e.change for e in sim.ends] == [
+        "spec.timeLimitSeconds 600 -> 1200",
+        "spec.timeLimitSeconds 1200 -> 1800",
+        "",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("limit", "cap", "field", "words"),
+    [
+        (None, 1800, "change.timeLimit", "set spec.timeLimitSeconds"),
+        (3600, 1800, "change.timeLimit.maxSeconds", "would never grow"),
+    ],
+)
+def test_a_time_limit_change_it_cannot_make_is_refused(
+    limit: int | None, cap: int, field: str, words: str
+) -> None:
+    spec = timed(limit, TimeLimitChange(factor=2, max_seconds=cap))
+    with pytest.raises(PlanError) as refused:
+        make_plan("t", spec, MemoryBackend(Shape.SLURM).capabilities, supervised=True)
+    assert refused.value.field == f"spec.recovery.rules[0].{field}"
+    assert words in str(refused.value)

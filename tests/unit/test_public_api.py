@@ -139,6 +139,7 @@ PUBLIC = [
     "Subscribers",
     "Supervisor",
     "SuspendRequest",
+    "TimeLimitChange",
     "Toleration",
     "TransientBackendError",
     "Transition",
