@@ -21,7 +21,7 @@ from dispatch._backends.slurm._adapter import SlurmBackend
 from dispatch._backends.slurm._tenants import tenant_for
 from dispatch._controller.webhook import Admission, Refused, check
 from dispatch._errors import OutsideLimits
-from dispatch._model import CauseKind, Change
+from dispatch._model import CauseKind, Change, TimeLimitChange
 from tests.support.builders import dispatch_job
 from tests.support.fake_slurm import FakeSlurm
 
@@ -83,6 +83,19 @@ def spec(
         ),
         (spec(time_limit_seconds=3601), "spec.timeLimitSeconds", "3601 is over the 3600"),
         (spec(time_limit_seconds=None), "spec.timeLimitSeconds", "required by"),
+        (
+            spec(
+                rules=(
+                    Rule(
+                        on=(CauseKind.TIME_LIMIT,),
+                        budget=1,
+                        change=Change(time_limit=TimeLimitChange(factor=2, max_seconds=7200)),
+                    ),
+                )
+            ),
+            r"spec.recovery.rules\[0\].change.timeLimit.maxSeconds",
+            "7200 is over the 3600",
+        ),
         (spec(nodes=3), "spec.nodes", "3 is over the 2"),
         (spec(working_directory="/scratch/team-b"), "spec.slurm.workingDirectory", "not under"),
         (spec(working_directory="/scratch/team-a/../team-b"), "spec.slurm.workingDirectory", "not under"),

@@ -76,6 +76,13 @@ def tenant_for(config: SlurmConfig, job: str, spec: JobSpec) -> SlurmTenant | No
         raise OutsideLimits(f"spec.timeLimitSeconds: required by {who}: at most {limit}")
     if limit is not None and asked is not None and asked > limit:
         raise OutsideLimits(f"spec.timeLimitSeconds: {asked} is over the {limit} {who} may use")
+    for i, rule in enumerate(spec.recovery.rules):
+        longer = rule.change.time_limit if rule.change is not None else None
+        if limit is not None and longer is not None and longer.max_seconds > limit:
+            raise OutsideLimits(
+                f"spec.recovery.rules[{i}].change.timeLimit.maxSeconds: {longer.max_seconds} is over "
+                f"the {limit} {who} may use"
+            )
     opts: SlurmOptions | None = BACKEND.options_of(spec)
     if tenant.max_nodes is not None and spec.nodes > tenant.max_nodes:
         raise OutsideLimits(f"spec.nodes: {spec.nodes} is over the {tenant.max_nodes} {who} may use")
