@@ -1080,6 +1080,78 @@ class Bench:
         }
         self.say(f"every job running; first start: {self.result['preload']['first_start']}")
 
+    async def settled_population(self, api: ApiClient) -> None:
+        """``--settled N``: N more DispatchJobs that ran and settled, as a cluster keeps them after
+        months, written through the API with the operator stopped: each applied as kubectl does,
+        its finalizer and its status as the operator writes them: the record of ``job-00000``, its
+        outcome (succeeded) and its settle applied by the core's own ``apply``, the status by the
+        codec's ``record_write`` (so ``settledAt`` is there). The operator then starts on them all
+        with the live jobs (its "known and decided" line counts both)."""
+        from dispatch._decide import RecordOutcome, RecordSettled, apply
+        from dispatch._dispatchjob import record_from, record_write
+        from dispatch._model import SUPERVISOR, Cause, CauseKind, State
+
+        assert self.operator is not None
+        op = self.operator
+        op.stop()
+        custom = CustomObjectsApi(api)
+        source = "job-00000"
+        template = await custom.get_namespaced_custom_object(
+            "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", source
+        )
+        now = dt.datetime.now(dt.UTC)
+        record = record_from(template)
+        done = Cause(kind=CauseKind.NONE, detail=f"PyTorchJob {source}-1 is successfully completed.")
+        record = apply(record, RecordOutcome(State.SUCCEEDED, done), actor=SUPERVISOR, now=now)
+        record = apply(record, RecordSettled(), actor=SUPERVISOR, now=now)
+        status = record_write(
+            record, previous=template["status"].get("conditions") or [], generation=1, now=now, observed={}
+        )
+        text = json.dumps(status)
+        spec = {k: v for k, v in template["spec"].items() if k not in ("cancel", "suspend", "retry")}
+        gate = asyncio.Semaphore(self.args.preload_parallel)
+        t0, made = time.time(), 0
+
+        async def one(i: int) -> None:
+            nonlocal made
+            name = f"settled-{i:05d}"
+            metadata: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+            doc: dict[str, Any] = {"apiVersion": "dispatch.dev/v1alpha1", "kind": "DispatchJob"}
+            doc.update(metadata=metadata, spec=spec)
+            async with gate:
+                await custom.patch_namespaced_custom_object(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name, doc,
+                    field_manager="kubectl", force=True, _preload_content=False, **APPLY,
+                )  # fmt: skip
+                patched = await custom.patch_namespaced_custom_object(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name,
+                    {"metadata": {"finalizers": ["dispatch.dev/finalizer"]}},
+                    field_manager=OPERATOR_FIELD_MANAGER, **MERGE,
+                )  # fmt: skip
+                meta = {**metadata, "resourceVersion": patched["metadata"]["resourceVersion"]}
+                body: dict[str, Any] = {**doc, "metadata": meta}
+                body["status"] = json.loads(text.replace(source, name))
+                await custom.replace_namespaced_custom_object_status(
+                    "dispatch.dev", "v1alpha1", NAMESPACE, "dispatchjobs", name, body,
+                    field_manager=OPERATOR_FIELD_MANAGER,
+                )  # fmt: skip
+                made += 1
+                if made % 5000 == 0:
+                    self.say(f"--settled: {made} of {self.args.settled} written")
+
+        await asyncio.gather(*(one(i) for i in range(self.args.settled)))
+        self.result["settled_population"] = {
+            "settled": self.args.settled,
+            "write_seconds": round(time.time() - t0, 1),
+            "load": load(),
+        }
+        self.say(f"--settled: {self.result['settled_population']}")
+        op.start()
+        started = time.time()
+        while time.time() - started < 300 + (self.n + self.args.settled) * 0.01 and op.synced() is None:
+            await asyncio.sleep(0.25)
+            op.alive()
+
     async def steady(self) -> None:
         assert self.operator is not None
         op = self.operator
@@ -1631,6 +1703,8 @@ class Bench:
                 if not self.args.no_peer:
                     await self.peer(core)  # first: its pods are gone before the operator's run
                 await (self.preloaded(api) if self.args.preload else self.creation())
+                if self.args.settled:
+                    await self.settled_population(api)
                 await self.steady()
                 if self.args.settle_load is not None:
                     await self.settle(self.args.settle_load)
@@ -1730,6 +1804,13 @@ def parser() -> argparse.ArgumentParser:
         " operator stopped: the restart at 10,000 without the creation's hours, on a quiet cluster",
     )
     parser.add_argument("--preload-parallel", type=int, default=16, help="--preload: jobs copied at once")
+    parser.add_argument(
+        "--settled",
+        type=int,
+        default=0,
+        help="also this many DispatchJobs that ran and settled (written through the API with the"
+        " operator stopped, their status as the operator writes it), as a cluster keeps them",
+    )
     parser.add_argument(
         "--restart-trees",
         nargs="*",

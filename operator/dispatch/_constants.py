@@ -67,6 +67,8 @@ REASON_CANCELLED: Final = "Cancelled"
 REASON_ORPHAN_ENDED: Final = "OrphanEnded"
 REASON_OBJECT_ENDED: Final = "ObjectEnded"
 REASON_SETTLED: Final = "Settled"
+REASON_EXPIRED: Final = "Expired"
+"""A settled job deleted once its time to live passed; the note carries its final record in brief."""
 REASON_BACKEND_ERROR: Final = "BackendError"
 REASON_WRITE_CONFLICT: Final = "RecordWriteConflict"
 

@@ -696,8 +696,8 @@ def apply(record: Record, step: Write, *, actor: Actor, now: datetime) -> Record
         )
     if step.stop is not None and record.cause.stop is None:
         cause = record.cause.model_copy(update={"stop": step.stop})
-        return record.model_copy(update={"settled": True, "cause": cause})
-    return record.model_copy(update={"settled": True})
+        return record.model_copy(update={"settled": True, "settled_at": now, "cause": cause})
+    return record.model_copy(update={"settled": True, "settled_at": now})
 
 
 def _resumed(record: Record, step: Resume, now: datetime) -> Record:
@@ -714,6 +714,7 @@ def _resumed(record: Record, step: Resume, now: datetime) -> Record:
         words = f"retried by {step.actor}"
         update["retries"] = step.retry
         update["settled"] = False
+        update["settled_at"] = None
         if step.fresh_budget is not None and step.fresh_budget < len(record.plan.rules):
             rules = list(record.plan.rules)
             renewed = rules[step.fresh_budget]

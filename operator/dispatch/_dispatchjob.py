@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -191,6 +191,9 @@ def options_problem(backend: _registry.BackendInfo[Any], spec: Mapping[str, Any]
 
 SPEC_ASKS: Final = ("cancel", "suspend", "retry")
 """A person's asks: the spec fields that may change after creation (the rest is fixed)."""
+SPEC_MUTABLE: Final = (*SPEC_ASKS, "ttlSecondsAfterSettled")
+"""The spec fields that may change after creation: a person's asks and how long the job is kept
+once settled (as a Job's ``ttlSecondsAfterFinished`` may be changed)."""
 SPEC_EXTRAS: Final = ("backend", *SPEC_ASKS)
 """Spec fields of the DispatchJob that are not fields of the core's JobSpec."""
 
@@ -471,6 +474,64 @@ def _outcome_message(record: Record) -> str:
     return f"failed: cause {what} (rule {index}, enforced by the {rule.enforcer})"
 
 
+# ---- a settled job's time to live and its final record ------------------------------------------
+
+
+def settled_time(record: Record) -> datetime | None:
+    """When ``record`` settled; None while it has not. A record written before the settle time was
+    kept counts from its outcome's transition, the write just before the settle."""
+    if not record.settled:
+        return None
+    if record.settled_at is not None:
+        return record.settled_at
+    return record.history[-1].time if record.history else record.submitted_at
+
+
+def expires_at(record: Record, ttl_seconds: int | None) -> datetime | None:
+    """When a job kept ``ttl_seconds`` after it settled is to be deleted; None while it has not
+    settled, or when it is kept (no time to live)."""
+    settled = settled_time(record)
+    if settled is None or ttl_seconds is None:
+        return None
+    return settled + timedelta(seconds=ttl_seconds)
+
+
+def final_summary(record: Record) -> dict[str, Any]:
+    """The final record in brief (JSON): what the job was, how it ended and what recovery cost, for
+    the Event and the log line a time to live's deletion leaves behind."""
+    cause = record.cause
+    cost = recovery_cost(record)
+    settled = settled_time(record)
+    summary: dict[str, Any] = {
+        "job": record.job,
+        "state": record.state.value,
+        "cause": cause_text(cause.kind.value, cause.detail, cause.exit_code, cause.signal),
+        "message": _outcome_message(record),
+        "submissions": len(record.submissions),
+        "submittedBy": str(record.submitted_by),
+        "submittedAt": _stamp(record.submitted_at),
+        "settledAt": _stamp(settled) if settled is not None else None,
+        "failures": cost.failures,
+        "recoverySeconds": round(cost.recovery_seconds, 3),
+        "gpuSeconds": round(cost.gpu_seconds, 3),
+    }
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def expired_note(summary: Mapping[str, Any]) -> str:
+    """The Event's note of a job deleted once its time to live passed."""
+    return (
+        f"deleted once its time to live after settling passed: {summary['message']} "
+        f"(submitted {summary['submittedAt']} by {summary['submittedBy']}, settled "
+        f"{summary.get('settledAt', 'at an unknown time')}, {summary['submissions']} submission(s), "
+        f"{summary['failures']} failure(s))"
+    )
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 REASON_CANCELLING: Final = "Cancelling"
 SHOWN_REASONS: Final = {
     State.PENDING: REASON_PENDING,
@@ -652,15 +713,42 @@ class StatusRead:
     """The observed fields (:func:`observed_of`)."""
     cancelled_at: datetime | None
     """When ``spec.cancel`` was set, while the record holds no cancel yet (:func:`cancel_time`)."""
+    settled_at: datetime | None = None
+    """When the job settled, while it stays settled: None while it has not, and for a failed job
+    whose retry a person asked for and the record has not taken (it reopens): :func:`settled_status`."""
 
 
 def read_status(body: Mapping[str, Any], clock: Callable[[], datetime] = utcnow) -> StatusRead:
-    """:func:`has_record`, :func:`refusal`, :func:`observed_of` and the cancel time of one body."""
+    """:func:`has_record`, :func:`refusal`, :func:`observed_of`, the cancel time and the settle time
+    (:func:`settled_status`) of one body."""
     recorded = has_record(body)
     cancelled_at: datetime | None = None
     if recorded and (body.get("spec") or {}).get("cancel") and "cancel" not in (body.get("status") or {}):
         cancelled_at = cancel_time(body, clock)
-    return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at)
+    settled_at = settled_status(body) if recorded else None
+    return StatusRead(recorded, refusal(body), observed_of(body), cancelled_at, settled_at)
+
+
+def settled_status(body: Mapping[str, Any]) -> datetime | None:
+    """When the record in ``body`` settled (:func:`settled_time`, read from the status without
+    parsing the record), or None: not settled, or a failed job a person's retry reopens
+    (:func:`~dispatch._decide.reopening`: a retry asked in the spec or the record and not yet taken)."""
+    status = body.get("status") or {}
+    if not status.get("settled"):
+        return None
+    if status.get("state") == State.FAILED.value:
+        asked = max(retry_count(body.get("spec") or {}), int((status.get("retry") or {}).get("n") or 0))
+        if asked > int(status.get("retries") or 0):
+            return None
+    history = status.get("history") or ()
+    last = history[-1].get("time") if history and isinstance(history[-1], Mapping) else None
+    return _time(status.get("settledAt") or last) or submitted_at(body)
+
+
+def ttl_of(spec: Mapping[str, Any]) -> int | None:
+    """``spec.ttlSecondsAfterSettled`` of a DispatchJob's spec, None when unset."""
+    ttl = spec.get("ttlSecondsAfterSettled")
+    return None if ttl is None else int(ttl)
 
 
 def _shown_conditions(

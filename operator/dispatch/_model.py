@@ -672,6 +672,12 @@ class JobSpec(_ByBackend):
     entry declares (``spec.<backend>`` on the wire). Built by the API codec, which knows the models,
     or given as keywords (``JobSpec(..., kubeflow=KubeflowOptions(...))``); a plain mapping is
     refused here, since the core cannot tell which model it is."""
+    ttl_seconds_after_settled: Annotated[int, Field(ge=0)] | None = None
+    """Seconds after the job settles (its outcome recorded and every object it created ended) before
+    the operator deletes it, as the Job controller's ``ttlSecondsAfterFinished`` does: counted from
+    the settle the record keeps, so a restart changes nothing; 0 deletes it once settled. Unset:
+    the operator's default (none unless its chart sets one), else kept until someone deletes it.
+    May be changed at any time, also after the job settled."""
 
     if TYPE_CHECKING:
         # The signature a type checker sees: the fields (their values validated by pydantic, as the
@@ -690,6 +696,7 @@ class JobSpec(_ByBackend):
             deadline_seconds: object = None,
             stop: object = None,
             options: object = None,
+            ttl_seconds_after_settled: object = None,
             **backend_options: OptionsModel,
         ) -> None: ...
 
@@ -998,6 +1005,9 @@ class Record(_Model):
     retries: Annotated[int, Field(ge=0, exclude_if=_is_zero)] = 0
     """The number of the last retry taken: a retry request with a higher one is still to be taken."""
     settled: bool = False
+    settled_at: datetime | None = None
+    """When the job settled (written with ``settled``; cleared by a retry that reopens it): what a
+    time to live after settling counts from."""
 
     @field_validator("state")
     @classmethod

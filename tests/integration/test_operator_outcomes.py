@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +268,67 @@ async def test_a_pytorchjob_deleted_by_a_person_gives_one_record(
     await asyncio.to_thread(
         crds.kubectl, "wait", "-n", namespace, f"pytorchjob/{name}", "--for=delete", "--timeout=60s"
     )
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["live", "across-a-restart"])
+async def test_a_job_whose_ttl_has_passed_since_it_settled_is_exported_then_deleted(
+    crds: KubeCluster,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+    kubeflow: Kubeflow,
+    restart: bool,
+) -> None:
+    op = operator("--log-format=json")
+    manifest = dispatch_job("expiring", nodes=1, extra_spec={"ttlSecondsAfterSettled": 5})
+    await asyncio.to_thread(apply, crds, namespace, manifest)
+    await kubeflow.succeed(namespace, await running_pj(crds, namespace, "expiring", 1, kubeflow))
+    body = await settled(crds, namespace, "expiring")
+    settled_at = body["status"]["settledAt"]  # written with the settle itself
+    if restart:
+        op.kill()  # within the time to live: the next operator counts it from the record
+        assert (await asyncio.to_thread(get_job, crds, namespace, "expiring"))["status"]["settled"]
+        op = operator("--log-format=json")
+    await asyncio.to_thread(
+        crds.kubectl, "wait", "-n", namespace, "dispatchjob/expiring", "--for=delete", "--timeout=90s"
+    )
+    lines = [json.loads(line) for line in op.log().splitlines() if line.startswith("{")]
+    [exported] = [line["record"] for line in lines if "record" in line]
+    assert exported["job"] == f"{namespace}/expiring"
+    assert exported["state"] == "succeeded"
+    assert exported["settledAt"] == settled_at[:19] + "Z"
+    events = json.loads(
+        await asyncio.to_thread(crds.kubectl, "get", "events.events.k8s.io", "-n", namespace, "-o", "json")
+    )["items"]
+    [expired] = [e for e in events if e.get("reason") == "Expired"]
+    assert "succeeded in submission 1" in expired["note"]
+    assert await asyncio.to_thread(pytorchjobs, crds, namespace) == []
+
+
+def _described(cluster: KubeCluster, namespace: str, name: str) -> str:
+    """``kubectl dispatch describe``, the plugin as installed beside this Python."""
+    plugin = Path(sys.executable).parent / "kubectl-dispatch"
+    args = [str(plugin), "describe", "-n", namespace, name, f"--kubeconfig={cluster.kubeconfig}"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+async def test_a_settled_job_kept_slim_reads_back_unchanged_after_a_restart(
+    crds: KubeCluster, namespace: str, operator: Callable[..., OperatorProcess], kubeflow: Kubeflow
+) -> None:
+    op = operator()
+    await asyncio.to_thread(apply, crds, namespace, dispatch_job("kept", nodes=1))
+    await kubeflow.succeed(namespace, await running_pj(crds, namespace, "kept", 1, kubeflow))
+    before = await settled(crds, namespace, "kept")
+    described = await asyncio.to_thread(_described, crds, namespace, "kept")
+    op.stop()
+    op = operator()  # keeps the settled job's slim view only, decided without its record
+    await await_for("every job decided", lambda: "all 1 jobs known and decided" in op.log())
+    after = await asyncio.to_thread(get_job, crds, namespace, "kept")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # no write
+    assert after["status"] == before["status"]
+    assert await asyncio.to_thread(_described, crds, namespace, "kept") == described
+    shown = await asyncio.to_thread(
+        crds.kubectl, "get", "dj", "kept", "-n", namespace, "-o", "jsonpath={.status.state}"
+    )
+    assert shown == "succeeded"

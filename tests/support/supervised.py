@@ -7,7 +7,20 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from dispatch import Backend, Capabilities, JobSpec, MemoryStore, Phase, Record, make_plan
+from dispatch import (
+    Actor,
+    ActorKind,
+    Backend,
+    Capabilities,
+    Cluster,
+    JobSpec,
+    MemoryBackend,
+    MemoryStore,
+    Phase,
+    Record,
+    compose,
+    make_plan,
+)
 from dispatch._model import SUPERVISOR
 
 
@@ -39,3 +52,23 @@ async def running(backend: Backend, job: str, object_id: str) -> None:
             await woken.wait()
     finally:
         unsubscribe()
+
+
+async def succeeded(backend: MemoryBackend, spec: JobSpec) -> tuple[Cluster, str]:
+    """``spec`` submitted by a person to a cluster of ``backend`` (made with ``auto_run``) and run by
+    the library supervisor until its first object succeeds and the job settles: the cluster and job."""
+    cluster = compose(backend)
+    plan = await cluster.operator.submit(spec, Actor(kind=ActorKind.HUMAN, id="ada"), supervised=True)
+    changed = asyncio.Event()
+    backend.subscribe(plan.job, changed.set)
+    run = asyncio.create_task(cluster.supervisor().run(plan.job))
+    async with asyncio.timeout(10):
+        while True:
+            changed.clear()
+            views = await backend.list(plan.job)
+            if views and views[0].phase is Phase.RUNNING:
+                break
+            await changed.wait()
+        backend.env.complete(views[0].id)
+        await run
+    return cluster, plan.job

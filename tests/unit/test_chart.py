@@ -295,6 +295,13 @@ def test_replicas_and_leader_election(helm: str) -> None:
         ]
 
 
+def test_the_settled_ttl_default_is_passed_only_when_set(helm: str) -> None:
+    assert not [a for a in deployment_args(render(helm)) if a.startswith("--settled-ttl-seconds")]
+    for ttl in ("0", "604800"):
+        argv = deployment_args(render(helm, "--set", f"settledTTLSeconds={ttl}"))
+        assert f"--settled-ttl-seconds={ttl}" in argv
+
+
 def _rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [rule for d in docs if d["kind"] in {"Role", "ClusterRole"} for rule in d.get("rules", [])]
 
@@ -330,7 +337,7 @@ def test_operator_rbac_is_exactly_what_it_needs(helm: str) -> None:
         }
     ]
     assert _grants(_rules(operator_roles)) == {
-        *(("dispatch.dev", "dispatchjobs", v) for v in ("get", "list", "watch", "patch")),
+        *(("dispatch.dev", "dispatchjobs", v) for v in ("get", "list", "watch", "patch", "delete")),
         *(("dispatch.dev", "dispatchjobs/status", v) for v in ("get", "update", "patch")),
         ("dispatch.dev", "dispatchjobs/finalizers", "update"),
         *(("kubeflow.org", "pytorchjobs", v) for v in ("create", "get", "list", "watch", "patch", "delete")),

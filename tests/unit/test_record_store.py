@@ -107,11 +107,23 @@ async def test_only_the_last_records_parsed_are_kept_parsed(store: KubeRecordSto
 
 
 @pytest.mark.parametrize("record", [PENDING, RECOVERING, FAILED], ids=["pending", "recovering", "failed"])
-async def test_a_record_parsed_from_the_text_is_the_bodys(store: KubeRecordStore, record: Record) -> None:
+async def test_a_record_parsed_from_the_text_is_the_bodys(
+    store: KubeRecordStore, record: Record, monkeypatch: pytest.MonkeyPatch
+) -> None:
     body = at(dispatch_job(record), 3, managedFields=copy.deepcopy(MANAGED), labels={"team": "a"})
     body["metadata"]["annotations"] = {"dispatch.dev/submitted-by": "human:alice"}
+    reads: list[str] = []
+
+    async def get(namespace: str, name: str) -> dict[str, Any]:
+        reads.append(name)
+        return copy.deepcopy(body)
+
+    monkeypatch.setattr(store.objects, "get", get)
     show(store, body, "ADDED")
     assert (await store.get(JOB)).record == record_from(body)
+    # A settled job's view keeps no record (most of a cluster's jobs): it is read whole when asked.
+    assert reads == (["finetune"] if record.settled else [])
+    assert (await store.view(JOB)).slim is False
 
 
 async def test_an_older_event_does_not_replace_a_newer_view(store: KubeRecordStore) -> None:

@@ -288,10 +288,14 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
     from collections.abc import Sequence
     from typing import Any, cast
 
-    from dispatch import Actor, ActorKind, JobSpec, MemoryBackend, ObjectView, Phase, Shape, compose
+    from dispatch import JobSpec, MemoryBackend, ObjectView, Phase, Shape
     from dispatch._controller.loop import SupervisionLoop
     from dispatch._controller.runtime import Runtime
+    from dispatch._controller.store import view_of
     from dispatch._errors import TransientBackendError
+    from tests.support.records import at
+    from tests.support.records import dispatch_job as job_body
+    from tests.support.supervised import succeeded
 
     class Overseen(MemoryBackend):
         lists = 0
@@ -314,40 +318,25 @@ async def test_a_settled_jobs_turn_ends_what_an_overseeing_backend_still_shows()
             return await super().list(job)
 
     overseen = Overseen(Shape.SLURM, auto_run=True)
-    cluster = compose(overseen)
-    plan = await cluster.operator.submit(
-        JobSpec(name="done", command=("train",)), Actor(kind=ActorKind.HUMAN, id="ada"), supervised=True
-    )
-    changed = asyncio.Event()
-    overseen.subscribe(plan.job, changed.set)
-    run = asyncio.create_task(cluster.supervisor().run(plan.job))
-    async with asyncio.timeout(10):
-        while True:
-            changed.clear()
-            views = await overseen.list(plan.job)
-            if views and views[0].phase is Phase.RUNNING:
-                break
-            await changed.wait()
-        overseen.env.complete(views[0].id)
-        settled = await run
-    assert settled.settled
-    record, version = await cluster.store.get(plan.job)
-    late = await overseen.create(plan.job, 2, record.spec, record.plan)  # its creator died here
+    cluster, job = await succeeded(overseen, JobSpec(name="done", command=("train",)))
+    record, version = await cluster.store.get(job)
+    settled = view_of(at(job_body(record), 7))  # the slim view of the job the store keeps
+    late = await overseen.create(job, 2, record.spec, record.plan)  # its creator died here
     blind = Blind(Shape.SLURM)
     loop = SupervisionLoop(
         Runtime(store=cast(Any, cluster.store), backends={"overseen": overseen, "blind": blind})
     )
 
     overseen.failing = True
-    assert await loop._settled(plan.job, record, version, "overseen") is Turn.DONE
-    assert {v.id: v.phase for v in await MemoryBackend.list(overseen, plan.job)}[late] is Phase.HELD
+    assert await loop._settled(job, settled, "overseen") is Turn.DONE
+    assert {v.id: v.phase for v in await MemoryBackend.list(overseen, job)}[late] is Phase.HELD
     overseen.failing = False
-    assert await loop._settled(plan.job, record, version, "overseen") is Turn.AGAIN
-    assert all(v.phase is Phase.ENDED for v in await overseen.list(plan.job))
-    assert await loop._settled(plan.job, record, version, "overseen") is Turn.DONE
-    assert await cluster.store.get(plan.job) == (record, version)  # nothing written
+    assert await loop._settled(job, settled, "overseen") is Turn.AGAIN
+    assert all(v.phase is Phase.ENDED for v in await overseen.list(job))
+    assert await loop._settled(job, settled, "overseen") is Turn.DONE
+    assert await cluster.store.get(job) == (record, version)  # nothing written
 
-    assert await loop._settled(plan.job, record, version, "blind") is Turn.DONE
+    assert await loop._settled(job, settled, "blind") is Turn.DONE
     assert blind.lists == 0
     await cluster.aclose()
 

@@ -84,10 +84,12 @@ No wildcards: every group, resource and verb is named.
 */}}
 {{- define "dispatch-operator.jobRules" -}}
 # DispatchJobs: read and watch them; patch for the deletion finalizer
-# (dispatch.dev/finalizer: the webhook adds it on CREATE, the loop removes it) and the operator's own metadata. Never create, update or delete them.
+# (dispatch.dev/finalizer: the webhook adds it on CREATE, the loop removes it) and the operator's own
+# metadata; delete a settled one once its time to live has passed (spec.ttlSecondsAfterSettled or
+# settledTTLSeconds), with a resourceVersion precondition. Never create or update them.
 - apiGroups: ["dispatch.dev"]
   resources: ["dispatchjobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # The record lives in .status: written with a resourceVersion precondition (PUT = update, or a
 # merge patch carrying metadata.resourceVersion), which is what makes double authorization
 # impossible.

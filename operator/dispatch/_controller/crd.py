@@ -41,7 +41,7 @@ from .._constants import (
     STATUS_OBSERVED_STATE,
     VERSION,
 )
-from .._dispatchjob import ENV_NAME_WORDS, SPEC_ASKS, STATUS_COST
+from .._dispatchjob import ENV_NAME_WORDS, SPEC_MUTABLE, STATUS_COST
 from .._model import (
     ENV_NAME_PATTERN,
     MAX_NAME_LENGTH,
@@ -314,7 +314,8 @@ def _schema_of(model: type[BaseModel], *, keep_defaults: bool) -> Schema:
 
 # ---- spec ------------------------------------------------------------------------------------------
 
-# Every spec field but a person's asks (cancel, suspend, retry) is immutable once created.
+# Every spec field but a person's asks (cancel, suspend, retry) and the time to live once settled
+# is immutable once created.
 _IMMUTABLE_REQUIRED: Final = ("backend", "command")
 
 
@@ -378,7 +379,7 @@ def spec_schema() -> Schema:
     ]
 
     validations: list[Schema] = []
-    for name in sorted(p for p in props if p not in SPEC_ASKS):
+    for name in sorted(p for p in props if p not in SPEC_MUTABLE):
         if name in _IMMUTABLE_REQUIRED:
             rule = f"self.{name} == oldSelf.{name}"
         else:

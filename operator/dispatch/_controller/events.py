@@ -51,6 +51,7 @@ from .._constants import (
     KIND,
     REASON_BACKEND_ERROR,
     REASON_CANCELLED,
+    REASON_EXPIRED,
     REASON_FAILED,
     REASON_HELD_OUTSIDE,
     REASON_INVALID_SPEC,
@@ -407,6 +408,9 @@ class EventRecorder:
     def invalid(self, job: str, message: str) -> None:
         """The job was refused: its spec is invalid."""
         self.emit(job, EVENT_WARNING, REASON_INVALID_SPEC, "Refuse", f"refused: {message}")
+
+    def expired(self, job: str, note: str) -> None:
+        self.emit(job, EVENT_NORMAL, REASON_EXPIRED, "Delete", note)
 
     def hold_while(self, held: Callable[[], bool] | None) -> None:
         """Hold queued Events back while ``held()`` is true (recoveries are waiting for a worker)."""

@@ -96,6 +96,9 @@ class JsonFormatter(logging.Formatter):
         for key in FIELDS:
             if _present(record, key):
                 entry[key] = _plain(getattr(record, key))
+        final = getattr(record, "final_record", None)  # a deleted job's record in brief, kept whole
+        if isinstance(final, dict):
+            entry["record"] = final
         ref = getattr(record, "k8s_ref", None)  # kopf's per-object loggers attach the object
         if isinstance(ref, dict):
             entry["object"] = {k: ref[k] for k in ("namespace", "name", "kind") if k in ref}

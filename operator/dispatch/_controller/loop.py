@@ -15,7 +15,10 @@ them on every change (the Slurm adapter polls); the workload kit wakes its jobs 
 (:class:`~dispatch._protocols.SelfWaking`), so an idle operator of kit jobs takes no turn at all.
 A job whose rule's backoff runs has one timer in the queue (:meth:`WorkQueue.wake_at`), set from
 the wait's end time in the record, which wakes it urgently when its next submission is due.
-A settled job leaves the queue; a backend that sees every job's objects at once
+A settled job leaves the queue, unless it has a time to live (``spec.ttlSecondsAfterSettled``,
+else the operator's ``--settled-ttl-seconds``): then it waits on one timer for it and is deleted
+once it has passed, its final record exported first (:meth:`SupervisionLoop._expire`). A backend
+that sees every job's objects at once
 (:class:`~dispatch._protocols.Overseeing`) brings it back for one turn when an object of it
 changes, and that turn (the first after a start too) ends what a creator that died left held.
 
@@ -45,7 +48,8 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final
 
 from .._constants import FINALIZER, REASON_BACKEND_NOT_CONFIGURED
 from .._decide import (
@@ -61,13 +65,17 @@ from .._decide import (
     decide,
     reopening,
 )
+from .._dispatchjob import expired_note, expires_at, final_summary, settled_time
 from .._errors import JobNotFound, VersionConflict
 from .._kubeclient import Body, urgent
-from .._model import Phase, Record
+from .._model import Phase, State
 from .._protocols import Backend, Overseeing, SelfWaking
 from .._supervisor import Intent, Turn, WorkQueue
 from .observed import ObservingSupervisor
 from .ports import Supervising
+
+if TYPE_CHECKING:  # an annotation only: the loop reads the views the store hands it
+    from .store import JobView
 
 log = logging.getLogger("dispatch.operator")
 
@@ -83,6 +91,12 @@ connections."""
 END_POLL: Final = 0.5
 STARTUP_GC_PAUSE: Final = 300.0
 """The longest the cyclic collector stays paused after a start (:class:`StartupCollector`)."""
+
+
+def _duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class StartupCollector:
@@ -262,8 +276,10 @@ class SupervisionLoop:
         """A backend saw a change of the objects of a job no turn subscribed to: a settled job (or one
         refused) has an object again, as when a creator died between a create that landed after the
         job settled and the end of what it made. One turn looks, if the job is one the watch shows."""
-        if job in self.queue.pending or job in self._forgotten or not self.runtime.store.knows(job):
+        if job in self._forgotten or not self.runtime.store.knows(job):
             return
+        if job in self.queue.pending and job not in self.queue.timers:
+            return  # a job whose time to live runs waits on its timer: it is woken now as well
         self.queue.add(job)
 
     # ------------------------------------------------------------------ discovery
@@ -279,7 +295,8 @@ class SupervisionLoop:
             return
         if self._undecided is None:
             self._listed.add(job)
-        if self.runtime.events is not None:
+        if self.runtime.events is not None and not (body.get("status") or {}).get("settled"):
+            # A settled job's Events are few (an expiry): the recorder reads its uid then.
             uid = (body.get("metadata") or {}).get("uid")
             if uid:
                 with contextlib.suppress(Exception):
@@ -368,12 +385,15 @@ class SupervisionLoop:
             return Turn.URGENT if authorized else Turn.AGAIN
         if backend is None:
             raise RuntimeError(f"job {job} has a record but this operator has no adapter for its backend")
+        if view.settled_at is not None:  # and no retry of a person's reopens it
+            if runtime.metrics is not None:
+                with contextlib.suppress(Exception):
+                    runtime.metrics.observe_state(job, State(view.state))
+            return await self._settled(job, view, name)
         record = store.record(job, view)  # parsed here; prepare's get() finds it parsed
         if runtime.metrics is not None:
             with contextlib.suppress(Exception):
                 runtime.metrics.observe(record)
-        if record.settled and not reopening(record):  # a person's retry supervises it again
-            return await self._settled(job, record, version, name)
         if job not in self._unsubscribe:
             self._subscribe(job, backend)
         supervisor = self.supervisors[name]
@@ -396,16 +416,69 @@ class SupervisionLoop:
             await supervisor.perform(intent)
         return Turn.URGENT if recovering else Turn.AGAIN
 
-    async def _settled(self, job: str, record: Record, version: str, name: str) -> Turn:
+    async def _settled(self, job: str, view: JobView, name: str) -> Turn:
+        """A settled job's turn, decided from its view (no record parsed): delete it once its time
+        to live has passed (:meth:`_expire`), else end an object it still has (:meth:`_oversee`)
+        and, while its time to live runs, wait for it on one timer (set again from the view by every
+        turn, so a restart loses none)."""
+        assert view.settled_at is not None
+        ttl = view.ttl if view.ttl is not None else self.runtime.settled_ttl
+        if ttl is None:
+            return await self._oversee(job, name)
+        expiry = view.settled_at + timedelta(seconds=ttl)
+        now = self.runtime.store.clock()
+        if expiry <= now:
+            return await self._expire(job, now)
+        turn = await self._oversee(job, name)
+        if turn is not Turn.DONE:
+            return turn
+        self._let_go(job)  # settled: no wake of its objects' but an overseer's (:meth:`_other`)
+        self.queue.wake_at(job, (expiry - now).total_seconds())
+        return Turn.WAIT
+
+    async def _expire(self, job: str, now: datetime) -> Turn:
+        """Export the final record (an Event with its summary, a JSON log line a log pipeline keeps),
+        then delete the job at the version it was read at: a job changed since (a retry, a longer
+        time to live) is a VersionConflict, and its next turn decides again. The finalizer then ends
+        whatever it still has, as for any deletion."""
+        store = self.runtime.store
+        record, version = await store.get(job)  # read whole: the view keeps no record
+        ttl = record.spec.ttl_seconds_after_settled
+        expiry = expires_at(record, self.runtime.settled_ttl if ttl is None else ttl)
+        if reopening(record) or expiry is None or expiry > now:
+            return Turn.AGAIN  # changed since the view: decided again from what was read
+        summary = final_summary(record)
+        log.info(
+            "job %s expired: %s %s after it settled; deleting it",
+            job,
+            record.state,
+            _duration(now - (settled_time(record) or now)),
+            extra={"job": job, "final_record": summary},
+        )
+        if self.runtime.events is not None:
+            self.runtime.events.expired(job, expired_note(summary))
+        await store.delete(job, version)
+        # Still supervised: the watch's word of the deletion (maybe already come, while this turn
+        # ran) takes the job to the finalizer (a turn that returned DONE would drop that wake).
+        return Turn.WAIT
+
+    async def _oversee(self, job: str, name: str) -> Turn:
         """End an object a settled job still has (invariant 5's exception: its creator died before
         it could end it), where listing costs no request (:class:`~dispatch._protocols.Overseeing`):
         at a start, and when the backend shows it (:meth:`_other`). A listing that fails is not
-        retried: the backend's next word on the job, or the next start, looks again."""
+        retried: the backend's next word on the job, or the next start, looks again. Only a job
+        that has such an object has its record read (then its objects listed again: the record
+        first, as :func:`~dispatch._decide.decide` needs)."""
         if name not in self._overseers:
             return Turn.DONE
         # Listed past the metrics' wrapper: a settled job's ended objects are no failure to time.
         lister = self.runtime.lister(name)
         try:
+            if not any(o.phase is not Phase.ENDED or o.retained for o in await lister.list(job)):
+                return Turn.DONE
+            record, version = await self.runtime.store.get(job)
+            if not record.settled or reopening(record):
+                return Turn.AGAIN  # changed since the view
             objects = tuple(await lister.list(job))
         except asyncio.CancelledError:
             raise

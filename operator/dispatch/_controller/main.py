@@ -200,6 +200,13 @@ def parser() -> argparse.ArgumentParser:
         help="seconds of quiet before the loop looks again at the jobs of backends that cannot wake "
         "them on every change, such as Slurm's (default: 5)",
     )
+    p.add_argument(
+        "--settled-ttl-seconds",
+        type=int,
+        default=None,
+        help="seconds a settled DispatchJob without spec.ttlSecondsAfterSettled is kept before it is "
+        "deleted, counted from its settle as a Job's ttlSecondsAfterFinished (default: kept)",
+    )
     p.add_argument("--no-events", action="store_true", help="post no Kubernetes Events for transitions")
     p.add_argument(
         "--write-qps",
@@ -458,6 +465,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             )
         if not getattr(args, "webhook_port", 0):
             raise ArgumentError("--webhook-managed needs --webhook-port: no webhook server would serve it")
+    if args.settled_ttl_seconds is not None and args.settled_ttl_seconds < 0:
+        raise ArgumentError(f"--settled-ttl-seconds {args.settled_ttl_seconds}: 0 seconds or more")
     if args.poll_interval <= 0:
         raise ArgumentError(f"--poll-interval {args.poll_interval:g}: must be more than 0 seconds")
     if args.write_qps != WRITE_QPS_AUTO and args.write_qps < 0:
@@ -573,6 +582,7 @@ async def open_process(
         unobserved=opened if metrics is not None else {},
         leading=leading,
         workers=args.workers,
+        settled_ttl=args.settled_ttl_seconds,
     )
     return Opened(connection, api, store, runtime, events, health, server)
 

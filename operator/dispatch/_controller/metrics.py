@@ -239,8 +239,12 @@ class Metrics:
 
     def observe(self, record: Record) -> None:
         """Count ``record``'s job in its recorded state (call on startup and whenever a record is read)."""
+        self.observe_state(record.job, record.state)
+
+    def observe_state(self, job: str, state: State) -> None:
+        """Count ``job`` in its recorded ``state``, read without its record (a settled job's view)."""
         with self._lock:
-            self._set_state(record.job, record.state)
+            self._set_state(job, state)
 
     def forget(self, job: str) -> None:
         """The job's DispatchJob is gone: stop counting it."""

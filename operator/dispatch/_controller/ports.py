@@ -74,6 +74,9 @@ class DispatchJobStore(RecordStore, Protocol):
     async def refuse(self, job: str, reason: str, message: str, expected: str) -> str:
         """Write a status without a record: the job is refused."""
 
+    async def delete(self, job: str, expected: str) -> None:
+        """Delete the DispatchJob at version ``expected`` (VersionConflict when stale)."""
+
     def observed(self, job: str) -> dict[str, str]:
         """The observed fields of the last version of ``job`` this store read or wrote."""
 
@@ -107,6 +110,9 @@ class JobEvents(Keeper, Protocol):
     def waiting(self, job: str, reason: str, message: str) -> None:
         """Post why the job waits before anything is created (a backend no operator serves yet)."""
 
+    def expired(self, job: str, note: str) -> None:
+        """Post that the job is deleted now that its time to live has passed, with its final record."""
+
     def hold_while(self, held: Callable[[], bool] | None) -> None:
         """Hold Events back while ``held()`` says recoveries wait (None: never)."""
 
@@ -116,6 +122,9 @@ class JobMetrics(Keeper, Protocol):
 
     def observe(self, record: Record) -> None:
         """Count the job in its recorded state (each record read)."""
+
+    def observe_state(self, job: str, state: State) -> None:
+        """Count the job in its recorded state, read without its record (a settled job's view)."""
 
     def decided(self, jobs: int, seconds: float) -> None:
         """Every job of the first list after a start has been decided once."""
@@ -149,6 +158,10 @@ class Supervising(Configured, Protocol):
 
     @property
     def metrics(self) -> JobMetrics | None: ...
+
+    @property
+    def settled_ttl(self) -> int | None:
+        """Seconds a settled job without a time to live of its own is kept; None: kept until deleted."""
 
     @property
     def final_refusals(self) -> frozenset[str]:

@@ -72,6 +72,9 @@ class Runtime:
     workers: int = DEFAULT_WORKERS
     """The loop's turns in flight at once (``--workers``)."""
     final_refusals: frozenset[str] = field(default=FINAL_REFUSALS)
+    settled_ttl: int | None = None
+    """Seconds a settled job without ``spec.ttlSecondsAfterSettled`` is kept (``--settled-ttl-seconds``);
+    None: until someone deletes it."""
 
     @property
     def is_leading(self) -> bool:

@@ -45,6 +45,7 @@ from .._dispatchjob import (
     record_from,
     record_write,
     refusal_write,
+    ttl_of,
     utcnow,
     with_asks,
 )
@@ -111,6 +112,20 @@ class JobView:
     cancelled_at: datetime | None = None
     """When ``spec.cancel`` was set (:func:`~dispatch._dispatchjob.cancel_time`, read once: without a
     managedFields entry it is the time this version was seen, and every parse must agree)."""
+    settled_at: datetime | None = None
+    """When the job settled, while it stays settled (:func:`~dispatch._dispatchjob.settled_status`):
+    a settled job's turn is decided from the view, its record parsed only when something of it is
+    to be ended or exported."""
+    ttl: int | None = None
+    """``spec.ttlSecondsAfterSettled``."""
+    state: str = ""
+    """``status.state``, the recorded state (interned)."""
+
+    @property
+    def slim(self) -> bool:
+        """A settled job's view without its record's text, conditions and observed fields (see
+        :func:`view_of`): a write, or a record, needs the object read whole."""
+        return self.recorded and self.text is None
 
     def conditions(self) -> list[dict[str, Any]]:
         """``status.conditions`` as that version holds them."""
@@ -145,20 +160,51 @@ _TEXT_METADATA: Final = ("name", "namespace", "labels", "annotations")
 """What :func:`~dispatch._dispatchjob.record_from` reads of the metadata (the cancel time aside)."""
 
 
+_NOTHING_OBSERVED: Final[dict[str, str]] = {}
+"""The observed fields of every slim view (never changed: a copy is what leaves the store)."""
+
+
 def view_of(
-    body: Body, clock: Callable[[], datetime] = utcnow, pack: Callable[[Body], Packed] = Packed
+    body: Body,
+    clock: Callable[[], datetime] = utcnow,
+    pack: Callable[[Body], Packed] = Packed,
+    *,
+    slim: bool = True,
 ) -> JobView:
     """The projection of one DispatchJob body (see :class:`JobView`).
 
     The body a view without a record keeps has no ``metadata.managedFields`` (a third of a
     DispatchJob on the wire, and most of its small dicts) unless ``spec.cancel`` is set: the cancel
-    time is read from them (:func:`~dispatch._dispatchjob.record_from`)."""
+    time is read from them (:func:`~dispatch._dispatchjob.record_from`).
+
+    With ``slim``, a settled job's view keeps only what its turn reads (the metadata the finalizer
+    needs, when it settled, its time to live and recorded state): most of a cluster's DispatchJobs
+    are settled ones kept for their records, which the API server holds anyway. What a write or a
+    record needs is read whole then (:meth:`KubeRecordStore.get`)."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     spec = body.get("spec") or {}
     observed_generation = status.get("observedGeneration")
     read = read_status(body, clock)  # the codec's one pass over the status
     recorded = read.recorded
+    if slim and read.settled_at is not None:
+        return JobView(
+            version=str(meta.get("resourceVersion", "")),
+            generation=int(meta.get("generation") or 0),
+            uid="",  # a settled job creates nothing: no ownerReference is made from it
+            finalizers=_shared(tuple(meta.get("finalizers") or ())),
+            deleting=bool(meta.get("deletionTimestamp")),
+            backend=sys.intern(str(spec.get("backend", ""))),
+            recorded=True,
+            refusal=None,
+            observed_generation=None,
+            packed_conditions=(),
+            observed=_NOTHING_OBSERVED,
+            body=None,
+            settled_at=read.settled_at,
+            ttl=ttl_of(spec),
+            state=sys.intern(str(status.get("state", ""))),
+        )
     text: Packed | None = None
     if recorded:
         kept = {
@@ -185,7 +231,20 @@ def view_of(
         body=None if recorded else body,
         text=text,
         cancelled_at=read.cancelled_at,
+        settled_at=read.settled_at,
+        ttl=ttl_of(spec),
+        state=sys.intern(str(status.get("state", ""))),
     )
+
+
+_finalizer_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _shared(finalizers: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple for every view with the same finalizers (nearly every job has just dispatch's)."""
+    if len(_finalizer_sets) > 64:  # many distinct sets: not worth sharing
+        return finalizers
+    return _finalizer_sets.setdefault(finalizers, finalizers)
 
 
 _META: Final = (
@@ -315,12 +374,19 @@ class KubeRecordStore:
             body = await self.objects.get(namespace, name)
         except NotFound:
             raise JobNotFound(job) from None
-        self._remember(job, self._view_of(body))
+        self._remember(job, self._view_of(body, slim=False))  # read for a record or a write
         return body
 
     async def get(self, job: str) -> Versioned:
         view = await self.view(job)
+        if view.slim and not self._is_parsed(job, view):
+            await self.read(job)  # a settled job's record: read whole (the view keeps none)
+            view = self._views[job]
         return Versioned(self.record(job, view), view.version)
+
+    def _is_parsed(self, job: str, view: JobView) -> bool:
+        parsed = self._parsed.get(job)
+        return parsed is not None and parsed[0] == view.version
 
     async def view(self, job: str) -> JobView:
         """The job's last version from the cache the shared watch keeps, else from the API server."""
@@ -384,6 +450,15 @@ class KubeRecordStore:
         self._remember(job, self._view_of(written))
 
     # -- writing
+
+    async def delete(self, job: str, expected: str) -> None:
+        """Delete the DispatchJob if it is still at version ``expected`` (else VersionConflict): what
+        was decided on that version (its time to live passed) holds for no other. Gone already: done."""
+        namespace, name = split_job(job)
+        try:
+            await self.objects.delete(namespace, name, resource_version=expected)
+        except Conflict:
+            raise VersionConflict(job, expected) from None
 
     async def create(self, record: Record) -> str:
         """Write the first record into the DispatchJob's status (the object must exist)."""
@@ -469,7 +544,7 @@ class KubeRecordStore:
 
     async def _seen_at(self, job: str, expected: str) -> JobView:
         seen = self._views.get(job)
-        if seen is None or seen.version != expected:
+        if seen is None or seen.version != expected or seen.slim:
             await self.read(job)
             seen = self._views[job]
             if seen.version != expected:
@@ -511,10 +586,10 @@ class KubeRecordStore:
         self._remember(job, view)
         return view.version
 
-    def _view_of(self, body: Body) -> JobView:
+    def _view_of(self, body: Body, *, slim: bool = True) -> JobView:
         """:func:`view_of` with this store's clock and packer (every job's record part packed
         against the first one's)."""
-        return view_of(body, self.clock, self._pack)
+        return view_of(body, self.clock, self._pack, slim=slim)
 
     def _remember(self, job: str, view: JobView) -> None:
         self._views[job] = view

@@ -82,7 +82,7 @@ from .._constants import (
     WEBHOOK_MUTATE_ID,
     WEBHOOK_VALIDATE_ID,
 )
-from .._dispatchjob import SPEC_ASKS, SpecError, backend_of, fresh_budget, job_spec, retry_count
+from .._dispatchjob import SPEC_MUTABLE, SpecError, backend_of, fresh_budget, job_spec, retry_count
 from .._errors import OutsideLimits, PlanError
 from .._model import ActorKind, Capabilities, JobSpec, Plan, State
 from .._plan import make_plan
@@ -179,8 +179,8 @@ class Refused(Exception):
 
 
 def _fixed(spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The spec without a person's asks: what may never change."""
-    return {k: v for k, v in (spec or {}).items() if k not in SPEC_ASKS}
+    """The spec without a person's asks and the time to live: what may never change."""
+    return {k: v for k, v in (spec or {}).items() if k not in SPEC_MUTABLE}
 
 
 def check_asks(spec: Mapping[str, Any], old: Mapping[str, Any]) -> None:
@@ -218,7 +218,8 @@ def check(
         if _fixed(spec) != _fixed(old.get("spec") or {}):
             raise Refused(
                 "the spec is fixed once created: only a person's asks may change (spec.cancel from false "
-                "to true, spec.suspend, spec.retry)"
+                "to true, spec.suspend, spec.retry), and how long it is kept once settled "
+                "(spec.ttlSecondsAfterSettled)"
             )
         check_asks(spec, old)
         if retry_count(spec) > retry_count(old.get("spec") or {}):

@@ -202,9 +202,14 @@ class CustomObjects:
             content_type=MERGE_PATCH,
         )
 
-    async def delete(self, namespace: str, name: str) -> None:
+    async def delete(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        """Delete the object (gone already: nothing). With ``resource_version``, only that version of
+        it: another is a :class:`Conflict` (the API server's precondition)."""
+        options: dict[str, Any] = {}
+        if resource_version is not None:
+            options["body"] = {"preconditions": {"resourceVersion": resource_version}}
         with contextlib.suppress(NotFound):
-            await self._request("DELETE", self.path(namespace, name))
+            await self._request("DELETE", self.path(namespace, name), **options)
 
     async def list(
         self,
