@@ -18,6 +18,7 @@ wrap it, so the field path pydantic reports is the one users see.
     ├── AdapterNotFound      (also a LookupError)
     ├── ConditionNotMet      Observer.wait: the job ended without reaching the condition
     ├── ConfigError          an adapter's configuration is invalid; names the key (also a ValueError)
+    ├── OutsideLimits        beyond what the namespace's scheduler identity may use (also a ValueError)
     └── InvalidTransition    the memory scheduler cannot do that to this object now (also a ValueError)
 """
 
@@ -107,6 +108,11 @@ class ConfigError(DispatchError, ValueError):
     def __init__(self, message: str, *, key: str | None = None) -> None:
         self.key = key
         super().__init__(message)
+
+
+class OutsideLimits(DispatchError, ValueError):
+    """A job asks for what the scheduler identity of its namespace may not use (or its namespace has
+    none). The message names the field."""
 
 
 class InvalidTransition(DispatchError, ValueError):

@@ -68,6 +68,17 @@ class Previewing(Protocol):
 
 
 @runtime_checkable
+class Admitting(Protocol):
+    """A backend that runs a job only within limits its configuration sets by namespace (Slurm's
+    identities): the admission webhook asks it, so a job outside them is refused at apply."""
+
+    def admit(self, job: str, spec: JobSpec) -> None:
+        """Raise :class:`~dispatch._errors.OutsideLimits`, naming the field, when ``job``
+        (``<namespace>/<name>``) may not run ``spec``."""
+        ...
+
+
+@runtime_checkable
 class Confirming(Protocol):
     """A backend whose :meth:`Backend.list` answers from a cache that may lag a write made by another
     process (a watch cache). Before a canonical the cache does not show counts as vanished, the

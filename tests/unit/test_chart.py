@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from dispatch import _constants as k8s_names
+from dispatch._backends.slurm import SlurmTenant
 from dispatch._backends.slurm._adapter import SlurmConfig
 from tests.support.helm import helm_binary, required
 
@@ -457,6 +458,37 @@ def test_slurm_config_is_a_valid_backend_config_with_the_token_as_a_file(helm: s
     )
     cm = one(chosen, "ConfigMap", f"{RELEASE}-dispatch-operator-slurm")
     assert yaml.safe_load(cm["data"]["slurm.yaml"])["standard_output"] == "/o/%j"
+
+
+def test_slurm_identities_are_valid_tenants_each_with_its_token_secret_as_a_file(helm: str) -> None:
+    docs = render(helm, "-f", str(CHART / "ci" / "slurm-tenants-values.yaml"))
+    cm = one(docs, "ConfigMap", f"{RELEASE}-dispatch-operator-slurm")
+    config = SlurmConfig.model_validate(yaml.safe_load(cm["data"]["slurm.yaml"]))
+    assert [(t.name, t.user_name, t.token_file) for t in config.tenants] == [
+        ("team-a", "alice", "/var/run/secrets/dispatch.dev/slurm-tenants/0/token"),
+        ("research", "bob", "/var/run/secrets/dispatch.dev/slurm-tenants/1/token"),
+    ]
+    assert config.tenants[0].working_directories == ("/scratch/team-a",)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["slurm-tenant-1"] == "/var/run/secrets/dispatch.dev/slurm-tenants/1"
+    secret = next(v for v in pod["volumes"] if v["name"] == "slurm-tenant-1")["secret"]
+    assert (secret["secretName"], secret["items"]) == (
+        "slurm-research-jwt",
+        [{"key": "jwt", "path": "token"}],
+    )
+    tenant_schema = _schema()["properties"]["slurm"]["properties"]["tenants"]["items"]["properties"]
+    assert set(tenant_schema) == set(SlurmTenant.model_fields) - {"token", "token_file"} | {"tokenSecret"}
+    proc = template(
+        helm,
+        "-f",
+        str(CHART / "ci" / "slurm-tenants-values.yaml"),
+        "--set",
+        "slurm.tenants[0].token=t",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "additional properties 'token' not allowed" in proc.stderr
 
 
 def test_slurm_token_never_goes_into_the_config_map(helm: str) -> None:

@@ -73,6 +73,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 Where the Slurm token Secret is mounted, and the config file.
 */}}
 {{- define "dispatch-operator.slurmTokenDir" -}}/var/run/secrets/dispatch.dev/slurm{{- end }}
+{{- define "dispatch-operator.slurmTenantTokenDir" -}}/var/run/secrets/dispatch.dev/slurm-tenants{{- end }}
 {{- define "dispatch-operator.slurmConfigDir" -}}/etc/dispatch{{- end }}
 {{- define "dispatch-operator.slurmCADir" -}}/etc/dispatch-slurm-ca{{- end }}
 

@@ -8,7 +8,9 @@
 Without ``--kubeconfig`` the operator uses $KUBECONFIG or ~/.kube/config, else the pod's service
 account. The Kubernetes backends ``--backend`` names (each a registry entry, ``dispatch._registry``;
 default ``kubeflow``) are opened with the operator's API client; the Slurm adapter when
-``--slurm-config`` names its YAML configuration.
+``--slurm-config`` names its YAML configuration, once for every namespace: with ``tenants`` in it,
+the adapter holds one client per Slurm identity and the webhook asks it what each namespace may run
+(docs/slurm.md).
 
 kopf runs for the admission webhooks and start-up only; it watches no resource (loop.py keeps the
 finalizer). With ``--leader-elect`` every replica runs kopf (so every replica serves the admission

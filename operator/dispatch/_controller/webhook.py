@@ -13,7 +13,9 @@ Validating (``/validate-dispatchjob``, CREATE and UPDATE)
     half of it (its record, written into its status, needs room to grow). Each refusal says the
     size and the limit. With ``--max-jobs``, a CREATE is refused while the operator holds that many
     DispatchJobs in its cache (settled ones included: each costs memory until deleted), so that its
-    memory stays under its limit (docs/operator.md, "Memory, fairness and quotas").
+    memory stays under its limit (docs/operator.md, "Memory, fairness and quotas"). A job outside
+    what its namespace may run on its backend
+    (:class:`~dispatch._protocols.Admitting`: Slurm's identities) is refused naming the field.
     An UPDATE that leaves the spec as it was (apart from a person's asks:
     ``cancel``, ``suspend``, ``retry``) is allowed, so the operator can always remove its finalizer;
     a spec change is refused (the CRD's CEL refuses it too), and so is an ask the job cannot take:
@@ -84,10 +86,10 @@ from .._constants import (
     WEBHOOK_VALIDATE_ID,
 )
 from .._dispatchjob import SPEC_MUTABLE, SpecError, backend_of, fresh_budget, job_spec, retry_count
-from .._errors import PlanError
+from .._errors import OutsideLimits, PlanError
 from .._model import ActorKind, Capabilities, JobSpec, Plan, State
 from .._plan import make_plan
-from .._protocols import Previewing
+from .._protocols import Admitting, Previewing
 from .._workload import Refused as NotBuildable
 from .ports import Configured
 
@@ -108,6 +110,7 @@ the API server accepts a request body of up to 3 MiB."""
 
 CapabilitiesOf = Callable[[str], Capabilities | None]
 PreviewOf = Callable[[str], Previewing | None]
+AdmitOf = Callable[[str], Admitting | None]
 
 
 def _no_preview(backend: str) -> Previewing | None:
@@ -116,6 +119,10 @@ def _no_preview(backend: str) -> Previewing | None:
 
 def _none_held() -> int:
     return 0
+
+
+def _no_limits(backend: str) -> Admitting | None:
+    return None
 
 
 def default_capabilities(backend: str) -> Capabilities | None:
@@ -151,6 +158,8 @@ class Admission:
     """The most DispatchJobs the operator holds before a new one is refused (None: no bound)."""
     held: Callable[[], int] = _none_held
     """How many DispatchJobs the operator holds now (its watch's cache)."""
+    limits: AdmitOf = _no_limits
+    """The backend that says what a namespace may run (Slurm's identities), for the limits check."""
 
     @classmethod
     def of(
@@ -166,6 +175,10 @@ class Admission:
             configured = runtime.backends.get(backend)
             return configured if isinstance(configured, Previewing) else None
 
+        def limits(backend: str) -> Admitting | None:
+            configured = runtime.backends.get(backend)
+            return configured if isinstance(configured, Admitting) else None
+
         return cls(
             capabilities=runtime_capabilities(runtime),
             served=frozenset(runtime.backends),
@@ -173,6 +186,7 @@ class Admission:
             max_object_bytes=max_object_bytes,
             max_jobs=max_jobs,
             held=held,
+            limits=limits,
         )
 
 
@@ -250,6 +264,12 @@ def check(
             f"(it serves {serves}), so nothing would run the job; the chart's value `backends` "
             f"(or `slurm.enabled`) opens it"
         )
+    admitting = admission.limits(backend)
+    if admitting is not None:
+        try:
+            admitting.admit(job, job_spec_)
+        except OutsideLimits as error:
+            raise Refused(str(error)) from None
     caps = admission.capabilities(backend)
     if caps is None:
         raise Refused(f"spec.backend {backend!r} has no capabilities this operator knows")

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ..._model import Capabilities, OptionsChange, OptionsModel
+from ..._model import MAX_LIMIT_SECONDS, Capabilities, OptionsChange, OptionsModel
 from ..._registry import BackendInfo, Where
 from .._kit import UserEnv, refuse_reserved_env
 
@@ -76,6 +76,45 @@ class SlurmChange(OptionsChange):
     """Another partition (one with more capacity, or longer limits)."""
 
 
+Prefix = Annotated[str, Field(min_length=2, max_length=4096, pattern=r"^/")]
+
+
+class SlurmTenant(BaseModel):
+    """One Slurm identity, its namespaces and its limits: a DispatchJob of one of ``namespaces`` is
+    submitted, released and cancelled with this token as ``user_name``, and only within the limits
+    (checked at apply by the webhook, and again at submission)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    """What messages and logs call the identity."""
+    namespaces: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=63)], ...], Field(min_length=1)]
+    user_name: Annotated[str, Field(min_length=1)]
+    """The Slurm user its jobs run as (must match the token's ``sun`` claim)."""
+    token: SecretStr | None = None
+    token_file: str | None = None
+    """A file holding its JWT (a mounted Secret); re-read when its mtime changes, so a rotated
+    Secret takes effect without a restart."""
+    account: str | None = None
+    """The Slurm account every job of the identity is billed to (None: the user's default)."""
+    qos: str | None = None
+    """The QoS every job of the identity runs with (None: the account's default)."""
+    partitions: tuple[Partition, ...] = ()
+    """The partitions it may name (the first is its default); empty: any."""
+    max_time_limit_seconds: Annotated[int, Field(ge=1, le=MAX_LIMIT_SECONDS)] | None = None
+    """The longest ``spec.timeLimitSeconds`` it may ask; a job must then name one."""
+    max_nodes: Annotated[int, Field(ge=1)] | None = None
+    working_directories: tuple[Prefix, ...] = ()
+    """Directory prefixes a ``spec.slurm.workingDirectory`` must lie under (the first is its
+    default); empty: the configuration's ``working_directory`` only."""
+
+    @model_validator(mode="after")
+    def _one_token(self) -> SlurmTenant:
+        if (self.token is None) == (self.token_file is None):
+            raise ValueError(f"tenant {self.name!r}: give exactly one of 'token' and 'token_file'")
+        return self
+
+
 class SlurmConfig(BaseModel):
     """How to reach slurmrestd and how to submit. Secrets are :class:`~pydantic.SecretStr`."""
 
@@ -118,6 +157,11 @@ class SlurmConfig(BaseModel):
     """Only consider tagged jobs owned by ``user_name``, or else by the user the token was minted
     for (its ``sun`` claim): a job another Slurm user submitted with a copied tag (job names and
     comments are visible to every user in ``squeue``) is reported, never adopted or cancelled."""
+    tenants: tuple[SlurmTenant, ...] = ()
+    """Slurm identities by namespace. When any is given, a job runs only as its namespace's
+    identity and a namespace without one runs nothing; ``user_name`` and the token above are then
+    the operator's own identity, which only lists jobs (it must see every identity's jobs: a Slurm
+    operator or administrator where ``PrivateData=jobs``). See docs/slurm.md."""
 
     @model_validator(mode="after")
     def _one_endpoint(self) -> SlurmConfig:
@@ -129,7 +173,24 @@ class SlurmConfig(BaseModel):
             raise ValueError(
                 "'ca_file' is for an https:// url: slurmrestd's certificate is checked against it"
             )
+        if self.tenants:
+            if self.socket is not None:
+                raise ValueError("'tenants' need 'url': over a socket every job runs as slurmrestd's user")
+            if self.token is None and self.token_file is None:
+                raise ValueError(
+                    "'tenants' need the operator's own 'token' or 'token_file', which lists jobs"
+                )
+            seen: dict[str, str] = {}
+            for tenant in self.tenants:
+                for ns in tenant.namespaces:
+                    if ns in seen:
+                        raise ValueError(f"namespace {ns!r} is in tenants {seen[ns]!r} and {tenant.name!r}")
+                    seen[ns] = tenant.name
         return self
+
+    def tenant_of(self, namespace: str) -> SlurmTenant | None:
+        """The identity jobs of ``namespace`` run as (None: none configured for it)."""
+        return next((t for t in self.tenants if namespace in t.namespaces), None)
 
 
 BACKEND: Final = BackendInfo(

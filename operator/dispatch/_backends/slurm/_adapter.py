@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import logging
 import shlex
 from collections.abc import Callable, Mapping
@@ -16,10 +17,10 @@ from typing import Final
 
 import httpx
 
-from ..._errors import BackendError, TransientBackendError
+from ..._errors import BackendError, OutsideLimits, TransientBackendError
 from ..._model import Capabilities, Cause, CauseKind, JobSpec, ObjectView, Phase, Plan
 from .._kit import identity_env
-from . import BACKEND, CAPABILITIES, SlurmConfig, SlurmOptions
+from . import BACKEND, CAPABILITIES, SlurmConfig, SlurmOptions, SlurmTenant
 from ._dialects import PROBE_ORDER, V0038, V0040, Dialect, SlurmJob, SubmitRequest, dialect_for
 from ._poller import Listing, Poller, make_tag
 from ._rest import (
@@ -34,6 +35,7 @@ from ._rest import (
     SlurmApiError,
     TokenSource,
 )
+from ._tenants import Clients, placement, tenant_for
 
 __all__ = ["CAPABILITIES", "SlurmBackend", "SlurmConfig", "open_adapter"]
 
@@ -62,6 +64,9 @@ class SlurmBackend:
             transport=transport,
             ca_file=config.ca_file,
         )
+        self._transport = transport
+        self.clients = Clients(config, self.rest, self._tenant_client)
+        """Each Slurm identity's client; ``rest`` is the configuration's own (the listing's)."""
         self._dialect: Dialect | None = dialect_for(config.api_version) if config.api_version else None
         self._dialect_lock: asyncio.Lock | None = None
         self.poller = Poller(
@@ -71,6 +76,7 @@ class SlurmBackend:
             full_every=config.full_refresh_every,
             remember_seconds=config.remember_seconds,
             user_name=(config.user_name or self.rest.token.user()) if config.filter_user else None,
+            owner_of=self.clients.owner if config.tenants else None,
             cancel_stuck=self._cancel_stuck,
             lookup=self._lookup,
         )
@@ -123,13 +129,38 @@ class SlurmBackend:
             f"slurmrestd serves none of the API versions this adapter speaks ({', '.join(PROBE_ORDER)})"
         )
 
+    def _tenant_client(self, tenant: SlurmTenant) -> RestClient:
+        return RestClient(
+            url=self.config.url,
+            user_name=tenant.user_name,
+            token=TokenSource(tenant.token, tenant.token_file),
+            timeout=self.config.request_timeout,
+            transport=self._transport,
+            ca_file=self.config.ca_file,
+        )
+
+    def _client_of(self, job_id: int) -> RestClient:
+        """The client of the identity the Slurm job ``job_id`` was submitted as."""
+        view = self.poller.view(job_id)
+        return self.clients.of(view.job) if view is not None else self.rest
+
+    def admit(self, job: str, spec: JobSpec) -> None:
+        """Raise :class:`OutsideLimits` when ``job``'s namespace may not run ``spec`` on Slurm."""
+        tenant_for(self.config, job, spec)
+
     async def create(self, job: str, submission: int, spec: JobSpec, plan: Plan) -> str:
         d = await self.dialect()
+        try:
+            tenant = tenant_for(self.config, job, spec)
+        except OutsideLimits as e:
+            return self._refuse(job, submission, str(e))
         req = self.submit_request(job, submission, spec)
+        if tenant is not None:
+            req = self._placed(req, tenant, spec)
         what = f"submit job {job} submission {submission}"
         self.submits += 1
         try:
-            resp = await self.rest.request(
+            resp = await self.clients.of(job).request(
                 "POST",
                 d.submit_path(),
                 body=d.submit_body(req),
@@ -157,6 +188,18 @@ class SlurmBackend:
         views.append(ObjectView(id=oid, job=job, submission=submission, phase=Phase.ENDED, cause=cause))
         log.warning("job %s submission %s: %s", job, submission, message)
         return oid
+
+    def _placed(self, req: SubmitRequest, tenant: SlurmTenant, spec: JobSpec) -> SubmitRequest:
+        """``req`` where ``tenant`` puts it: its default partition and directory, its account and QoS."""
+        where = placement(self.config, tenant, BACKEND.options_of(spec))
+        cwd = where.working_directory
+        return dataclasses.replace(
+            req,
+            partition=where.partition,
+            working_directory=cwd,
+            standard_output=self.config.standard_output or f"{cwd.rstrip('/')}/dispatch-%j.out",
+            extra={**req.extra, **where.extra},
+        )
 
     def submit_request(self, job: str, submission: int, spec: JobSpec) -> SubmitRequest:
         opts: SlurmOptions | None = BACKEND.options_of(spec)
@@ -199,7 +242,7 @@ class SlurmBackend:
         d = await self.dialect()
         job_id = _job_id(object_id)
         try:
-            resp = await self.rest.request(
+            resp = await self._client_of(job_id).request(
                 "POST",
                 d.job_path(job_id),
                 body=d.release_body(),
@@ -224,7 +267,7 @@ class SlurmBackend:
         kind = CauseKind.NO_CAPACITY if never_fits else CauseKind.LAUNCH_FAILED
         why = "can never run as submitted" if never_fits else "Slurm refused to release it"
         try:
-            await self.rest.request(
+            await self._client_of(job_id).request(
                 "DELETE", self._d().job_path(job_id), what=f"cancel refused Slurm job {job_id}", accept=GONE
             )
         except SlurmApiError as e:
@@ -248,7 +291,7 @@ class SlurmBackend:
         d = await self.dialect()
         job_id = _job_id(object_id)
         try:
-            await self.rest.request(
+            await self._client_of(job_id).request(
                 "DELETE", d.job_path(job_id), what=f"cancel Slurm job {job_id}", accept=GONE
             )
         except SlurmApiError as e:
@@ -263,7 +306,8 @@ class SlurmBackend:
         object_ids = [o for o in object_ids if not o.startswith(REFUSED_PREFIX)]
         ids = [_job_id(o) for o in object_ids]
         bulk = d.bulk_cancel(ids)
-        if bulk is None or not ids:
+        if bulk is None or not ids or self.config.tenants:
+            # With identities, each cancel carries the token of its job's own.
             for o in object_ids:
                 await self.end(o)
             return
@@ -291,6 +335,8 @@ class SlurmBackend:
     async def aclose(self) -> None:
         await self.poller.aclose()
         await self.rest.aclose()
+        for client in self.clients.by_tenant.values():
+            await client.aclose()
 
     async def __aenter__(self) -> SlurmBackend:
         return self
@@ -351,7 +397,7 @@ class SlurmBackend:
     async def _cancel_stuck(self, job_id: int) -> None:
         d = await self.dialect()
         log.info("cancelling Slurm job %s: it can never run", job_id)
-        await self.rest.request(
+        await self._client_of(job_id).request(
             "DELETE", d.job_path(job_id), what=f"cancel stuck Slurm job {job_id}", accept=GONE
         )
         self.poller.mark_dirty(job_id)

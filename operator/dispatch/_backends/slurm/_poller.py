@@ -109,6 +109,7 @@ class Poller:
         remember_seconds: float = 86400.0,
         update_time_margin: int = 1,
         user_name: str | None = None,
+        owner_of: Callable[[str], str | None] | None = None,
         cancel_stuck: Callable[[int], Awaitable[None]] | None = None,
         lookup: Lookup | None = None,
     ) -> None:
@@ -119,6 +120,8 @@ class Poller:
         self.remember_seconds = remember_seconds
         self.update_time_margin = update_time_margin
         self.user_name = user_name
+        self._owner_of = owner_of
+        """The Slurm user a job's objects must belong to, by job (None: ``user_name``)."""
         self._foreign: set[int] = set()
         """Tagged jobs of another user already reported."""
         self._cancel_stuck = cancel_stuck
@@ -400,7 +403,9 @@ class Poller:
             tag = parse_tag(sj.comment)
             if tag is None:
                 continue
-            if self.user_name and sj.user_name and sj.user_name != self.user_name:
+            owner = self._owner_of(tag[0]) if self._owner_of is not None else None
+            owner = self.user_name if owner is None else owner
+            if owner is not None and (owner == "" or (sj.user_name and sj.user_name != owner)):
                 if sj.job_id not in self._foreign:
                     self._foreign.add(sj.job_id)
                     log.warning(
@@ -410,7 +415,7 @@ class Poller:
                         tag[0],
                         tag[1],
                         sj.user_name,
-                        self.user_name,
+                        owner or "no Slurm identity",
                     )
                 continue
             if sj.job_id not in self._usable_at:
