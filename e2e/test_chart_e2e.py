@@ -145,12 +145,13 @@ def test_the_operator_identity_is_refused_outside_its_job(
     assert rel.can_i("delete", "pods", namespace)
     assert rel.can_i("deletecollection", "pods", namespace)
     assert rel.can_i("update", "leases.coordination.k8s.io", other)
+    # A settled job whose time to live has passed is deleted by the operator.
+    assert rel.can_i("delete", "dispatchjobs.dispatch.dev", namespace)
     # ...and what it may not.
     refused = [
         ("get", "secrets", namespace),
         ("list", "configmaps", namespace),
         ("create", "dispatchjobs.dispatch.dev", namespace),
-        ("delete", "dispatchjobs.dispatch.dev", namespace),
         ("update", "dispatchjobs.dispatch.dev", namespace),
         ("create", "pods", namespace),
         ("patch", "pods", namespace),
